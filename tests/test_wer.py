@@ -1,0 +1,48 @@
+"""Unit tests for the text normaliser and the error-rate alignment."""
+
+from loadgen.wer import ErrorCounts, error_counts, error_rate, normalize, number_to_words
+
+
+def test_normalize_folds_case_punctuation_abbreviations_and_numbers() -> None:
+    """Case, punctuation, 'Mr.' and digits normalise to the spoken words."""
+    assert normalize("Mr. Quilter, go forward 10 meters!") == [
+        "mister", "quilter", "go", "forward", "ten", "meters",
+    ]
+    assert normalize('the "forty-two line Bible" of about 1455') == [
+        "the", "forty", "two", "line", "bible", "of", "about", "fourteen", "fifty", "five",
+    ]
+    assert normalize("don't") == ["don't"]
+
+
+def test_number_to_words() -> None:
+    """Cardinals spell out across scales."""
+    assert number_to_words(0) == "zero"
+    assert number_to_words(1000) == "one thousand"
+    assert number_to_words(2024) == "two thousand twenty four"
+    assert number_to_words(1_000_017) == "one million seventeen"
+
+
+def test_error_counts_known_alignment() -> None:
+    """One substitution, one deletion and one insertion are counted as such."""
+    counts = error_counts("the cat sat on the mat", "the bat sat the mat down")
+    assert counts == ErrorCounts(substitutions=1, deletions=1, insertions=1, reference_length=6)
+    assert counts.rate == 0.5
+
+
+def test_error_rate_identity_and_empty() -> None:
+    """Equal texts score 0; an empty hypothesis scores 1; empty both scores 0."""
+    assert error_rate("And so, my fellow Americans", "and so my fellow americans") == 0.0
+    assert error_rate("hello world", "") == 1.0
+    assert error_rate("", "") == 0.0
+
+
+def test_character_error_rate_for_cjk() -> None:
+    """zh/ja/ko are scored per character, ignoring punctuation."""
+    assert error_rate("换一首歌", "换一首歌。", language="zh") == 0.0
+    assert error_rate("换一首歌", "换一首", language="zh") == 0.25
+
+
+def test_counts_add() -> None:
+    """Counts over several utterances sum before the rate is taken."""
+    total = error_counts("a b", "a c") + error_counts("d e f", "d e f")
+    assert total.rate == 1 / 5
