@@ -117,8 +117,8 @@ def align(reference: Sequence[str], hypothesis: Sequence[str]) -> ErrorCounts:
                 up = previous[j]
                 dele = (up[0] + 1, up[1], up[2] + 1, up[3])
                 left = current[j - 1]
-                ins = (left[0] + 1, left[1], left[2], left[3] + 1)
-                best = min(sub, dele, ins)
+                insert = (left[0] + 1, left[1], left[2], left[3] + 1)
+                best = min(sub, dele, insert)
             current.append(best)
         previous = current
     _, subs, dels, ins = previous[-1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
 from server import rest, stream
+from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
 from server.state import AppState, ModelState
@@ -36,9 +38,20 @@ RecognizerFactory = Callable[[Settings], Recognizer]
 
 def load_whisper(settings: Settings) -> Recognizer:
     """Build the default recognizer: Whisper through transformers (blocking)."""
-    from engine.whisper import load_recognizer
+    import torch
+    from engine.whisper import WhisperRecognizerConfig, load_recognizer
 
-    return load_recognizer(settings)
+    # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
+    torch.set_num_threads(settings.torch_threads or os.cpu_count() or 1)
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = WhisperRecognizerConfig(
+        device=device,
+        dtype=None if settings.dtype == "auto" else settings.dtype,  # type: ignore[arg-type]
+        max_batch_size=settings.max_batch_size,
+    )
+    return load_recognizer(settings.model, config)
 
 
 def open_store(settings: Settings) -> Store:
@@ -76,6 +89,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         max_wait=settings.batch_wait_ms / 1000,
         max_queue=settings.max_queue,
     )
+    scheduler.add_observer(state.metrics.observe_batch)
     scheduler.start()
     state.scheduler = scheduler
     state.recognizer_name = recognizer.name
@@ -86,6 +100,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         segmenter=segmenter_config(settings),
         max_frame_bytes=settings.max_frame_bytes,
         outbox_limit=settings.outbox_limit,
+        telemetry=state.metrics,
     )
     state.model_state = ModelState.READY
     logger.info("model %s ready", recognizer.name)
@@ -107,6 +122,10 @@ def create_app(
             settings=settings,
             store=open_store(settings),
             registry=SessionRegistry(settings.max_sessions),
+            metrics=Metrics(),
+        )
+        state.metrics.watch(
+            lambda: state.scheduler, lambda: len(state.registry), lambda: state.registry.meetings
         )
         app.state.parley = state  # for the CLI's graceful shutdown hook
         state.loader = asyncio.create_task(_load_model(state, recognizer_factory))
@@ -129,6 +148,7 @@ def create_app(
         Route("/v1/meetings/{meeting_id}/transcript", rest.transcript, methods=["GET"]),
         Route("/healthz", rest.healthz, methods=["GET"]),
         Route("/readyz", rest.readyz, methods=["GET"]),
+        Route("/metrics", rest.metrics, methods=["GET"]),
     ]
     static_dir = Path(settings.static_dir)
     if static_dir.is_dir():

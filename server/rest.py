@@ -7,6 +7,7 @@ import logging
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from server.metrics import CONTENT_TYPE
 from server.state import ModelState, app_state
 from session.protocol import ProtocolError, validate_id
 from session.transcript import TranscriptFormat, render
@@ -71,3 +72,9 @@ async def readyz(request: Request) -> Response:
         "sessions": len(state.registry),
     }
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition of the server's metrics."""
+    state = app_state(request)
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)

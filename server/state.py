@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from starlette.requests import HTTPConnection
 
 from engine.scheduler import BatchScheduler
+from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
 from session.actor import SessionServices
@@ -28,6 +29,7 @@ class AppState:
     settings: Settings
     store: Store
     registry: SessionRegistry
+    metrics: Metrics
     model_state: ModelState = ModelState.LOADING
     model_error: str | None = None
     scheduler: BatchScheduler | None = None

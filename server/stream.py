@@ -66,6 +66,7 @@ async def stream_endpoint(websocket: WebSocket) -> None:
     try:
         state.registry.admit(actor)
     except AdmissionRefused as exc:
+        state.metrics.refused.labels(str(int(CloseCode.TRY_AGAIN_LATER))).inc()
         await _refuse(
             websocket, ProtocolError(ErrorCode.OVERLOADED, CloseCode.TRY_AGAIN_LATER, exc.reason)
         )
@@ -97,16 +98,11 @@ async def events_endpoint(websocket: WebSocket) -> None:
         await _refuse(websocket, exc)
         return
     await websocket.accept()
-    async with state.store.subscribe(meeting_id) as events:
-        watcher = asyncio.create_task(_watch_listener(websocket))
-        forwarder = asyncio.create_task(_forward(websocket, state, meeting_id, after_seq, events))
-        done, pending = await asyncio.wait(
-            {watcher, forwarder}, return_when=asyncio.FIRST_COMPLETED
-        )
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        error = next(iter(done)).exception()
+    state.metrics.listeners.inc()
+    try:
+        error = await _serve_listener(websocket, state, meeting_id, after_seq)
+    finally:
+        state.metrics.listeners.dec()
     if isinstance(error, SubscriberLagged):
         await _close_with(
             websocket,
@@ -122,6 +118,22 @@ async def events_endpoint(websocket: WebSocket) -> None:
                 ErrorCode.INTERNAL, CloseCode.INTERNAL_ERROR, "internal error; see server log"
             ),
         )
+
+
+async def _serve_listener(
+    websocket: WebSocket, state: AppState, meeting_id: str, after_seq: int
+) -> BaseException | None:
+    """Forward events until the listener leaves or fails; return what ended it."""
+    async with state.store.subscribe(meeting_id) as events:
+        watcher = asyncio.create_task(_watch_listener(websocket))
+        forwarder = asyncio.create_task(_forward(websocket, state, meeting_id, after_seq, events))
+        done, pending = await asyncio.wait(
+            {watcher, forwarder}, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        return next(iter(done)).exception()
 
 
 def _after_seq(raw: str) -> int:

@@ -63,6 +63,7 @@ from session.segmenter import (
     UtteranceEnded,
 )
 from session.store import NewFinal, Store
+from session.telemetry import NullTelemetry, Telemetry
 from session.vad import SileroVad, VadStream
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ class SessionServices:
     segmenter: SegmenterConfig
     max_frame_bytes: int
     outbox_limit: int
+    telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
 
 
@@ -176,6 +178,8 @@ class SessionActor:
         self._receiving = False
         self._reader: asyncio.Task[Ending] | None = None
         self._language = None if self.config.language == "auto" else self.config.language
+        self._telemetry = self.services.telemetry
+        self._last_partial: tuple[int, float] | None = None  # (utterance index, sent at)
 
     # ------------------------------------------------------------------ public
 
@@ -258,6 +262,8 @@ class SessionActor:
             if ending is not None and ending.reason not in _CLIENT_GONE:
                 with contextlib.suppress(Exception):
                     await self.websocket.close(ending.close_code, ending.reason.value)
+            if ending is not None:
+                self._telemetry.session_closed(ending.reason.value, ending.close_code)
             self._transition(SessionState.CLOSED)
 
     # ------------------------------------------------------------------ how it ends
@@ -341,9 +347,12 @@ class SessionActor:
 
     def _audio_events(self, samples: np.ndarray[Any, Any]) -> list[SegmentEvent]:
         self.totals.audio_samples += len(samples)
+        started = time.perf_counter()
         events: list[SegmentEvent] = []
-        for window, probability in self._vad.process(samples):
+        scored = self._vad.process(samples)
+        for window, probability in scored:
             events.extend(self._segmenter.push(window, probability))
+        self._telemetry.vad_processed(time.perf_counter() - started, len(scored))
         return events
 
     def _flush_events(self) -> list[SegmentEvent]:
@@ -367,7 +376,7 @@ class SessionActor:
         try:
             future = await self.services.scheduler.submit(request)
         except SchedulerFull:
-            self.totals.partials_dropped += 1
+            self._drop_partial("queue_full")
             return
         task = asyncio.create_task(self._deliver_partial(event, future))
         self._partial_tasks.add(task)
@@ -378,15 +387,19 @@ class SessionActor:
     ) -> None:
         try:
             result = await future
-        except (RequestSuperseded, asyncio.CancelledError):
-            self.totals.partials_dropped += 1
+        except RequestSuperseded:
+            self._drop_partial("superseded")
             return
+        except asyncio.CancelledError:
+            self._drop_partial("stale")
+            raise
         except SchedulerError:
-            self.totals.partials_dropped += 1
+            self._drop_partial("failed")
             logger.warning("partial of session %s failed", self.session_id, exc_info=True)
             return
         text = result.transcription.text.strip()
         if event.index <= self._finalized_index or not text:
+            self._drop_partial("stale")
             return
         message: TranscriptPartial = {
             "type": "transcript.partial",
@@ -400,6 +413,11 @@ class SessionActor:
         if self._outbox.state is OutboxState.OPEN:
             self._outbox.put_partial(message["utterance_id"], payload)
         self.totals.partials += 1
+        now = self.services.clock()
+        previous = self._last_partial
+        since = now - previous[1] if previous and previous[0] == event.index else None
+        self._last_partial = (event.index, now)
+        self._telemetry.partial_sent(since)
         await self.services.store.publish(self.meeting_id, payload.encode())
 
     async def _submit_final(self, event: UtteranceEnded) -> None:
@@ -440,11 +458,13 @@ class SessionActor:
             )
             self.totals.finals += 1
             message = record.message()
+            total = self.services.clock() - pending.closed_at
             message["timing"] = {
                 "queue": round(result.queue_wait, 4),
                 "inference": round(result.inference, 4),
-                "total": round(self.services.clock() - pending.closed_at, 4),
+                "total": round(total, 4),
             }
+            self._telemetry.final_sent(total)
             payload = encode(message)
             if self._outbox.state is OutboxState.OPEN:
                 self._outbox.put(payload, utterance_id=utterance_id)
@@ -474,6 +494,10 @@ class SessionActor:
             await self.websocket.send_text(message)
 
     # ------------------------------------------------------------------ helpers
+
+    def _drop_partial(self, reason: str) -> None:
+        self.totals.partials_dropped += 1
+        self._telemetry.partial_dropped(reason)
 
     def _put(self, message: ServerMessage) -> None:
         self._outbox.put(encode(message))

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from session.segmenter import (
     PartialDue,
-    SegmentEvent,
     Segmenter,
     SegmenterConfig,
+    SegmentEvent,
     SpeechStarted,
     SpeechStopped,
     UtteranceEnded,
@@ -119,7 +121,7 @@ def test_real_vad_segments_jfk_into_phrases() -> None:
     assert 3 <= len(ended) <= 6
     speech = sum(e.end - e.start for e in ended) / 16_000
     assert 7.0 < speech < 11.0
-    assert all(b.start >= a.end for a, b in zip(ended, ended[1:], strict=False))
+    assert all(b.start >= a.end for a, b in itertools.pairwise(ended))
 
 
 def test_real_vad_finds_no_speech_in_silence_and_noise() -> None:
