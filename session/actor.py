@@ -149,7 +149,7 @@ class SessionTotals:
     empty_finals: int = 0  # utterances the hallucination guard judged not to be speech
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: actors live in sets
 class SessionActor:
     websocket: Connection
     config: StreamConfig
