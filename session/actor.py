@@ -170,7 +170,10 @@ class SessionActor:
         self._segmenter = Segmenter(
             segmenter_config, start_sample=self.start_sample, first_index=self.first_index
         )
-        self._outbox = Outbox(self.services.outbox_limit)
+        self._outbox = Outbox(
+            self.services.outbox_limit,
+            on_partial_dropped=lambda: self.services.telemetry.partial_dropped("merged"),
+        )
         self._finals: asyncio.Queue[_PendingFinal | None] = asyncio.Queue()
         self._partial_tasks: set[asyncio.Task[None]] = set()
         self._finalized_index = self.first_index - 1

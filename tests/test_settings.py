@@ -39,7 +39,10 @@ def test_configuration_doc_matches_settings() -> None:
 def test_cli_help_lists_every_setting() -> None:
     """`python -m server --help` documents every PARLEY_* variable."""
     out = subprocess.run(
-        [sys.executable, "-m", "server", "--help"], cwd=REPO, capture_output=True, text=True,
+        [sys.executable, "-m", "server", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
         check=True,
     ).stdout
     for name, _, _ in Settings.describe():

@@ -56,8 +56,13 @@ async def test_corpus_clips_stream_to_correct_finals(parley_server: ServerProces
     ids = ["en_jfk", *LIBRISPEECH]
     results = await asyncio.gather(
         *(
-            stream_pcm(parley_server.ws_url, f"e2e-room-{i}", clip(c).pcm16(),
-                       participant=f"p{i}", trailing_silence=1.0)
+            stream_pcm(
+                parley_server.ws_url,
+                f"e2e-room-{i}",
+                clip(c).pcm16(),
+                participant=f"p{i}",
+                trailing_silence=1.0,
+            )
             for i, c in enumerate(ids)
         )
     )
@@ -93,10 +98,20 @@ async def test_listener_receives_both_participants_in_seq_order(
     async with connect(f"{parley_server.ws_url}/v1/meetings/{meeting}/events") as listener:
         receiver = asyncio.create_task(receive_all(listener, heard))
         a, b = await asyncio.gather(
-            stream_pcm(parley_server.ws_url, meeting, clip("en_jfk").pcm16(), participant="alice",
-                       speed=1.5),
-            stream_pcm(parley_server.ws_url, meeting, clip(LIBRISPEECH[1]).pcm16(),
-                       participant="bob", speed=1.5),
+            stream_pcm(
+                parley_server.ws_url,
+                meeting,
+                clip("en_jfk").pcm16(),
+                participant="alice",
+                speed=1.5,
+            ),
+            stream_pcm(
+                parley_server.ws_url,
+                meeting,
+                clip(LIBRISPEECH[1]).pcm16(),
+                participant="bob",
+                speed=1.5,
+            ),
         )
         await asyncio.sleep(0.5)
         await listener.close()
@@ -135,8 +150,9 @@ def parse_srt(text: str) -> list[tuple[float, float, str]]:
 async def test_transcript_endpoint_serves_json_srt_and_vtt(parley_server: ServerProcess) -> None:
     """GET …/transcript returns the streamed finals as JSON, and valid SRT and VTT."""
     meeting = "e2e-transcript"
-    result = await stream_pcm(parley_server.ws_url, meeting, clip(LIBRISPEECH[0]).pcm16(),
-                              participant="carol", speed=2.0)
+    result = await stream_pcm(
+        parley_server.ws_url, meeting, clip(LIBRISPEECH[0]).pcm16(), participant="carol", speed=2.0
+    )
     status, body = parley_server.get(f"/v1/meetings/{meeting}/transcript?format=json")
     assert status == 200
     logged = orjson.loads(body)["finals"]
@@ -190,14 +206,24 @@ async def test_malformed_input_gets_named_close_codes(parley_server: ServerProce
         ("rate", stream_url(base, "e2e-bad", sample_rate=4000), [], 4400, "bad_config"),
         ("meeting id", f"{base}/v1/meetings/bad%20id/stream", [], 4400, "bad_config"),
         ("odd bytes", url, [b"\x00" * 321], 1007, "invalid_audio"),
-        ("nan", stream_url(base, "e2e-bad", encoding="pcm_f32le"), [nan_frame()], 1007,
-         "invalid_audio"),
+        (
+            "nan",
+            stream_url(base, "e2e-bad", encoding="pcm_f32le"),
+            [nan_frame()],
+            1007,
+            "invalid_audio",
+        ),
         ("not json", url, ["{nope"], 1007, "invalid_message"),
         ("unknown type", url, ['{"type": "dance"}'], 1007, "invalid_message"),
         ("no type", url, ["[1, 2]"], 1007, "invalid_message"),
         ("oversize", url, [b"\x00" * (2 << 20)], 1009, "frame_too_large"),
-        ("listener audio", f"{base}/v1/meetings/e2e-bad/events", [b"\x00\x00"], 1003,
-         "unsupported_data"),
+        (
+            "listener audio",
+            f"{base}/v1/meetings/e2e-bad/events",
+            [b"\x00\x00"],
+            1003,
+            "unsupported_data",
+        ),
     ]
     outcomes = await asyncio.gather(*(open_and_collect(u, *f) for _, u, f, _, _ in cases))
     for (name, _, _, code, error), result in zip(cases, outcomes, strict=True):
@@ -224,8 +250,14 @@ async def test_other_sample_rates_are_resampled(
         pcm = audio.astype("<f4").tobytes()
     # stream_pcm paces 16 kHz s16 bytes; scale the speed so the real rate is 2x real time.
     speed = 2.0 * len(pcm) / (jfk.duration * 32_000)
-    result = await stream_pcm(parley_server.ws_url, f"e2e-rate-{rate}", pcm, speed=speed,
-                              sample_rate=rate, encoding=encoding)
+    result = await stream_pcm(
+        parley_server.ws_url,
+        f"e2e-rate-{rate}",
+        pcm,
+        speed=speed,
+        sample_rate=rate,
+        encoding=encoding,
+    )
     assert_well_formed(result)
     assert error_rate(jfk.reference, result.text) <= 0.15
     assert abs(result.messages[-1]["audio_seconds"] - jfk.duration) < 0.1
