@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import re
 from typing import Any
@@ -34,7 +35,7 @@ def assert_well_formed(result: StreamResult) -> None:
     ids = [f["utterance_id"] for f in finals]
     assert len(ids) == len(set(ids)), "duplicate utterance_id"
     assert all(f["end"] > f["start"] >= 0 for f in finals)
-    assert all(b["start"] >= a["end"] - 0.3 for a, b in zip(finals, finals[1:], strict=False))
+    assert all(b["start"] >= a["end"] - 0.3 for a, b in itertools.pairwise(finals))
     ended = result.messages[-1]
     assert ended["finals"] == len(finals) and ended["reason"] == "stop"
 
