@@ -57,6 +57,40 @@ class Settings:
     drain_timeout_s: float = setting(
         10.0, "On shutdown, how long sessions get to flush their finals."
     )
+    max_upload_bytes: int = setting(
+        100 << 20, "Largest audio file `POST /v1/transcriptions` accepts (counted as it streams)."
+    )
+    max_upload_seconds: float = setting(
+        14_400.0, "Longest decoded duration of an uploaded file (4 h); longer files get 422."
+    )
+    upload_dir: str | None = setting(
+        None, "Folder for uploads and their decoded audio while a job runs; unset: system temp."
+    )
+    upload_decode_timeout_s: float = setting(
+        300.0, "Wall-clock limit of one upload's decoder subprocess."
+    )
+    upload_decode_cpu_s: int = setting(
+        180, "CPU-time limit (RLIMIT_CPU) of the decoder subprocess."
+    )
+    upload_decode_memory_mb: int = setting(
+        512, "Address-space limit (RLIMIT_AS) of the decoder subprocess, in MiB."
+    )
+    upload_decoders: int = setting(1, "Decoder subprocesses running at once; more uploads wait.")
+    upload_max_jobs: int = setting(
+        16,
+        "Unfinished upload jobs at once (more get 503); as many finished ones are kept for "
+        "their TTL.",
+    )
+    upload_job_ttl_s: float = setting(3600.0, "How long a finished job's result stays readable.")
+    upload_concurrency: int = setting(1, "Jobs transcribing at once; the others wait as `queued`.")
+    upload_in_flight: int = setting(
+        4,
+        "Recognition requests one job keeps in the scheduler at once (lower: live finals wait "
+        "less behind file batches; higher: files finish sooner on a GPU).",
+    )
+    upload_wait_s: float = setting(
+        300.0, "How long `POST …?wait=true` holds the response before answering 202 instead."
+    )
     redis_url: str | None = setting(
         None, "Redis URL for meeting context (e.g. `redis://127.0.0.1:6379/0`); unset: in-process."
     )
@@ -72,6 +106,17 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}DTYPE must be auto, float32, float16 or bfloat16")
         if self.max_batch_size < 1 or self.max_queue < self.max_batch_size:
             raise ValueError("need MAX_BATCH_SIZE >= 1 and MAX_QUEUE >= MAX_BATCH_SIZE")
+        if min(self.max_upload_bytes, self.upload_decoders, self.upload_max_jobs) < 1:
+            raise ValueError("need MAX_UPLOAD_BYTES, UPLOAD_DECODERS and UPLOAD_MAX_JOBS >= 1")
+        if min(self.upload_concurrency, self.upload_in_flight) < 1:
+            raise ValueError("need UPLOAD_CONCURRENCY and UPLOAD_IN_FLIGHT >= 1")
+        if (
+            min(self.max_upload_seconds, self.upload_decode_timeout_s, self.upload_decode_cpu_s)
+            <= 0
+        ):
+            raise ValueError("upload duration, time and CPU limits must be positive")
+        if self.upload_decode_memory_mb < 128:
+            raise ValueError(f"{ENV_PREFIX}UPLOAD_DECODE_MEMORY_MB must be at least 128")
         if self.log_format not in {"json", "text"}:
             raise ValueError(f"{ENV_PREFIX}LOG_FORMAT must be json or text")
 
