@@ -21,7 +21,8 @@ from starlette.staticfiles import StaticFiles
 
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
-from server import rest, stream
+from server import rest, stream, uploads
+from server.jobs import JobRegistry
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
@@ -123,6 +124,7 @@ def create_app(
             store=open_store(settings),
             registry=SessionRegistry(settings.max_sessions),
             metrics=Metrics(),
+            jobs=JobRegistry(settings),
         )
         state.metrics.watch(
             lambda: state.scheduler, lambda: len(state.registry), lambda: state.registry.meetings
@@ -135,6 +137,7 @@ def create_app(
             state.loader.cancel()
             await asyncio.gather(state.loader, return_exceptions=True)
             await drain(state)
+            await state.jobs.close()  # uploads are cancelled, not drained: they may be hours
             if state.scheduler is not None:
                 drained = await state.scheduler.drain(settings.drain_timeout_s)
                 if not drained:
@@ -146,6 +149,9 @@ def create_app(
         WebSocketRoute("/v1/meetings/{meeting_id}/stream", stream.stream_endpoint),
         WebSocketRoute("/v1/meetings/{meeting_id}/events", stream.events_endpoint),
         Route("/v1/meetings/{meeting_id}/transcript", rest.transcript, methods=["GET"]),
+        Route("/v1/transcriptions", uploads.create_transcription, methods=["POST"]),
+        Route("/v1/transcriptions/{job_id}", uploads.get_transcription, methods=["GET"]),
+        Route("/v1/transcriptions/{job_id}", uploads.delete_transcription, methods=["DELETE"]),
         Route("/healthz", rest.healthz, methods=["GET"]),
         Route("/readyz", rest.readyz, methods=["GET"]),
         Route("/metrics", rest.metrics, methods=["GET"]),

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from starlette.requests import HTTPConnection
 
 from engine.scheduler import BatchScheduler
+from server.jobs import JobRegistry
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
@@ -30,6 +31,7 @@ class AppState:
     store: Store
     registry: SessionRegistry
     metrics: Metrics
+    jobs: JobRegistry
     model_state: ModelState = ModelState.LOADING
     model_error: str | None = None
     scheduler: BatchScheduler | None = None
