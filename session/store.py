@@ -29,7 +29,7 @@ import random
 import re
 import secrets
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from session.protocol import TranscriptFinal, Word, validate_id
@@ -115,7 +115,8 @@ class FinalRecord:
 
     @classmethod
     def from_new(cls, seq: int, final: NewFinal) -> FinalRecord:
-        return cls(seq=seq, **asdict(final))
+        # field by field, not asdict(): no deep copy of the words on every final
+        return cls(seq, *(getattr(final, f.name) for f in fields(NewFinal)))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FinalRecord:
