@@ -294,6 +294,7 @@ class RedisStore:
         self._resume = redis.register_script(_LUA_RESUME)
         self._locks = _KeyedLocks()
         self._seqs: OrderedDict[str, int] = OrderedDict()  # last seq known per meeting
+        self._uncertain: set[str] = set()  # meetings whose last append was cut short
         # write buffer
         self.buffer_limit = buffer_limit
         self._buffer: deque[_Pending] = deque()
@@ -306,6 +307,7 @@ class RedisStore:
         self.resequenced = 0  # buffered finals whose provisional seq had to change
         # pub/sub
         self._pubsub: PubSub | None = None
+        self._pool_retry: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._channels: dict[bytes, set[Listener]] = {}
         self._confirm: dict[bytes, asyncio.Future[None]] = {}
@@ -347,6 +349,7 @@ class RedisStore:
             stored and not self._buffered_per_meeting.get(meeting_id)
         ):
             self._seqs[meeting_id] = seq
+        self._uncertain.discard(meeting_id)  # any seq from Redis settles the doubt
         self._seqs.move_to_end(meeting_id)
         if len(self._seqs) > SEQ_CACHE:
             self._seqs.popitem(last=False)
@@ -414,10 +417,10 @@ class RedisStore:
                     self._note_success()
                     self._remember_seq(meeting_id, last, stored=True)
                     return state, token
-            if meeting_id not in self._seqs:
+            if meeting_id not in self._seqs or meeting_id in self._uncertain:
                 raise StoreUnavailable(
                     f"redis unreachable ({self._last_error}): cannot open meeting "
-                    f"{meeting_id!r}, which this node has not served"
+                    f"{meeting_id!r}, whose last seq this node does not know for sure"
                 )
             self._enqueue(pending)
             return state, token
@@ -510,6 +513,11 @@ class RedisStore:
                     )
                 except UNREACHABLE as exc:
                     self._note_failure(exc)
+                except asyncio.CancelledError:
+                    # Redis may have logged it: until Redis tells us the meeting's last seq
+                    # again, this node must not hand out provisional seqs for it.
+                    self._uncertain.add(meeting_id)
+                    raise
                 else:
                     self._note_success()
                     if status == _SUPERSEDED:
@@ -553,10 +561,10 @@ class RedisStore:
                 f"store write buffer is full ({self.buffer_limit} writes) while redis is "
                 f"unreachable ({self._last_error}): this final was not logged"
             )
-        if meeting_id not in self._seqs:
+        if meeting_id not in self._seqs or meeting_id in self._uncertain:
             raise StoreUnavailable(
                 f"redis unreachable ({self._last_error}) and the last seq of meeting "
-                f"{meeting_id!r} is unknown on this node"
+                f"{meeting_id!r} is not known for sure on this node"
             )
         record = FinalRecord.from_new(self._seqs[meeting_id] + 1, final)
         self._remember_seq(meeting_id, record.seq)
@@ -726,6 +734,11 @@ class RedisStore:
         if self._pubsub is None:
             pubsub = self._redis.pubsub()
             await pubsub.connect()  # type: ignore[no-untyped-call]
+            # No silent reconnect: redis-py would resubscribe and the events published
+            # in between would be lost without the listeners knowing.
+            assert pubsub.connection is not None
+            self._pool_retry = pubsub.connection.retry
+            pubsub.connection.retry = Retry(NoBackoff(), 0)
             self._pubsub = pubsub
             self._reader = asyncio.get_running_loop().create_task(
                 self._read(pubsub), name="parley-store-pubsub"
@@ -734,6 +747,7 @@ class RedisStore:
         return self._pubsub
 
     async def _read(self, pubsub: PubSub) -> None:
+        why = "the subscription reader stopped"
         try:
             while True:
                 message = await pubsub.get_message(timeout=None)
@@ -751,7 +765,11 @@ class RedisStore:
                         future.set_result(None)
         except UNREACHABLE as exc:
             self._note_failure(exc)
-            self._lose_pubsub(pubsub, f"redis unreachable ({self._last_error})")
+            why = f"redis unreachable ({self._last_error})"
+        except RedisError:
+            logger.exception("the meeting events subscription failed")
+            why = "the subscription failed (see log)"
+        self._lose_pubsub(pubsub, why)
 
     def _lose_pubsub(self, pubsub: PubSub, why: str) -> None:
         """The shared subscription broke: events may be lost, so drop every listener."""
@@ -787,8 +805,11 @@ class RedisStore:
                     await self._pubsub.unsubscribe(channel)
 
     async def _close_pubsub(self, pubsub: PubSub) -> None:
+        connection = pubsub.connection
         with contextlib.suppress(*UNREACHABLE):
             await pubsub.aclose()  # type: ignore[no-untyped-call]
+        if connection is not None and self._pool_retry is not None:
+            connection.retry = self._pool_retry  # back in the pool: the pool's policy
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

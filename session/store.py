@@ -227,8 +227,10 @@ class Store(Protocol):
         log, store `source` as its source's state and refresh the meeting's TTL.
         Appending an `utterance_id` already in the meeting's log returns its logged `seq`
         and writes nothing (utterance ids are unique per meeting: `{session_id}-{index}`).
-        Raises SourceSuperseded if the source was resumed since `source` was read, and
-        StoreOverloaded if the store is unreachable and its write buffer is full."""
+        Raises SourceSuperseded if the source was resumed since `source` was read;
+        StoreOverloaded (buffer full) or StoreUnavailable (this node cannot number the
+        final safely) while the store is unreachable: the final is then NOT logged, so
+        end the session with 1013 and let the client resume from `acked_until`."""
         ...
 
     async def finals(self, meeting_id: str, after_seq: int = 0) -> list[FinalRecord]:

@@ -306,3 +306,68 @@ async def test_meeting_id_reused_after_expiry_starts_at_seq_1(
     finally:
         await client.aclose()
         await store.close()
+
+
+async def test_broken_subscription_drops_listeners_even_if_redis_is_up(
+    own_redis: RedisServer,
+) -> None:
+    """The server closes the pub/sub connection but stays up: listeners are told
+    (SubscriptionLost) instead of silently missing what was published meanwhile."""
+    store = RedisStore.from_url(own_redis.url)
+    client = Redis.from_url(own_redis.url)
+    try:
+        async with store.subscribe("m1") as events:
+            await store.publish("m1", b"before")
+            assert await next_event(events) == b"before"
+            assert await client.client_kill_filter(_type="pubsub") == 1
+            with pytest.raises(SubscriptionLost):
+                await next_event(events)
+        async with store.subscribe("m1") as events:  # a new subscription works
+            await store.publish("m1", b"after")
+            assert await next_event(events) == b"after"
+    finally:
+        await client.aclose()
+        await store.close()
+
+
+async def test_cancelled_append_blocks_provisional_seqs_until_redis_answers(
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append cancelled after Redis logged it leaves this node unsure of the last seq:
+    it refuses to buffer that meeting (StoreUnavailable, the session resumes later) rather
+    than hand out a seq that may be taken, until Redis tells it the seq again."""
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix)
+    try:
+        state, _ = await store.create_source("m1", "alice")
+        _, state = await emit(store, state)
+        real_append = store._append
+        mode = "apply-then-hang"
+        applied = asyncio.Event()
+
+        async def faulty(*args: Any, **kwargs: Any) -> Any:
+            if mode == "down":
+                raise RedisConnectionError("down (test)")
+            result = await real_append(*args, **kwargs)
+            if mode == "apply-then-hang":
+                applied.set()  # Redis logged it ...
+                await asyncio.Event().wait()  # ... but the reply never comes back in time
+            return result
+
+        monkeypatch.setattr(store, "_append", faulty)
+        task = asyncio.create_task(emit(store, state))
+        await asyncio.wait_for(applied.wait(), 2000 * MS)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        mode = "down"
+        with pytest.raises(StoreUnavailable, match="not known for sure"):
+            await emit(store, state)
+        mode = "up"
+        assert await store.last_seq("m1") == 2  # Redis answers: the doubt is settled
+        record, state = await emit(store, state)  # the resumed session redoes that utterance
+        assert record.seq == 2  # ... which is already logged: same seq, nothing added
+        record, _ = await emit(store, state)
+        assert record.seq == 3
+        assert log_is_clean(await store.finals("m1"))
+    finally:
+        await store.close()
