@@ -112,7 +112,8 @@ async def main() -> None:
     prefix = f"parley-bench:{uuid.uuid4().hex[:8]}:"
     redis = RedisStore.from_url(args.redis_url, prefix=prefix)
     try:
-        for name, store in [("memory", memory), ("redis", redis)]:
+        stores: list[tuple[str, Store]] = [("memory", memory), ("redis", redis)]
+        for name, store in stores:
             results = await measure(store, args.n)
             print(f"\n{name}")
             for call, samples in results.items():

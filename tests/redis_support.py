@@ -51,6 +51,11 @@ class RedisServer:
 
     def start(self, timeout: float = 10_000 * MS) -> None:
         """Start the server and return once it accepts connections (dataset loaded)."""
+        if not os.access(REDIS_SERVER, os.X_OK):
+            raise RuntimeError(
+                "redis-server not found: install the Debian package redis-server, or set "
+                "PARLEY_TEST_REDIS_URL to a Redis the tests may use"
+            )
         args = [
             REDIS_SERVER,
             "--port", str(self.port),
