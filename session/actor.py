@@ -470,7 +470,7 @@ class SessionActor:
             end = _seconds(pending.end)
             acked = dataclasses.replace(
                 self.source,
-                acked_until=end,
+                acked_until=pending.end / SAMPLE_RATE,  # exact: resume re-sends from here
                 next_utterance=pending.index + 1,
                 context=(self.source.context + " " + text)[-CONTEXT_CHARS:].strip(),
             )
