@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -20,6 +21,13 @@ class StreamResult:
     messages: list[dict[str, Any]] = field(default_factory=list)
     close_code: int | None = None
     close_reason: str = ""
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)  # set on every message
+
+    async def wait_for(self, predicate: Callable[[StreamResult], bool]) -> None:
+        """Wait until `predicate(self)` holds; re-checked as each message arrives."""
+        while not predicate(self):
+            self.arrived.clear()
+            await self.arrived.wait()
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [m for m in self.messages if m["type"] == kind]
@@ -42,8 +50,11 @@ async def receive_all(ws: ClientConnection, result: StreamResult) -> None:
     try:
         async for raw in ws:
             result.messages.append(orjson.loads(raw))
+            result.arrived.set()
     except ConnectionClosed:
         pass
+    finally:
+        result.arrived.set()
     result.close_code = ws.close_code
     result.close_reason = ws.close_reason or ""
 
@@ -120,8 +131,7 @@ class ResumableStream:
             asked = time.monotonic()
             async with connect(stream_url(self.base, self.meeting, **params), max_size=None) as ws:
                 receiver = asyncio.create_task(receive_all(ws, result))
-                while not result.messages and not receiver.done():
-                    await asyncio.sleep(0.005)
+                await result.wait_for(lambda r: bool(r.messages) or receiver.done())
                 started = result.messages[0]
                 assert started["type"] == "session.started", started
                 if resuming:
