@@ -164,8 +164,7 @@ async def test_server_killed_mid_meeting_resumes_on_another(own_redis: RedisServ
 
 
 async def _kill_after_finals(server: ServerProcess, stream: ResumableStream, n: int) -> None:
-    while not stream.connections:
-        await asyncio.sleep(0)  # run() appends its first connection before any await
+    await stream.connected.wait()
     await stream.connections[0].wait_for(lambda r: len(r.finals) >= n)
     server.process.kill()
 

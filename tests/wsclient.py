@@ -102,6 +102,7 @@ class ResumableStream:
     speed: float = 4.0
     connections: list[StreamResult] = field(default_factory=list)
     resume_times: list[float] = field(default_factory=list)
+    connected: asyncio.Event = field(default_factory=asyncio.Event)  # a connection opened
 
     @property
     def finals(self) -> list[dict[str, Any]]:
@@ -125,13 +126,14 @@ class ResumableStream:
         while True:
             result = StreamResult()
             self.connections.append(result)
+            self.connected.set()
             params: dict[str, Any] = {"participant": self.participant}
             if resuming:
                 params = {"resume_token": self.token, "last_seq": self.last_seq}
             asked = time.monotonic()
             async with connect(stream_url(self.base, self.meeting, **params), max_size=None) as ws:
                 receiver = asyncio.create_task(receive_all(ws, result))
-                await result.wait_for(lambda r: bool(r.messages) or receiver.done())
+                await result.wait_for(lambda r: bool(r.messages) or r.close_code is not None)
                 started = result.messages[0]
                 assert started["type"] == "session.started", started
                 if resuming:
