@@ -33,6 +33,7 @@ from server.decode import DecodedAudio, DecodeLimits, decode_file
 from server.settings import Settings
 from session.actor import SessionServices
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
+from session.store import SourceState, StoreError
 from session.transcript import TranscriptFormat, render, utterances
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class Job:
     upload_bytes: int = 0
     audio: DecodedAudio | None = None
     progress: FileProgress | None = None
+    meeting_source: SourceState | None = None
     error: dict[str, str] | None = None
     started_at: float | None = None  # monotonic, when transcription began
     finished_at: float | None = None  # monotonic
@@ -225,10 +227,18 @@ class JobRegistry:
             finally:
                 await asyncio.to_thread(upload.unlink, missing_ok=True)
 
-    def start(self, job: Job, audio: DecodedAudio, services: SessionServices) -> None:
-        """The upload is good audio: queue its transcription as the job's own task."""
+    def start(
+        self,
+        job: Job,
+        audio: DecodedAudio,
+        services: SessionServices,
+        meeting_source: SourceState | None = None,
+    ) -> None:
+        """The upload is good audio: queue its transcription as the job's own task.
+        `meeting_source`: the meeting source its finals are logged as, if attached."""
         if self._closed:
             raise JobsFull("the server is shutting down")
+        job.meeting_source = meeting_source
         job.audio = audio
         job.progress = FileProgress(total_samples=audio.samples)
         job.queued_at = time.monotonic()
@@ -266,11 +276,12 @@ class JobRegistry:
             async with self._runners:
                 job.started_at = time.monotonic()
                 job.transition(JobStatus.RUNNING)
+                source = job.meeting_source
                 options = FileOptions(
-                    source_id=f"upload-{job.id}",
+                    source_id=f"upload-{job.id}" if source is None else source.session_id,
                     participant=job.options.participant,
                     language=job.options.language,
-                    meeting_id=job.options.meeting_id,
+                    meeting_source=source,
                     in_flight=self._settings.upload_in_flight,
                 )
                 await FileTranscriber(job.audio.path, services, options, job.progress).run()
@@ -282,8 +293,8 @@ class JobRegistry:
         except asyncio.CancelledError:
             job.transition(JobStatus.CANCELLED)
             raise
-        except SchedulerError as exc:
-            logger.warning("upload job %s failed: %s", job.id, exc)
+        except (SchedulerError, StoreError) as exc:
+            logger.warning("upload job %s failed: %s: %s", job.id, type(exc).__name__, exc)
             job.error = {"code": "unavailable", "message": f"transcription stopped: {exc}"}
             job.transition(JobStatus.FAILED)
         except Exception:

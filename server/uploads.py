@@ -28,6 +28,7 @@ from server.settings import Settings
 from server.state import app_state
 from server.upload_form import FORM_OVERHEAD, FormRefused, receive_form, too_large
 from session.protocol import ProtocolError, validate_id
+from session.store import StoreError
 from session.transcript import TranscriptFormat
 
 logger = logging.getLogger(__name__)
@@ -120,12 +121,15 @@ async def create_transcription(request: Request) -> Response:
         job.filename = form.filename[:256]
         job.upload_bytes = form.size
         audio = await state.jobs.decode(job, form.path)
-        state.jobs.start(job, audio, services)
+        source = None
+        if options.meeting_id is not None:  # the file becomes a source of the meeting
+            source, _ = await state.store.create_source(options.meeting_id, options.participant)
+        state.jobs.start(job, audio, services, source)
     except (FormRefused, DecodeError) as exc:
         await state.jobs.discard(job)
         logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)
         return _problem(exc.status, exc.code, exc.message)
-    except JobsFull as exc:
+    except (JobsFull, StoreError) as exc:
         await state.jobs.discard(job)
         return _problem(503, "overloaded", str(exc), {"Retry-After": RETRY_AFTER_S})
     except ClientDisconnect:

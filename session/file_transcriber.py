@@ -11,8 +11,9 @@ VAD runs on the event loop in slices of SLICE_WINDOWS windows with a yield betwe
 them (bench/upload_vad.py: ~0.6 ms a slice, event-loop lag p99 ~1.6 ms; in a thread
 the GIL's 5 ms switch interval gave p99 ~3.3 ms for the same throughput).
 
-With a `meeting_id`, each final is also appended to that meeting's log (its `seq` comes
-from the store, gap-free) and published to the meeting's listeners as it is committed.
+Attached to a meeting (as a source the caller registered with `Store.create_source`),
+each final is also appended to the meeting's log (its `seq` comes from the store,
+gap-free) and published to the meeting's listeners as it is committed.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from engine.scheduler import (
 from session.actor import SessionServices
 from session.protocol import SAMPLE_RATE, Word, encode
 from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
-from session.store import FinalRecord, NewFinal
+from session.store import FinalRecord, NewFinal, SourceState
 from session.vad import WINDOW, VadStream
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,9 @@ class FileOptions:
     source_id: str  # the scheduler's session id for this file; prefix of utterance ids
     participant: str
     language: str | None  # None: let a multilingual model detect it
-    meeting_id: str | None = None
+    # The meeting source the file's finals are logged as (from Store.create_source, so
+    # source_id must be its session_id); None: the file stands alone.
+    meeting_source: SourceState | None = None
     in_flight: int = 4
 
 
@@ -97,6 +100,9 @@ class FileTranscriber:
         self._segmenter = Segmenter(config)
         self._vad = VadStream(services.vad)
         self._pending: deque[_Pending] = deque()
+        self._source = options.meeting_source
+        if self._source is not None and self._source.session_id != options.source_id:
+            raise ValueError("a file attached to a meeting uses its source's session id")
 
     async def run(self) -> None:
         """Transcribe the whole file; on cancellation drop its queued requests."""
@@ -175,13 +181,16 @@ class FileTranscriber:
             language=result.transcription.language,
             words=words,
         )
-        meeting_id = self._options.meeting_id
-        if meeting_id is None:
+        if self._source is None:
             record = FinalRecord.from_new(len(self.progress.finals) + 1, final)
         else:
             store = self._services.store
-            record = await store.append_final(meeting_id, final)
-            await store.publish(meeting_id, encode(record.message()).encode())
+            source = dataclasses.replace(
+                self._source, acked_until=event.end / SAMPLE_RATE, next_utterance=event.index + 1
+            )
+            record = await store.append_final(source.meeting_id, final, source)
+            self._source = source
+            await store.publish(source.meeting_id, encode(record.message()).encode())
         self.progress.finals.append(record)
 
 
