@@ -111,12 +111,13 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
+        registry = SessionRegistry(settings.max_sessions)
         state = AppState(
             settings=settings,
             store=open_store(settings.redis_url, prefix=settings.store_prefix),
-            registry=SessionRegistry(settings.max_sessions),
+            registry=registry,
             metrics=Metrics(),
-            jobs=JobRegistry(settings),
+            jobs=JobRegistry(settings, live_streams=lambda: len(registry)),
         )
         state.metrics.watch(
             lambda: state.scheduler, lambda: len(state.registry), lambda: state.registry.meetings

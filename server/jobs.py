@@ -22,6 +22,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,8 +177,11 @@ class Job:
 class JobRegistry:
     """Every upload job of this process, bounded; the only server-wide view of them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, live_streams: Callable[[], int] = lambda: 0) -> None:
+        """`live_streams()` counts the open live streams: while there are any, a job keeps
+        only `upload_in_flight_live` requests in the scheduler."""
         self._settings = settings
+        self._live_streams = live_streams
         self._jobs: dict[str, Job] = {}
         self._decoders = asyncio.Semaphore(settings.upload_decoders)
         self._runners = asyncio.Semaphore(settings.upload_concurrency)
@@ -282,7 +286,7 @@ class JobRegistry:
                     participant=job.options.participant,
                     language=job.options.language,
                     meeting_source=source,
-                    in_flight=self._settings.upload_in_flight,
+                    in_flight=self._in_flight,
                 )
                 await FileTranscriber(job.audio.path, services, options, job.progress).run()
             job.transition(JobStatus.DONE)
@@ -303,6 +307,11 @@ class JobRegistry:
             job.transition(JobStatus.FAILED)
         finally:
             await _remove(job.workdir)
+
+    def _in_flight(self) -> int:
+        if self._live_streams() > 0:
+            return self._settings.upload_in_flight_live
+        return self._settings.upload_in_flight
 
     def _expire(self) -> None:
         """Drop finished jobs past their TTL, and the oldest beyond the retention bound."""

@@ -84,9 +84,14 @@ class Settings:
     upload_job_ttl_s: float = setting(3600.0, "How long a finished job's result stays readable.")
     upload_concurrency: int = setting(1, "Jobs transcribing at once; the others wait as `queued`.")
     upload_in_flight: int = setting(
-        4,
-        "Recognition requests one job keeps in the scheduler at once (lower: live finals wait "
-        "less behind file batches; higher: files finish sooner on a GPU).",
+        8,
+        "Recognition requests an upload keeps in the scheduler while no live stream is open "
+        "(fills batches: fastest on a GPU).",
+    )
+    upload_in_flight_live: int = setting(
+        1,
+        "The same while live streams are open: a live final then waits at most for a "
+        "batch with this many file utterances.",
     )
     upload_wait_s: float = setting(
         300.0, "How long `POST …?wait=true` holds the response before answering 202 instead."
@@ -108,8 +113,8 @@ class Settings:
             raise ValueError("need MAX_BATCH_SIZE >= 1 and MAX_QUEUE >= MAX_BATCH_SIZE")
         if min(self.max_upload_bytes, self.upload_decoders, self.upload_max_jobs) < 1:
             raise ValueError("need MAX_UPLOAD_BYTES, UPLOAD_DECODERS and UPLOAD_MAX_JOBS >= 1")
-        if min(self.upload_concurrency, self.upload_in_flight) < 1:
-            raise ValueError("need UPLOAD_CONCURRENCY and UPLOAD_IN_FLIGHT >= 1")
+        if min(self.upload_concurrency, self.upload_in_flight, self.upload_in_flight_live) < 1:
+            raise ValueError("need UPLOAD_CONCURRENCY, UPLOAD_IN_FLIGHT(_LIVE) >= 1")
         if (
             min(self.max_upload_seconds, self.upload_decode_timeout_s, self.upload_decode_cpu_s)
             <= 0

@@ -3,9 +3,10 @@
 The file (raw 16 kHz mono pcm_s16le on disk) is read in chunks, cut into utterances by
 the same Silero VAD and Segmenter as a live stream (partials off), and each utterance
 goes to the shared BatchScheduler at `Priority.FILE`: after live finals, before live
-partials. At most `in_flight` of the file's requests are in the scheduler at once, so a
-file never fills whole batches on its own and a live final waits at most for one small
-file batch to finish. Results are committed in utterance order.
+partials. At most `in_flight()` of the file's requests are in the scheduler at once —
+the server makes that 1 while live rooms are open — so a live final that arrives
+during a file batch waits for that small batch only. Results are committed in
+utterance order.
 
 VAD runs on the event loop in slices of SLICE_WINDOWS windows with a yield between
 them (bench/upload_vad.py: ~0.6 ms a slice, event-loop lag p99 ~1.6 ms; in a thread
@@ -22,6 +23,7 @@ import asyncio
 import dataclasses
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +57,9 @@ class FileOptions:
     # The meeting source the file's finals are logged as (from Store.create_source, so
     # source_id must be its session_id); None: the file stands alone.
     meeting_source: SourceState | None = None
-    in_flight: int = 4
+    # How many of the file's requests may be in the scheduler now; asked before each
+    # submission, so the server can lower it while live rooms are open.
+    in_flight: Callable[[], int] = lambda: 4
 
 
 @dataclass
@@ -136,7 +140,7 @@ class FileTranscriber:
         for event in events:
             if not isinstance(event, UtteranceEnded):
                 continue
-            while len(self._pending) >= self._options.in_flight:
+            while len(self._pending) >= max(1, self._options.in_flight()):
                 await self._commit(self._pending.popleft())
             self.progress.utterances += 1
             utterance = Utterance(event.audio, self._options.language)

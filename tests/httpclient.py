@@ -53,6 +53,23 @@ def multipart(
     return f"multipart/form-data; boundary={boundary}", pieces
 
 
+def endless_file(size: int, filename: str = "big.wav") -> tuple[str, AsyncIterator[bytes]]:
+    """A multipart form whose `file` part is `size` zero bytes, made as it is sent."""
+    boundary = "parley" + secrets.token_hex(8)
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="{filename}"\r\n\r\n'
+        ).encode()
+        block = bytes(64 << 10)
+        for offset in range(0, size, len(block)):
+            yield block[: size - offset]
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    return f"multipart/form-data; boundary={boundary}", pieces()
+
+
 async def request(
     method: str,
     url: str,
@@ -147,6 +164,20 @@ async def upload(
 ) -> HttpResponse:
     """POST a file to /v1/transcriptions, with `fields` as form fields before it."""
     content_type, pieces = multipart(data, filename, **(fields or {}))
+    return await post_form(
+        base, content_type, pieces, params=params, chunked=chunked, timeout=timeout
+    )
+
+
+async def post_form(
+    base: str,
+    content_type: str,
+    pieces: Iterable[bytes] | AsyncIterator[bytes],
+    *,
+    params: dict[str, str] | None = None,
+    chunked: bool = False,
+    timeout: float = 300.0,
+) -> HttpResponse:
     return await request(
         "POST",
         f"{base}/v1/transcriptions",
