@@ -9,8 +9,9 @@ only this process. Before it touches the input the worker lowers its own limits
 What it accepts, through PyAV (FFmpeg), never hand-written parsing:
 - containers (demuxers) on a whitelist: wav, mp3, mp4/m4a/mov, flac, ogg. FFmpeg
   enforces it (`format_whitelist`) before any demuxer reads the file, so playlists
-  (hls, concat/ffconcat), images and everything else are refused unread; only the
-  `file` protocol may be opened, so nothing can reach the network or another file.
+  (hls, concat/ffconcat), images and everything else are refused unread. FFmpeg reads
+  the upload through an open file object and may open no protocol at all, so nothing
+  can reach the network or another file.
 - audio codecs on a whitelist (PCM, MP3, AAC, ALAC, FLAC, Opus, Vorbis);
 - a decoded duration up to `--max-seconds`: refused at once when the container
   declares more (where that figure is exact), and counted while decoding otherwise.
@@ -120,12 +121,14 @@ def decode(src: str, dst: str, max_seconds: float) -> dict[str, Any]:
     av.logging.set_level(av.logging.WARNING)
     options = {
         "format_whitelist": ",".join(ACCEPTED_FORMATS),
-        "protocol_whitelist": "file",
+        # FFmpeg reads the upload through the open file handed to it, so no protocol is
+        # needed: any nested open (a playlist entry, a reference, a URL) is refused.
+        "protocol_whitelist": "none",
         "codec_whitelist": ",".join(sorted(ACCEPTED_CODECS)),
     }
-    with av.logging.Capture() as logs:
+    with av.logging.Capture() as logs, open(src, "rb") as upload:
         try:
-            container = av.open(src, options=options)
+            container = av.open(upload, options=options)
         except av.error.ArgumentError as exc:
             detected = _not_whitelisted(logs)
             if detected is None:
