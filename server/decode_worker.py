@@ -178,6 +178,7 @@ def _decode_container(
             f"({MIN_SOURCE_RATE}-{MAX_SOURCE_RATE} Hz accepted)"
         )
     resampler = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
+    shape: tuple[str, str, int] | None = None  # the input the resampler was set up for
     source_seconds = 0.0
     samples = packets = bad = 0
     last_bad = False
@@ -202,6 +203,9 @@ def _decode_container(
                 bad += 1
                 last_bad = True
                 first_error = first_error or _ffmpeg_said(logs) or str(exc.strerror)
+                if packets >= 1000 and _too_many_bad(bad, packets):  # mostly garbage: stop now
+                    message = f"{bad} of the first {packets} audio packets are damaged"
+                    raise _invalid(message) from None
                 continue
             last_bad = last_bad and flushing
             for frame in frames:
@@ -212,15 +216,22 @@ def _decode_container(
                         "audio_too_long",
                         f"the file decodes to more than {max_seconds:.0f} s of audio",
                     )
+                frame_shape = (frame.format.name, frame.layout.name, frame.sample_rate)
+                if shape is not None and frame_shape != shape:
+                    # The stream changed rate or layout midway (chained or damaged
+                    # files): drain the resampler and start a fresh one.
+                    write(resampler.resample(None))
+                    resampler = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
+                shape = frame_shape
                 write(resampler.resample(frame))
         write(resampler.resample(None))
     seconds = samples / OUTPUT_RATE
+    if _too_many_bad(bad, packets):
+        raise _invalid(f"{bad} of {packets} audio packets are damaged ({first_error})")
     if last_bad:
         raise _invalid(
             f"the file is truncated: it breaks off after {source_seconds:.1f} s ({first_error})"
         )
-    if bad > max(MAX_BAD_PACKETS, MAX_BAD_FRACTION * packets):
-        raise _invalid(f"{bad} of {packets} audio packets could not be decoded ({first_error})")
     if samples == 0:
         raise _invalid("the file holds no decodable audio")
     if exact is not None and seconds < exact * 0.98 - TRUNCATION_TOLERANCE:
@@ -238,6 +249,10 @@ def _decode_container(
         "samples": samples,
         "bad_packets": bad,
     }
+
+
+def _too_many_bad(bad: int, packets: int) -> bool:
+    return bad > max(MAX_BAD_PACKETS, MAX_BAD_FRACTION * packets)
 
 
 def _declared_seconds(container: Any, stream: Any) -> float | None:

@@ -22,9 +22,13 @@ FORMATS: dict[str, tuple[str, str, int, int | None]] = {
 }
 
 
-def encode(samples: npt.NDArray[np.float32], name: str, rate: int = 16_000) -> bytes:
-    """Encode mono float samples at `rate` into one of FORMATS, in memory."""
-    muxer, codec, codec_rate, bit_rate = FORMATS[name]
+def encode(
+    samples: npt.NDArray[np.float32], name: str, rate: int = 16_000, codec_rate: int | None = None
+) -> bytes:
+    """Encode mono float samples at `rate` into one of FORMATS (encoded at its usual rate,
+    or `codec_rate`), in memory."""
+    muxer, codec, usual_rate, bit_rate = FORMATS[name]
+    codec_rate = codec_rate or usual_rate
     buffer = io.BytesIO()
     with av.open(buffer, "w", format=muxer) as container:
         stream = cast(AudioStream, container.add_stream(codec, rate=codec_rate, layout="mono"))

@@ -92,3 +92,24 @@ async def test_decoder_wall_clock_limit_kills_it(tmp_path: Path, jfk: dict[str, 
     with pytest.raises(DecodeError) as caught:
         await decode_bytes(tmp_path, jfk["wav"], limits)
     assert (caught.value.status, caught.value.code) == (422, "decode_limit")
+
+
+async def test_decoder_refuses_garbled_files(tmp_path: Path, jfk: dict[str, bytes]) -> None:
+    """An MP3 with 2 % of its bytes overwritten is refused: too many damaged packets."""
+    data = np.frombuffer(jfk["mp3"], np.uint8).copy()
+    rng = np.random.default_rng(1)
+    spots = rng.integers(1000, len(data), len(data) // 50)
+    data[spots] = rng.integers(0, 256, len(spots), dtype=np.uint8)
+    with pytest.raises(DecodeError) as caught:
+        await decode_bytes(tmp_path, data.tobytes())
+    assert caught.value.status == 422 and "damaged" in caught.value.message
+
+
+async def test_decoder_follows_a_rate_change_midway(tmp_path: Path) -> None:
+    """Two MP3s at 16 and 44.1 kHz joined end to end decode to their summed length."""
+    samples = clip("en_jfk").samples()
+    joined = audiofiles.encode(samples, "mp3") + audiofiles.encode(
+        samples, "mp3", codec_rate=44_100
+    )
+    audio = await decode_bytes(tmp_path, joined)
+    assert abs(audio.seconds - 22.0) < 0.2, audio
