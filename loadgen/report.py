@@ -25,7 +25,7 @@ import numpy as np
 from loadgen.client import FinalEvent, SourceLog
 from loadgen.corpus import RoomPlan, Utterance
 from loadgen.wer import ErrorCounts, error_counts
-from session.protocol import SAMPLE_RATE
+from session.protocol import SAMPLE_RATE, Timing
 
 PERCENTILES = (50, 90, 95, 99)
 REPORT_VERSION = 1
@@ -41,6 +41,7 @@ DEFINITIONS = {
     "wer": "(S + D + I) / reference words, references joined in order vs finals by start",
     "send_lag": "per paced frame: time it left - time it was due (includes socket backpressure)",
     "loop_lag": "client event loop oversleep on a 50 ms timer: the client's own health",
+    "server": "the finals' own `timing` (queue wait, batch inference, total), as the server saw it",
 }
 
 
@@ -99,6 +100,7 @@ class SourceFigures:
     partial_points: list[tuple[float, float]]
     first_partials: list[float]
     beyond_audio: int  # messages whose `end` lies past the audio sent
+    server_timings: list[Timing]  # the finals' own `timing`, where the server sent it
 
 
 def source_figures(log: SourceLog, references: Sequence[Utterance], language: str) -> SourceFigures:
@@ -142,6 +144,7 @@ def source_figures(log: SourceLog, references: Sequence[Utterance], language: st
         partial_points=[(p.received, p.latency) for p in log.partials if p.latency is not None],
         first_partials=list(first_partial.values()),
         beyond_audio=beyond,
+        server_timings=[f.message["timing"] for f in unique if "timing" in f.message],
     )
 
 
@@ -194,6 +197,7 @@ def build_report(
     final_points: list[tuple[float, float, float]] = []
     partial_points: list[tuple[float, float]] = []
     first_partials: list[float] = []
+    server_timings: list[Timing] = []
     errors: Counter[str] = Counter()
     server_errors: Counter[str] = Counter()
     room_rows = []
@@ -213,6 +217,7 @@ def build_report(
             final_points += [(t, lat, index) for t, lat in figures.final_points]
             partial_points += figures.partial_points
             first_partials += figures.first_partials
+            server_timings += figures.server_timings
             send_lags += log.send_lags
             if log.failure is not None:
                 room_errors[log.failure] += 1
@@ -281,6 +286,10 @@ def build_report(
             "partial": summarize(lat for _, lat in partial_points),
             "first_partial": summarize(first_partials),
             "final_trend": latency_trend([(t, lat) for t, lat, _ in final_points]),
+            "server": {
+                part: summarize(timing[part] for timing in server_timings)
+                for part in ("queue", "inference", "total")
+            },
         },
         "wer": {"overall": total_wer.rate, **_counts_dict(total_wer)},
         "errors": dict(errors),
@@ -339,18 +348,22 @@ def render_summary(report: Mapping[str, Any]) -> str:
     config, totals, latency = report["config"], report["totals"], report["latency"]
     speed = config.get("speed")
     lines = [
-        f"Parley load: {totals['rooms']} rooms x {config.get('participants_per_room', 1)} "
-        f"participants, speed {'max' if speed is None else f'{speed:g}x'}, "
+        f"Parley load: {totals['rooms']} rooms, {config.get('participants_per_room', 1)} "
+        f"participant(s) each, speed {'max' if speed is None else f'{speed:g}x'}, "
         f"{totals['audio_seconds_sent']:.1f} s audio sent in {totals['wall_seconds']:.1f} s",
         "",
         f"{'latency (s)':<16}{'count':>7}"
         + "".join(f"{'p' + str(q):>9}" for q in PERCENTILES)
         + f"{'max':>9}",
     ]
-    for name in ("final", "partial", "first_partial"):
-        row = latency[name]
+    rows = [
+        (name.replace("_", " "), latency[name]) for name in ("final", "partial", "first_partial")
+    ]
+    if latency["server"]["total"]["count"]:
+        rows.append(("server total", latency["server"]["total"]))  # the finals' own `timing`
+    for name, row in rows:
         lines.append(
-            f"{name.replace('_', ' '):<16}{row['count']:>7}"
+            f"{name:<16}{row['count']:>7}"
             + "".join(f"{_fmt(row[f'p{q}']):>9}" for q in PERCENTILES)
             + f"{_fmt(row['max']):>9}"
         )

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
 from loadgen.wer import error_rate
+from tests.conftest import ServerProcess
 from tests.corpus import clip
 from tests.loadgen_checks import assert_summary_matches, parse_srt, run_module
 
@@ -26,7 +26,7 @@ def fetch(url: str) -> bytes:
 
 
 async def test_loadgen_three_rooms_accounts_for_every_utterance(
-    parley_server: Any, tmp_path: Path
+    parley_server: ServerProcess, tmp_path: Path
 ) -> None:
     """Three real-time rooms for ~20 s: no utterance lost, plausible figures, JSON == printed."""
     code, out, err = await run_module(
@@ -58,11 +58,14 @@ async def test_loadgen_three_rooms_accounts_for_every_utterance(
     assert report["wer"]["overall"] <= 0.3
     assert all(room["final_latency"]["count"] >= 1 for room in report["rooms"])
     assert not report["client"]["fell_behind"]
+    assert report["latency"]["server"]["total"]["count"] == totals["finals"]  # `timing` sent
     assert_summary_matches(out, report)
     assert (tmp_path / "report.html").read_text().count("<svg") == 3
 
 
-async def test_replay_at_max_speed_gives_accurate_srt(parley_server: Any, tmp_path: Path) -> None:
+async def test_replay_at_max_speed_gives_accurate_srt(
+    parley_server: ServerProcess, tmp_path: Path
+) -> None:
     """A corpus clip at --speed max: WER ≤ 0.15, a valid SRT, the same as the server's."""
     source = clip("en_ls_2412-153948-0000")
     srt = tmp_path / "clip.srt"

@@ -37,6 +37,11 @@ def final(uid: str, start: float, end: float, text: str, seq: int) -> Transcript
     }
 
 
+def timed(message: TranscriptFinal, queue: float, inference: float) -> TranscriptFinal:
+    message["timing"] = {"queue": queue, "inference": inference, "total": queue + inference}
+    return message
+
+
 def partial(uid: str, start: float, end: float) -> TranscriptPartial:
     return {
         "type": "transcript.partial",
@@ -64,8 +69,8 @@ def busy_log() -> SourceLog:
     """Finals for c1 and c2 (c2 twice), a spurious one, c3 lost; three partials."""
     log = SourceLog("room-a", "p0")
     log.finals += [
-        FinalEvent(final("u1", 0.9, 3.0, "hello world", 1), 10.0, 0.8),
-        FinalEvent(final("u2", 5.0, 6.0, "good morning", 2), 12.0, 1.2),
+        FinalEvent(timed(final("u1", 0.9, 3.0, "hello world", 1), 0.1, 0.3), 10.0, 0.8),
+        FinalEvent(timed(final("u2", 5.0, 6.0, "good morning", 2), 0.2, 0.5), 12.0, 1.2),
         FinalEvent(final("u2", 5.0, 6.0, "good morning", 2), 12.5, 1.7),  # duplicate
         FinalEvent(final("u3", 7.0, 7.5, "um", 3), 13.0, 0.4),  # spurious
     ]
@@ -184,6 +189,9 @@ def test_build_report_totals_rooms_and_errors() -> None:
     ]
     assert report["client"]["cpu_percent"] == 25.0 and not report["client"]["fell_behind"]
     assert report["series"]["final"][0] == [10.0, 0.8, 0.0]
+    server = report["latency"]["server"]
+    assert server["total"]["count"] == 2 and server["total"]["p50"] == pytest.approx(0.55)
+    assert server["queue"]["max"] == 0.2 and server["inference"]["min"] == 0.3
 
 
 def test_verdict_names_every_reason() -> None:
