@@ -10,7 +10,12 @@ from pathlib import Path
 
 import orjson
 
-from loadgen.cli import add_connection_arguments, positive_float, positive_int
+from loadgen.cli import (
+    add_connection_arguments,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
 from loadgen.corpus import CORPUS_ENV, default_corpus_dir
 from loadgen.report import Limits, render_summary
 from loadgen.run import LoadSettings, SearchSettings, find_max_rooms, run_load, write_report
@@ -26,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
             "With --find-max-rooms, search for the most rooms whose final-latency P95 stays "
             "within --slo-p95."
         ),
+        epilog=(
+            "examples:\n"
+            "  python -m loadgen --rooms 10 --duration 120\n"
+            "  python -m loadgen --rooms 4 --participants-per-room 3 --server ws://gpu-box:8000\n"
+            "  python -m loadgen --find-max-rooms --slo-p95 1.2 --duration 60 --max-rooms 128"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     load = parser.add_argument_group("load")
     load.add_argument("--rooms", type=positive_int, default=1, help="concurrent rooms (default 1)")
@@ -45,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load.add_argument(
         "--ramp",
-        type=float,
+        type=non_negative_float,
         default=None,
         metavar="S",
         help="spread room starts over S seconds (default min(10, duration/4))",

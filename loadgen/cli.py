@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from loadgen.client import DEFAULT_SERVER
+from loadgen.client import DEFAULT_SERVER, websocket_base
 
 
 def parse_speed(text: str) -> float | None:
@@ -31,6 +31,24 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
+def server_url(text: str) -> str:
+    try:
+        websocket_base(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -53,6 +71,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("connection")
     group.add_argument(
         "--server",
+        type=server_url,
         default=DEFAULT_SERVER,
         help=f"server base URL, ws:// or http:// (default {DEFAULT_SERVER})",
     )

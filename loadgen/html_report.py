@@ -262,7 +262,7 @@ def render_html(report: Mapping[str, Any], search: Mapping[str, Any] | None = No
                 r["wer"],
                 r["final_latency"]["p50"],
                 r["final_latency"]["p95"],
-                ", ".join(f"{k}x{v}" for k, v in r["errors"].items()) or "-",
+                ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "-",
             ]
             for r in rooms
         ],

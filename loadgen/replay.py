@@ -157,6 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
             "transcript. Several files with one --participant each replay one multi-track "
             "meeting. WAV is read directly; mp3, m4a, flac, ogg and others are decoded by PyAV."
         ),
+        epilog=(
+            "examples:\n"
+            "  python -m loadgen.replay standup.m4a --out standup.srt\n"
+            "  python -m loadgen.replay ana.wav ben.flac --participant ana --participant ben "
+            "--speed max --out meeting.vtt\n"
+            "  python -m loadgen.replay talk.mp3 --speed 2 --format json > talk.json"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="audio files")
     parser.add_argument("--meeting", help="meeting id (default replay-<first file>-<random>)")
@@ -167,13 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="participant name, once per file in order (default: 'speaker', or the file names)",
     )
     parser.add_argument(
-        "--out", type=Path, metavar="PATH", help="write the transcript here (default: don't)"
+        "--out",
+        type=Path,
+        metavar="PATH",
+        help="write the transcript here; without --out, --format prints it to stdout",
     )
     parser.add_argument(
         "--format",
         choices=[f.value for f in TranscriptFormat],
-        help="transcript format (default: from --out's extension, else txt; without --out "
-        "the transcript goes to stdout)",
+        help="transcript format (default: from --out's extension, else txt)",
     )
     parser.add_argument(
         "--no-partials", action="store_true", help="do not show partials on the terminal"

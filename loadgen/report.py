@@ -39,6 +39,8 @@ DEFINITIONS = {
     "spurious": "final overlapping no reference utterance",
     "duplicates": "extra copies of a final with an utterance_id already received",
     "wer": "(S + D + I) / reference words, references joined in order vs finals by start",
+    "errors": "sessions that did not end cleanly, by close code (e.g. 1013), http_STATUS for "
+    "a refused handshake, or connect_failed, no_session_started, drain_timeout, run_deadline",
     "send_lag": "per paced frame: time it left - time it was due (includes socket backpressure)",
     "loop_lag": "client event loop oversleep on a 50 ms timer: the client's own health",
     "server": "the finals' own `timing` (queue wait, batch inference, total), as the server saw it",
@@ -322,7 +324,7 @@ def verdict(report: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
     if totals["lost"]:
         reasons.append(f"{totals['lost']} of {totals['utterances']} utterances lost")
     if report["errors"]:
-        reasons.append("errors: " + ", ".join(f"{k}x{v}" for k, v in report["errors"].items()))
+        reasons.append("errors: " + ", ".join(f"{k}: {v}" for k, v in report["errors"].items()))
     trend = report["latency"]["final_trend"]
     if (
         limits.slo_p95 is not None
@@ -377,7 +379,7 @@ def render_summary(report: Mapping[str, Any]) -> str:
         f"WER {_fmt(wer['overall'])} ({wer['reference_words']} words)"
         + (f"  rooms min {_fmt(min(room_wers))} max {_fmt(max(room_wers))}" if room_wers else ""),
         f"sessions clean {totals['sessions_clean']}/{totals['sources']}  errors "
-        + (", ".join(f"{k}x{v}" for k, v in sorted(report["errors"].items())) or "none"),
+        + (", ".join(f"{k}: {v}" for k, v in sorted(report["errors"].items())) or "none"),
     ]
     client = report["client"]
     lines.append(

@@ -79,6 +79,8 @@ class LoadSettings:
             raise ValueError("need at least one room and one participant per room")
         if self.duration_s <= 0:
             raise ValueError("duration must be positive")
+        if self.ramp_s is not None and self.ramp_s < 0:
+            raise ValueError("ramp must not be negative")
 
     @property
     def ramp(self) -> float:

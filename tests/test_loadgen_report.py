@@ -202,11 +202,11 @@ def test_verdict_names_every_reason() -> None:
     reasons = " | ".join(verdict["reasons"])
     assert "P95 1.140 s > SLO 1 s" in reasons
     assert "2 of 5 utterances lost" in reasons
-    assert "1013x1" in reasons
+    assert "1013: 1" in reasons
     assert "client fell behind" in reasons
     assert report_for(Limits(slo_p95=2.0))["verdict"]["reasons"] == [
         "2 of 5 utterances lost",
-        "errors: 1013x1",
+        "errors: 1013: 1",
     ]
 
 
