@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="where report.json and report.html go (default reports/loadgen-TIMESTAMP)",
     )
-    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (it shows on a terminal only)"
+    )
     search = parser.add_argument_group("capacity search")
     search.add_argument(
         "--find-max-rooms",

@@ -209,7 +209,7 @@ async def run_load(
         total=round(total_audio, 1),
         unit="s",
         desc="audio sent",
-        disable=not settings.progress,
+        disable=None if settings.progress else True,  # None: shown on a terminal only
         file=sys.stderr,
         dynamic_ncols=True,
         bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{elapsed}] {postfix}",
