@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
@@ -178,7 +178,6 @@ class SourceLog:
     participant: str
     clock: SendClock = field(default_factory=SendClock)
     started: SessionStarted | None = None
-    stream_t0: float | None = None  # run-clock time the audio timeline's sample 0 began
     finals: list[FinalEvent] = field(default_factory=list)
     partials: list[PartialEvent] = field(default_factory=list)
     send_lags: list[float] = field(default_factory=list)  # per paced frame: sent - due
@@ -218,7 +217,9 @@ def _check_transcript(message: dict[str, Any], kind: str) -> tuple[float, float]
 def _handle(log: SourceLog, raw: str, now: float, on_event: OnEvent | None) -> bool:
     """Record one server message; True once `session.ended` has arrived."""
     message: Any = orjson.loads(raw)
-    kind = message.get("type") if isinstance(message, dict) else None
+    if not isinstance(message, dict):
+        raise ValueError("a server message must be a JSON object")
+    kind = message.get("type")
     event: FinalEvent | PartialEvent | None = None
     if kind in ("transcript.partial", "transcript.final"):
         if message.get("participant", log.participant) != log.participant:
@@ -283,7 +284,6 @@ async def _send(
 ) -> None:
     speed = options.speed
     t0 = clock()
-    log.stream_t0 = t0
     sent = 0
     try:
         for frame in track.frames(options.frame_samples):
@@ -384,16 +384,3 @@ async def stream_source(
     if log.failure is None and log.close_code not in (None, CloseCode.NORMAL):
         log.fail(str(log.close_code), "session ended with a non-normal close")
     return log
-
-
-def all_finals(logs: Sequence[SourceLog]) -> list[TranscriptFinal]:
-    """Every final received over `logs`, first copy of each (participant, utterance) only."""
-    seen: set[tuple[str, str]] = set()
-    finals = []
-    for log in logs:
-        for event in log.finals:
-            key = (log.participant, event.message["utterance_id"])
-            if key not in seen:
-                seen.add(key)
-                finals.append(event.message)
-    return finals

@@ -28,7 +28,6 @@ from loadgen.client import (
     SourceLog,
     StreamOptions,
     Track,
-    all_finals,
     stream_source,
 )
 from loadgen.report import first_copies, summarize
@@ -231,19 +230,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    text = transcript(meeting, all_finals(logs), fmt)
+    events = [event for log in logs for event in first_copies(log.finals)]
+    text = transcript(meeting, [event.message for event in events], fmt)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text, encoding="utf-8")
     elif args.format:
         sys.stdout.write(text)
-    latencies = [
-        f.latency for log in logs for f in first_copies(log.finals) if f.latency is not None
-    ]
-    figures = summarize(latencies)
+    latency = summarize(event.latency for event in events if event.latency is not None)
     print(
-        f"meeting {meeting}: {sum(len(first_copies(log.finals)) for log in logs)} finals"
-        + (f", latency p50 {figures['p50']:.2f} s p95 {figures['p95']:.2f} s" if latencies else "")
+        f"meeting {meeting}: {len(events)} finals"
+        + (
+            f", latency p50 {latency['p50']:.2f} s p95 {latency['p95']:.2f} s"
+            if latency["count"]
+            else ""
+        )
         + (f"; transcript in {args.out}" if args.out is not None else ""),
         file=sys.stderr,
     )
