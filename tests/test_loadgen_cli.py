@@ -70,6 +70,14 @@ async def test_duplicates_and_refusals_are_reported() -> None:
     assert not report["verdict"]["passed"]
 
 
+async def test_run_deadline_ends_a_stuck_run() -> None:
+    """Sockets still open at the run's deadline are cut and reported as run_deadline."""
+    async with stub_server(lambda m: StubBehaviour(no_session_ended=True)) as stub:
+        report = await run_load(settings(stub.url, deadline_s=0.5), Limits())
+    assert report["errors"] == {"run_deadline": 4}
+    assert report["totals"]["sessions_clean"] == 0
+
+
 async def test_find_max_rooms_converges_on_capacity() -> None:
     """A server that refuses room index 3 and up sustains 3 rooms: 1, 2, 4 (fail), 3."""
     behaviour_for = lambda m: StubBehaviour(http_status=503 if room_index(m) >= 3 else None)  # noqa: E731
