@@ -15,6 +15,7 @@ from loadgen.cli import (
     non_negative_float,
     positive_float,
     positive_int,
+    stream_options,
 )
 from loadgen.corpus import CORPUS_ENV, default_corpus_dir
 from loadgen.report import Limits, render_summary
@@ -135,16 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         participants_per_room=args.participants_per_room,
         corpus=args.corpus if args.corpus is not None else default_corpus_dir(),
         duration_s=args.duration,
-        speed=args.speed,
         ramp_s=args.ramp,
-        language=args.language,
         max_clip_s=args.max_clip_seconds,
         seed=args.seed,
-        frame_ms=args.frame_ms,
-        interim_results=not args.no_interim,
-        token=args.token,
-        open_timeout=args.open_timeout,
-        drain_timeout=args.drain_timeout,
+        stream=stream_options(args),
         progress=not args.no_progress,
     )
     limits = Limits(slo_p95=args.slo_p95, max_client_lag=args.max_client_lag)

@@ -5,38 +5,34 @@ from __future__ import annotations
 import argparse
 import math
 
-from loadgen.client import DEFAULT_SERVER, websocket_base
+from loadgen.client import DEFAULT_SERVER, StreamOptions, websocket_base
 
 
 def parse_speed(text: str) -> float | None:
     """'1', '2.5' or 'max' (None: as fast as the socket accepts)."""
-    if text.strip().lower() == "max":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"speed must be a number or 'max', not {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError("speed must be positive")
-    return value
+    return None if text.strip().lower() == "max" else positive_float(text)
 
 
-def positive_float(text: str) -> float:
+def _finite(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _finite(text)
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {text}")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
+    value = _finite(text)
+    if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
     return value
 
@@ -110,4 +106,17 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         default=120.0,
         metavar="S",
         help="seconds to wait for session.ended after stop (default 120)",
+    )
+
+
+def stream_options(args: argparse.Namespace) -> StreamOptions:
+    """The options `add_connection_arguments` collected, for `stream_source`."""
+    return StreamOptions(
+        speed=args.speed,
+        frame_ms=args.frame_ms,
+        language=args.language,
+        interim_results=not args.no_interim,
+        token=args.token,
+        open_timeout=args.open_timeout,
+        drain_timeout=args.drain_timeout,
     )

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 from loadgen.audio import AudioDecodeError, load_audio
-from loadgen.cli import add_connection_arguments
+from loadgen.cli import add_connection_arguments, stream_options
 from loadgen.client import (
     FinalEvent,
     PartialEvent,
@@ -209,15 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             validate_id("participant", name)
     except ProtocolError as exc:
         parser.error(exc.message)
-    options = StreamOptions(
-        speed=args.speed,
-        frame_ms=args.frame_ms,
-        language=args.language,
-        interim_results=not args.no_interim,
-        token=args.token,
-        open_timeout=args.open_timeout,
-        drain_timeout=args.drain_timeout,
-    )
+    options = stream_options(args)
     fmt = format_for(args.out, args.format)
     printer = LivePrinter(
         sys.stderr if args.out is None and args.format else sys.stdout,

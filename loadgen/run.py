@@ -61,16 +61,10 @@ class LoadSettings:
     participants_per_room: int = 1
     corpus: Path = field(default_factory=default_corpus_dir)
     duration_s: float = 60.0
-    speed: float | None = 1.0  # None: as fast as the sockets take it
     ramp_s: float | None = None  # room starts spread over this; None: min(10, duration / 4)
-    language: str = "en"
     max_clip_s: float = 30.0
     seed: int = 0
-    frame_ms: int = 40
-    interim_results: bool = True
-    token: str | None = None
-    open_timeout: float = 20.0
-    drain_timeout: float = 120.0
+    stream: StreamOptions = field(default_factory=StreamOptions)  # speed, language, timeouts
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
     progress: bool = True
     deadline_s: float | None = None  # whole run; None: derived from the timeouts (a safety net)
@@ -87,21 +81,11 @@ class LoadSettings:
     def ramp(self) -> float:
         return min(10.0, self.duration_s / 4) if self.ramp_s is None else self.ramp_s
 
-    def stream_options(self) -> StreamOptions:
-        return StreamOptions(
-            speed=self.speed,
-            frame_ms=self.frame_ms,
-            language=self.language,
-            interim_results=self.interim_results,
-            token=self.token,
-            open_timeout=self.open_timeout,
-            drain_timeout=self.drain_timeout,
-        )
-
     def report_config(self) -> dict[str, Any]:
-        """The settings as the report records them (no token)."""
+        """The settings as the report records them, flat (the token only as present or not)."""
         config = asdict(self)
-        config.update(corpus=str(self.corpus), ramp_s=self.ramp, token=bool(self.token))
+        config.update(config.pop("stream"), corpus=str(self.corpus), ramp_s=self.ramp)
+        config["token"] = self.stream.token is not None
         return config
 
 
@@ -113,7 +97,9 @@ class PreparedCorpus:
 
 def prepare_corpus(settings: LoadSettings) -> PreparedCorpus:
     """Read the manifest and decode the clips the run will play (once per process)."""
-    clips = select_clips(load_manifest(settings.corpus), settings.language, settings.max_clip_s)
+    clips = select_clips(
+        load_manifest(settings.corpus), settings.stream.language, settings.max_clip_s
+    )
     return PreparedCorpus(clips, decode_clips(clips))
 
 
@@ -186,7 +172,7 @@ async def run_load(
     """Run the rooms of `settings` to the end and return the report."""
     corpus = corpus if corpus is not None else prepare_corpus(settings)
     plans = plan_rooms(settings, corpus)
-    options = settings.stream_options()
+    options = settings.stream
     rooms = [
         RoomRun(plan, tuple(SourceLog(plan.meeting_id, p) for p in plan.participants))
         for plan in plans
@@ -197,8 +183,8 @@ async def run_load(
         # Every socket ends within its own timeouts; at "max" speed the server is allowed
         # real time to take the audio.
         longest = max(plan.audio_seconds for plan in plans)
-        pace = longest / (settings.speed or 1.0)
-        deadline = settings.ramp + pace + settings.open_timeout + settings.drain_timeout + 30.0
+        pace = longest / (options.speed or 1.0)
+        deadline = settings.ramp + pace + options.open_timeout + options.drain_timeout + 30.0
 
     epoch = time.monotonic()
     cpu_start = time.process_time()
@@ -254,7 +240,7 @@ async def run_load(
         await asyncio.gather(*monitors)
         bar.close()
     health = ClientHealth(loop_lags, time.process_time() - cpu_start, clock())
-    return build_report(settings.report_config(), rooms, health, limits, settings.language)
+    return build_report(settings.report_config(), rooms, health, limits, options.language)
 
 
 def write_report(
@@ -295,7 +281,9 @@ async def find_max_rooms(
     steps: list[dict[str, Any]] = []
     stopped = "converged"
     while (rooms := search.next_rooms()) is not None:
-        estimate = longest_trial or settings.ramp + settings.duration_s / (settings.speed or 8.0)
+        estimate = longest_trial or settings.ramp + settings.duration_s / (
+            settings.stream.speed or 8.0
+        )
         if time.monotonic() - began + estimate > search_settings.budget_s:
             stopped = f"time budget of {search_settings.budget_s:g} s spent"
             break

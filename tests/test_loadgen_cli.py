@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import orjson
 
+from loadgen.client import StreamOptions
 from loadgen.html_report import cdf_points, nice_ticks, render_html
 from loadgen.replay import default_participants, format_for, transcript
 from loadgen.report import Limits
@@ -20,18 +23,17 @@ from tests.v1_stub import StubBehaviour, stub_server
 TIMEOUT = 60.0
 
 
-def settings(url: str, **changes: object) -> LoadSettings:
+def settings(url: str, **changes: Any) -> LoadSettings:
     base = LoadSettings(
         server=url,
         rooms=2,
         participants_per_room=2,
         duration_s=30.0,
-        speed=None,
         ramp_s=0.0,
         progress=False,
-        drain_timeout=10.0,
+        stream=StreamOptions(speed=None, drain_timeout=10.0),
     )
-    return LoadSettings(**{**{f: getattr(base, f) for f in base.__dataclass_fields__}, **changes})
+    return replace(base, **changes)
 
 
 def room_index(meeting: str) -> int:

@@ -12,6 +12,7 @@ import orjson
 import pytest
 import uvicorn
 
+from loadgen.client import StreamOptions
 from loadgen.report import Limits
 from loadgen.run import LoadSettings, run_load
 from server.app import create_app
@@ -60,10 +61,9 @@ async def test_rooms_against_the_real_app_lose_nothing(fake_engine_server: str) 
         rooms=2,
         participants_per_room=2,
         duration_s=30.0,
-        speed=6.0,
         ramp_s=0.5,
         progress=False,
-        drain_timeout=30.0,
+        stream=StreamOptions(speed=6.0, drain_timeout=30.0),
     )
     report = await run_load(settings, Limits(slo_p95=5.0))
     totals = report["totals"]
