@@ -106,7 +106,7 @@ class RoomPlan:
 class ScriptShape:
     """How a room's conversation is laid out in time."""
 
-    duration_s: float = 60.0  # whole clips are added while they fit (at least one)
+    duration_s: float = 60.0  # whole clips while any fits, skipping ones too long (at least one)
     gap_s: tuple[float, float] = (1.0, 2.0)  # silence between utterances, uniform
     lead_in_s: float = 0.5
     tail_s: float = 1.5
@@ -131,14 +131,20 @@ def plan_room(
     limit = round(shape.duration_s * SAMPLE_RATE)
     cursor = round(shape.lead_in_s * SAMPLE_RATE)
     placed: list[tuple[str, int, Clip]] = []  # (participant, start sample, clip)
+
+    def length(index: int) -> int:
+        return len(audio[clips[index % len(clips)].id])
+
     index = first_clip
     while True:
+        if placed:  # the first clip always plays; later, the next one in cycle order that fits
+            skip = next((k for k in range(len(clips)) if cursor + length(index + k) <= limit), None)
+            if skip is None:
+                break
+            index += skip
         clip = clips[index % len(clips)]
-        length = len(audio[clip.id])
-        if placed and cursor + length > limit:
-            break
         placed.append((participants[len(placed) % len(participants)], cursor, clip))
-        cursor += length + round(rng.uniform(*shape.gap_s) * SAMPLE_RATE)
+        cursor += length(index) + round(rng.uniform(*shape.gap_s) * SAMPLE_RATE)
         index += 1
     _, last_start, last_clip = placed[-1]
     total = last_start + len(audio[last_clip.id]) + round(shape.tail_s * SAMPLE_RATE)

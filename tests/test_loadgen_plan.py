@@ -60,6 +60,13 @@ def test_plan_room_turns_gaps_and_spans() -> None:
             assert np.all(span == int(u.clip_id[1]) + 1)
 
 
+def test_plan_room_skips_a_clip_too_long_for_the_rest() -> None:
+    """Near the end, a clip that would overrun is passed over for a later one that fits."""
+    clips, audio = fake_clips(1.0, 5.0, 1.0)
+    room = plan_room("m", ["a"], clips, audio, ScriptShape(duration_s=6.0), random.Random(0))
+    assert [u.clip_id for u in room.utterances] == ["c0", "c2"]
+
+
 def test_plan_room_places_one_clip_even_when_too_long() -> None:
     """A duration shorter than the first clip still plays that clip."""
     clips, audio = fake_clips(5.0)
