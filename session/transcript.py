@@ -61,12 +61,15 @@ def utterances(finals: Sequence[FinalRecord]) -> list[dict[str, Any]]:
 
 
 def render_txt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
-    return "".join(f"[{_clock(f.start, '.')}] {_label(f, labels)}{f.text}\n" for f in finals)
+    return "".join(
+        f"[{_clock(f.start, '.')}] {_label(f, labels)}{_one_line(f.text)}\n" for f in finals
+    )
 
 
 def render_srt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
     cues = [
-        f"{i}\n{_clock(f.start, ',')} --> {_clock(_cue_end(f), ',')}\n{_label(f, labels)}{f.text}\n"
+        f"{i}\n{_clock(f.start, ',')} --> {_clock(_cue_end(f), ',')}\n"
+        f"{_label(f, labels)}{_one_line(f.text)}\n"
         for i, f in enumerate(finals, start=1)
     ]
     return "\n".join(cues)
@@ -99,4 +102,9 @@ def _clock(seconds: float, separator: str) -> str:
 
 
 def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _one_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _one_line(text: str) -> str:
+    """A blank line ends an SRT/VTT cue: keep every cue's text on one line."""
+    return " ".join(text.split())
