@@ -192,7 +192,7 @@ class SessionActor:
         )
         self._finals: asyncio.Queue[_PendingFinal | None] = asyncio.Queue()
         self._partial_tasks: set[asyncio.Task[None]] = set()
-        self._finalized_index = self.first_index - 1
+        self._committed_index = self.first_index - 1  # last utterance whose final was handled
         self._shutdown_requested = False
         self._receiving = False
         self._reader: asyncio.Task[Ending] | None = None
@@ -243,7 +243,8 @@ class SessionActor:
             )
             ending = await self._ending(done, writer, committer)
             self._transition(SessionState.DRAINING)
-            if ending.flush:
+            if ending.flush:  # the stream is over: drain the resampler too
+                await self._handle(self._audio_events(self._decoder.flush()))
                 await self._handle(self._flush_events())
             await self._finals.put(None)
             await asyncio.wait({committer}, timeout=COMMIT_TIMEOUT)
@@ -421,7 +422,7 @@ class SessionActor:
             logger.warning("partial of session %s failed", self.session_id, exc_info=True)
             return
         text = result.transcription.text.strip()
-        if event.index <= self._finalized_index or not text:
+        if event.index <= self._committed_index or not text:
             self._drop_partial("stale")
             return
         message: TranscriptPartial = {
@@ -444,8 +445,8 @@ class SessionActor:
         await self.services.store.publish(self.meeting_id, payload.encode())
 
     async def _submit_final(self, event: UtteranceEnded) -> None:
-        self._finalized_index = event.index
         self.totals.utterances += 1
+        # A queued partial would never run before this final (finals outrank partials).
         self.services.scheduler.cancel(self.session_id, partials_only=True)
         utterance = Utterance(event.audio, self._language)
         request = RecognitionRequest(self.session_id, Priority.FINAL, utterance)
@@ -460,6 +461,7 @@ class SessionActor:
     async def _commit(self) -> None:
         while (pending := await self._finals.get()) is not None:
             result = await self._result(pending)
+            self._committed_index = pending.index  # its partials are stale from now on
             if result is None:
                 continue
             text = result.transcription.text.strip()
