@@ -43,6 +43,9 @@ class Settings:
     max_queue: int = setting(256, "Bound of the recognition queue (finals wait, partials drop).")
     default_language: str = setting("en", "Language of a stream that does not say.")
     vad_threshold: float = setting(0.5, "Speech probability that starts an utterance.")
+    vad_batch: bool = setting(
+        True, "Score every stream's VAD windows in one model call per tick (else one by one)."
+    )
     min_silence_ms: float = setting(500.0, "Silence that ends an utterance.")
     pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")
     max_utterance_s: float = setting(15.0, "Longer speech is cut at its quietest point.")

@@ -71,7 +71,7 @@ from session.store import (
     StoreError,
 )
 from session.telemetry import NullTelemetry, Telemetry
-from session.vad import SileroVad, VadStream
+from session.vad import VadScorer, VadStream
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class SessionServices:
 
     scheduler: BatchScheduler
     store: Store
-    vad: SileroVad
+    vad: VadScorer
     segmenter: SegmenterConfig
     max_frame_bytes: int
     outbox_limit: int
@@ -244,7 +244,7 @@ class SessionActor:
             ending = await self._ending(done, writer, committer)
             self._transition(SessionState.DRAINING)
             if ending.flush:  # the stream is over: drain the resampler too
-                await self._handle(self._audio_events(self._decoder.flush()))
+                await self._handle(await self._audio_events(self._decoder.flush()))
                 await self._handle(self._flush_events())
             await self._finals.put(None)
             await asyncio.wait({committer}, timeout=COMMIT_TIMEOUT)
@@ -360,7 +360,7 @@ class SessionActor:
                 f"frame of {size} bytes exceeds the limit of {self.services.max_frame_bytes}",
             )
         if data is not None:
-            await self._handle(self._audio_events(self._decoder.decode(data)))
+            await self._handle(await self._audio_events(self._decoder.decode(data)))
             return None
         control = parse_control(text or "")
         if control is ControlType.STOP:
@@ -369,11 +369,11 @@ class SessionActor:
             await self._handle(self._flush_events())
         return None  # keepalive: receiving it was the point
 
-    def _audio_events(self, samples: np.ndarray[Any, Any]) -> list[SegmentEvent]:
+    async def _audio_events(self, samples: np.ndarray[Any, Any]) -> list[SegmentEvent]:
         self.totals.audio_samples += len(samples)
         started = time.perf_counter()
         events: list[SegmentEvent] = []
-        scored = self._vad.process(samples)
+        scored = await self._vad.process(samples)
         for window, probability in scored:
             events.extend(self._segmenter.push(window, probability))
         self._telemetry.vad_processed(time.perf_counter() - started, len(scored))
