@@ -27,6 +27,7 @@ from server.registry import SessionRegistry
 from server.settings import Settings
 from server.state import AppState, ModelState
 from session.actor import SessionServices
+from session.partials import PartialPolicyConfig
 from session.segmenter import SegmenterConfig
 from session.store import open_store
 from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer
@@ -94,6 +95,11 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         segmenter=segmenter_config(settings),
         max_frame_bytes=settings.max_frame_bytes,
         outbox_limit=settings.outbox_limit,
+        partials=PartialPolicyConfig(
+            interval=settings.partial_interval_s or 1.0,
+            stretch=settings.partial_stretch,
+            max_load=settings.partial_max_load,
+        ),
         telemetry=state.metrics,
     )
     state.model_state = ModelState.READY

@@ -52,6 +52,12 @@ class Settings:
     partial_interval_s: float = setting(
         0.8, "Seconds of new speech between partial transcripts; 0 turns partials off."
     )
+    partial_stretch: float = setting(
+        2.0, "Under load the partial interval grows by this factor per queued batch."
+    )
+    partial_max_load: float = setting(
+        2.0, "Queued batches past which partials pause (finals never do)."
+    )
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
     max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")
     outbox_limit: int = setting(

@@ -39,6 +39,7 @@ from engine.scheduler import (
 )
 from session.audio import FrameDecoder
 from session.outbox import Outbox, OutboxState, SlowConsumer
+from session.partials import PartialPolicy, PartialPolicyConfig
 from session.protocol import (
     PROTOCOL_VERSION,
     SAMPLE_RATE,
@@ -135,6 +136,7 @@ class SessionServices:
     segmenter: SegmenterConfig
     max_frame_bytes: int
     outbox_limit: int
+    partials: PartialPolicyConfig = field(default_factory=PartialPolicyConfig)
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
 
@@ -198,6 +200,7 @@ class SessionActor:
         self._reader: asyncio.Task[Ending] | None = None
         self._language = None if self.config.language == "auto" else self.config.language
         self._telemetry = self.services.telemetry
+        self._partial_policy = PartialPolicy(self.services.partials)
         self._last_partial: tuple[int, float] | None = None  # (utterance index, sent at)
 
     # ------------------------------------------------------------------ public
@@ -394,6 +397,10 @@ class SessionActor:
                 await self._submit_final(event)
 
     async def _submit_partial(self, event: PartialDue) -> None:
+        load = self.services.scheduler.load
+        if not self._partial_policy.admit(event.index, event.end / SAMPLE_RATE, load):
+            self._drop_partial("load")
+            return
         request = RecognitionRequest(
             self.session_id, Priority.PARTIAL, Utterance(event.audio, self._language)
         )
