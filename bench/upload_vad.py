@@ -4,9 +4,12 @@ Runs Silero VAD + the segmenter over a few minutes of corpus speech the way an u
 would, while a ticker task measures how late the event loop wakes it (the lag every live
 room would see), for two placements:
 
-- thread: read + VAD + segmenter for a chunk of `--chunk` seconds in `asyncio.to_thread`;
-- loop:   the same on the event loop, yielding with `await asyncio.sleep(0)` every
-          `--every` windows.
+- thread:  VAD + segmenter for a chunk of audio in `asyncio.to_thread` (model calls
+           straight, one window at a time);
+- loop:    the same on the event loop through VadStream + DirectScorer, yielding with
+           `await asyncio.sleep(0)` every few windows;
+- batcher: the same through the live sessions' VadBatcher (10 ms ticks), a few
+           windows per request.
 
     python -m bench.upload_vad --minutes 5
 """
@@ -21,7 +24,15 @@ import time
 import numpy as np
 
 from session.segmenter import Segmenter, SegmenterConfig, UtteranceEnded
-from session.vad import WINDOW, SileroVad, VadStream
+from session.vad import (
+    WINDOW,
+    DirectScorer,
+    SileroVad,
+    VadBatcher,
+    VadScorer,
+    VadState,
+    VadStream,
+)
 from tests.corpus import clips
 
 TICK = 0.001
@@ -41,25 +52,30 @@ def audio(minutes: float) -> np.ndarray:
     return np.tile(joined, reps)[: int(minutes * 60 * 16_000)]
 
 
-def step(vad: VadStream, seg: Segmenter, samples: np.ndarray) -> int:
+def thread_step(model: SileroVad, state: VadState, seg: Segmenter, samples: np.ndarray) -> int:
     count = 0
-    for window, p in vad.process(samples):
+    for window in samples[: len(samples) // WINDOW * WINDOW].reshape(-1, WINDOW):
+        p = float(model.score(window[None, :], [state])[0])
         count += sum(isinstance(e, UtteranceEnded) for e in seg.push(window, p))
     return count
 
 
 async def in_thread(model: SileroVad, x: np.ndarray, chunk_s: float) -> int:
-    vad, seg = VadStream(model), Segmenter(SegmenterConfig(partial_interval=0))
-    n = int(chunk_s * 16_000)
-    return sum([await asyncio.to_thread(step, vad, seg, x[i : i + n]) for i in range(0, len(x), n)])
+    state, seg = VadState(), Segmenter(SegmenterConfig(partial_interval=0))
+    n = int(chunk_s * 16_000) // WINDOW * WINDOW
+    total = 0
+    for i in range(0, len(x), n):
+        total += await asyncio.to_thread(thread_step, model, state, seg, x[i : i + n])
+    return total
 
 
-async def in_loop(model: SileroVad, x: np.ndarray, every: int) -> int:
-    vad, seg = VadStream(model), Segmenter(SegmenterConfig(partial_interval=0))
+async def in_loop(scorer: VadScorer, x: np.ndarray, every: int) -> int:
+    vad, seg = VadStream(scorer), Segmenter(SegmenterConfig(partial_interval=0))
     n = every * WINDOW
     total = 0
     for i in range(0, len(x), n):
-        total += step(vad, seg, x[i : i + n])
+        for window, p in await vad.process(x[i : i + n]):
+            total += sum(isinstance(e, UtteranceEnded) for e in seg.push(window, p))
         await asyncio.sleep(0)
     return total
 
@@ -92,13 +108,14 @@ async def main() -> None:
     seconds = len(x) / 16_000
     print(f"{seconds:.0f} s of speech, {len(x) // WINDOW} windows")
     for chunk in (10.0, 1.0):
-        await measure(
-            f"thread, {chunk:g} s chunks", asyncio.create_task(in_thread(model, x, chunk)), seconds
-        )
+        task = asyncio.create_task(in_thread(model, x, chunk))
+        await measure(f"thread, {chunk:g} s chunks", task, seconds)
     for every in (1, 2, 4, 8, 16):
-        await measure(
-            f"loop, yield every {every}", asyncio.create_task(in_loop(model, x, every)), seconds
-        )
+        task = asyncio.create_task(in_loop(DirectScorer(model), x, every))
+        await measure(f"loop, yield every {every}", task, seconds)
+    for every in (4, 32):
+        task = asyncio.create_task(in_loop(VadBatcher(model), x, every))
+        await measure(f"batcher, {every} a request", task, seconds)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         state.model_error = f"{type(exc).__name__}: {exc}"
         return
     vad: VadScorer = VadBatcher(vad_model) if settings.vad_batch else DirectScorer(vad_model)
+    state.file_vad = DirectScorer(vad_model)  # uploads score runs of windows, unbatched
     scheduler = BatchScheduler(
         recognizer,
         max_batch_size=settings.max_batch_size,

@@ -36,6 +36,7 @@ from session.actor import SessionServices
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.store import SourceState, StoreError
 from session.transcript import TranscriptFormat, render, utterances
+from session.vad import VadScorer
 
 logger = logging.getLogger(__name__)
 
@@ -236,10 +237,12 @@ class JobRegistry:
         job: Job,
         audio: DecodedAudio,
         services: SessionServices,
+        vad: VadScorer,
         meeting_source: SourceState | None = None,
     ) -> None:
         """The upload is good audio: queue its transcription as the job's own task.
-        `meeting_source`: the meeting source its finals are logged as, if attached."""
+        `vad` scores its windows; `meeting_source`: the meeting source its finals are
+        logged as, if attached."""
         if self._closed:
             raise JobsFull("the server is shutting down")
         job.meeting_source = meeting_source
@@ -247,7 +250,7 @@ class JobRegistry:
         job.progress = FileProgress(total_samples=audio.samples)
         job.queued_at = time.monotonic()
         job.transition(JobStatus.QUEUED)
-        job.task = asyncio.create_task(self._run(job, services), name=f"upload-{job.id}")
+        job.task = asyncio.create_task(self._run(job, services, vad), name=f"upload-{job.id}")
 
     async def discard(self, job: Job) -> None:
         """Forget a job that never started (its upload was refused) and remove its files."""
@@ -274,7 +277,7 @@ class JobRegistry:
 
     # ------------------------------------------------------------------ the job's task
 
-    async def _run(self, job: Job, services: SessionServices) -> None:
+    async def _run(self, job: Job, services: SessionServices, vad: VadScorer) -> None:
         assert job.audio is not None and job.progress is not None
         try:
             async with self._runners:
@@ -288,7 +291,8 @@ class JobRegistry:
                     meeting_source=source,
                     in_flight=self._in_flight,
                 )
-                await FileTranscriber(job.audio.path, services, options, job.progress).run()
+                transcriber = FileTranscriber(job.audio.path, services, options, job.progress, vad)
+                await transcriber.run()
             job.transition(JobStatus.DONE)
             logger.info(
                 "upload job done",

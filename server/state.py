@@ -15,6 +15,7 @@ from server.registry import SessionRegistry
 from server.settings import Settings
 from session.actor import SessionServices
 from session.store import Store
+from session.vad import VadScorer
 
 
 class ModelState(enum.Enum):
@@ -36,6 +37,7 @@ class AppState:
     model_error: str | None = None
     scheduler: BatchScheduler | None = None
     services: SessionServices | None = None
+    file_vad: VadScorer | None = None  # uploads' VAD: unbatched, over the same model
     recognizer_name: str = ""
     loader: asyncio.Task[None] | None = field(default=None, repr=False)
 

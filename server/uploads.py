@@ -98,8 +98,8 @@ async def create_transcription(request: Request) -> Response:
     if declared.isdigit() and int(declared) > settings.max_upload_bytes + FORM_OVERHEAD:
         refused = too_large(settings.max_upload_bytes)  # say so before a byte is sent
         return _problem(refused.status, refused.code, refused.message)
-    services = state.services
-    if services is None:
+    services, file_vad = state.services, state.file_vad
+    if services is None or file_vad is None:
         return _problem(
             503, "overloaded", f"model is {state.model_state.value}; retry when /readyz says ready",
             {"Retry-After": RETRY_AFTER_S},
@@ -124,7 +124,7 @@ async def create_transcription(request: Request) -> Response:
         source = None
         if options.meeting_id is not None:  # the file becomes a source of the meeting
             source, _ = await state.store.create_source(options.meeting_id, options.participant)
-        state.jobs.start(job, audio, services, source)
+        state.jobs.start(job, audio, services, file_vad, source)
     except (FormRefused, DecodeError) as exc:
         await state.jobs.discard(job)
         logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)

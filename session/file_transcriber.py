@@ -41,7 +41,7 @@ from session.actor import SessionServices
 from session.protocol import SAMPLE_RATE, Word, encode
 from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
 from session.store import FinalRecord, NewFinal, SourceState
-from session.vad import WINDOW, VadStream
+from session.vad import WINDOW, VadScorer, VadStream
 
 logger = logging.getLogger(__name__)
 
@@ -95,14 +95,18 @@ class FileTranscriber:
         services: SessionServices,
         options: FileOptions,
         progress: FileProgress,
+        vad: VadScorer | None = None,
     ) -> None:
+        """`vad` scores the file's windows (default: the live sessions' scorer). The server
+        passes a DirectScorer over the same model: the live VadBatcher gives each stream
+        one window step per 10 ms tick, far too slow for a file read from disk."""
         self._path = audio_path
         self._services = services
         self._options = options
         self.progress = progress
         config = dataclasses.replace(services.segmenter, partial_interval=0.0)
         self._segmenter = Segmenter(config)
-        self._vad = VadStream(services.vad)
+        self._vad = VadStream(vad or services.vad)
         self._pending: deque[_Pending] = deque()
         self._source = options.meeting_source
         if self._source is not None and self._source.session_id != options.source_id:
@@ -115,9 +119,9 @@ class FileTranscriber:
             with self._path.open("rb") as audio:
                 while raw := await asyncio.to_thread(audio.read, CHUNK_SAMPLES * 2):
                     await self._segment(_samples(raw))
-            tail = self._vad.pending_samples()  # the last partial window, zero-padded
-            if len(tail):
-                await self._segment(np.zeros(WINDOW - len(tail), np.float32))
+            tail = self.progress.total_samples % WINDOW  # the last partial window: pad it
+            if tail:
+                await self._segment(np.zeros(WINDOW - tail, np.float32))
             await self._handle(self._segmenter.flush())
             while self._pending:
                 await self._commit(self._pending.popleft())
@@ -130,7 +134,7 @@ class FileTranscriber:
         step = SLICE_WINDOWS * WINDOW
         for offset in range(0, len(samples), step):
             events: list[SegmentEvent] = []
-            for window, probability in self._vad.process(samples[offset : offset + step]):
+            for window, probability in await self._vad.process(samples[offset : offset + step]):
                 events.extend(self._segmenter.push(window, probability))
             await self._handle(events)
             self._advance()

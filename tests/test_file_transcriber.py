@@ -15,7 +15,7 @@ from session.actor import SessionServices
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.segmenter import SegmenterConfig
 from session.store import MemoryStore
-from session.vad import SileroVad
+from session.vad import DirectScorer, SileroVad
 from tests.corpus import clip
 from tests.fakes import FakeRecognizer
 
@@ -47,7 +47,7 @@ async def services() -> AsyncIterator[SessionServices]:
     yield SessionServices(
         scheduler=scheduler,
         store=MemoryStore(),
-        vad=SileroVad(),
+        vad=DirectScorer(SileroVad()),
         segmenter=SegmenterConfig(),
         max_frame_bytes=1 << 20,
         outbox_limit=100,
