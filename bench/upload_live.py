@@ -6,7 +6,10 @@ being transcribed while the rooms speak. Prints per-run final latency as the cli
 sees it (arrival − the wall time its audio `end` was sent) and the server's
 `timing.total`, plus the upload's processing speed.
 
-    python -m bench.upload_live --in-flight-live 1 4 --rooms 2
+    python -m bench.upload_live --rooms 2 \
+        --runs UPLOAD_LIVE_SHARE=1 UPLOAD_LIVE_SHARE=0.5 UPLOAD_IN_FLIGHT_LIVE=4,UPLOAD_LIVE_SHARE=1
+
+Each run is a comma-separated list of PARLEY_* settings (without the prefix).
 """
 
 from __future__ import annotations
@@ -97,27 +100,38 @@ def summary(values: list[float]) -> str:
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--in-flight-live", type=int, nargs="+", default=[1, 4])
+    parser.add_argument(
+        "--runs", nargs="+", default=["UPLOAD_LIVE_SHARE=1", "UPLOAD_LIVE_SHARE=0.5"]
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="alone/beside pairs per run")
     parser.add_argument("--rooms", type=int, default=2)
     args = parser.parse_args()
     recording = audiofiles.encode(clip(FILE_CLIP).samples(), "mp3")
-    for in_flight in args.in_flight_live:
-        env = {"PARLEY_UPLOAD_IN_FLIGHT_LIVE": str(in_flight)}
+    for spec in args.runs:
+        env = {"PARLEY_" + k: v for k, v in (item.split("=", 1) for item in spec.split(","))}
         server = await asyncio.to_thread(start_server, env)
+        alone: dict[str, list[float]] = {"client": [], "server": []}
+        beside: dict[str, list[float]] = {"client": [], "server": []}
+        jobs = []
         try:
             base = server.http_url
             await run(base, 1, False, recording)  # warm the server's paths
-            alone = await run(base, args.rooms, False, recording)
-            beside = await run(base, args.rooms, True, recording)
+            for _ in range(args.rounds):
+                for into, with_upload in ((alone, False), (beside, True)):
+                    result = await run(base, args.rooms, with_upload, recording)
+                    into["client"] += result["client"]
+                    into["server"] += result["server"]
+                    if with_upload:
+                        jobs.append(result["job"])
         finally:
             server.stop()
-        print(f"PARLEY_UPLOAD_IN_FLIGHT_LIVE={in_flight}, {args.rooms} live rooms")
+        print(f"{spec}, {args.rooms} live rooms")
         print(f"  alone          client {summary(alone['client'])}")
         print(f"                 server {summary(alone['server'])}")
         print(f"  beside upload  client {summary(beside['client'])}")
         print(f"                 server {summary(beside['server'])}")
-        job = beside["job"]
-        print(f"  upload {job.get('duration')} s audio: {job.get('timing')}", flush=True)
+        for job in jobs:
+            print(f"  upload {job.get('duration')} s audio: {job.get('timing')}", flush=True)
 
 
 if __name__ == "__main__":

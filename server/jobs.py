@@ -290,6 +290,7 @@ class JobRegistry:
                     language=job.options.language,
                     meeting_source=source,
                     in_flight=self._in_flight,
+                    model_share=self._model_share,
                 )
                 transcriber = FileTranscriber(job.audio.path, services, options, job.progress, vad)
                 await transcriber.run()
@@ -311,6 +312,9 @@ class JobRegistry:
             job.transition(JobStatus.FAILED)
         finally:
             await _remove(job.workdir)
+
+    def _model_share(self) -> float:
+        return self._settings.upload_live_share if self._live_streams() > 0 else 1.0
 
     def _in_flight(self) -> int:
         if self._live_streams() > 0:

@@ -102,6 +102,11 @@ class Settings:
         "The same while live streams are open: a live final then waits at most for a "
         "batch with this many file utterances.",
     )
+    upload_live_share: float = setting(
+        0.5,
+        "Share of the model's time an upload may take while live streams are open; it "
+        "idles the rest so live finals find the model free (1 = no pause).",
+    )
     upload_wait_s: float = setting(
         300.0, "How long `POST …?wait=true` holds the response before answering 202 instead."
     )
@@ -129,6 +134,8 @@ class Settings:
             <= 0
         ):
             raise ValueError("upload duration, time and CPU limits must be positive")
+        if not 0.05 <= self.upload_live_share <= 1:
+            raise ValueError(f"{ENV_PREFIX}UPLOAD_LIVE_SHARE must lie in [0.05, 1]")
         if self.upload_decode_memory_mb < 128:
             raise ValueError(f"{ENV_PREFIX}UPLOAD_DECODE_MEMORY_MB must be at least 128")
         if self.log_format not in {"json", "text"}:

@@ -5,8 +5,9 @@ the same Silero VAD and Segmenter as a live stream (partials off), and each utte
 goes to the shared BatchScheduler at `Priority.FILE`: after live finals, before live
 partials. At most `in_flight()` of the file's requests are in the scheduler at once —
 the server makes that 1 while live rooms are open — so a live final that arrives
-during a file batch waits for that small batch only. Results are committed in
-utterance order.
+during a file batch waits for that small batch only; and while rooms are open the file
+takes only `model_share()` of the model's time, pausing after each result, so a live
+final often finds the model idle. Results are committed in utterance order.
 
 VAD runs on the event loop in slices of SLICE_WINDOWS windows with a yield between
 them. bench/upload_vad.py on the 2-core box: ~0.6 ms a slice, ~230x real time,
@@ -62,6 +63,10 @@ class FileOptions:
     # How many of the file's requests may be in the scheduler now; asked before each
     # submission, so the server can lower it while live rooms are open.
     in_flight: Callable[[], int] = lambda: 4
+    # The share of the model's time the file may take now (1.0: all it can get). Below 1
+    # the file pauses after each result, so the model is idle part of the time and a live
+    # final that arrives then does not wait for a file batch at all.
+    model_share: Callable[[], float] = lambda: 1.0
 
 
 @dataclass
@@ -170,6 +175,9 @@ class FileTranscriber:
             logger.warning("file batch failed for %s; retrying once", self._options.source_id)
             result = await (await self._submit(pending.utterance))
         self._advance()
+        share = self._options.model_share()
+        if share < 1.0:  # leave the model idle for live rooms: pace, do not poll
+            await asyncio.sleep(result.inference * (1.0 / max(share, 0.05) - 1.0))
         text = result.transcription.text.strip()
         if not text:
             self.progress.empty += 1
