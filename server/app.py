@@ -92,6 +92,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         segmenter=segmenter_config(settings),
         max_frame_bytes=settings.max_frame_bytes,
         outbox_limit=settings.outbox_limit,
+        languages=recognizer.languages,
         telemetry=state.metrics,
     )
     state.model_state = ModelState.READY

@@ -10,6 +10,12 @@ Three tasks run under the actor:
 How a stream ends decides what is flushed: `stop`, a clean client close and server
 shutdown finalize the utterance in progress; a dropped connection does not (the client
 resumes and re-sends that audio). Finals already cut are always committed.
+
+A `language=auto` stream leaves each utterance's language to the model until the
+committer, fed the detected languages in utterance order (`session.language`), pins one:
+from then on every request carries it, it is stored with the source (a resume keeps it),
+and the client gets one `session.language` message. Finals cut before the pin carry the
+language each was detected in. A model that knows one language pins it at the start.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from engine.scheduler import (
     SchedulerFull,
 )
 from session.audio import FrameDecoder
+from session.language import LanguageDetector, LanguagePinned
 from session.outbox import Outbox, OutboxState, SlowConsumer
 from session.protocol import (
     PROTOCOL_VERSION,
@@ -47,6 +54,7 @@ from session.protocol import (
     ErrorCode,
     ProtocolError,
     ServerMessage,
+    SessionLanguage,
     StreamConfig,
     TranscriptPartial,
     encode,
@@ -135,6 +143,7 @@ class SessionServices:
     segmenter: SegmenterConfig
     max_frame_bytes: int
     outbox_limit: int
+    languages: frozenset[str]  # what the recognizer transcribes (`{'en'}`: English only)
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
 
@@ -196,7 +205,7 @@ class SessionActor:
         self._shutdown_requested = False
         self._receiving = False
         self._reader: asyncio.Task[Ending] | None = None
-        self._language = None if self.config.language == "auto" else self.config.language
+        self._language, self._detector = self._initial_language()
         self._telemetry = self.services.telemetry
         self._last_partial: tuple[int, float] | None = None  # (utterance index, sent at)
 
@@ -231,6 +240,8 @@ class SessionActor:
                 }
             )
         )
+        if self.config.language == "auto" and self._language is not None:
+            self._put(_language_message(self._language, None, 0))
         for record in self.replay:
             self._outbox.put(encode(record.message()), utterance_id=record.utterance_id)
         writer = asyncio.create_task(self._write(), name=f"writer-{self.session_id}")
@@ -468,6 +479,7 @@ class SessionActor:
             if not text:
                 self.totals.empty_finals += 1
                 continue
+            self._detect_language(result)
             utterance_id = self._utterance_id(pending.index)
             end = _seconds(pending.end)
             acked = dataclasses.replace(
@@ -475,6 +487,7 @@ class SessionActor:
                 acked_until=pending.end / SAMPLE_RATE,  # exact: resume re-sends from here
                 next_utterance=pending.index + 1,
                 context=(self.source.context + " " + text)[-CONTEXT_CHARS:].strip(),
+                language=self._language,
             )
             record = await self.services.store.append_final(
                 self.meeting_id,
@@ -503,6 +516,50 @@ class SessionActor:
             if self._outbox.state is OutboxState.OPEN:
                 self._outbox.put(payload, utterance_id=utterance_id)
             await self.services.store.publish(self.meeting_id, payload.encode())
+        # A stream that ended before its detection was sure reports the best it heard.
+        if (
+            self._detector is not None
+            and self._language is None
+            and (pinned := self._detector.decide()) is not None
+        ):
+            self._pin(pinned)
+
+    # ------------------------------------------------------------------ language
+
+    def _initial_language(self) -> tuple[str | None, LanguageDetector | None]:
+        """The language to pin from the start, or None and a detector (`language=auto`)."""
+        if self.config.language != "auto":
+            return self.config.language, None
+        if self.source.language is not None:  # a resumed source detected it before
+            return self.source.language, None
+        if len(self.services.languages) == 1:  # an English-only model
+            return next(iter(self.services.languages)), None
+        return None, LanguageDetector()
+
+    def _detect_language(self, result: RecognitionResult) -> None:
+        """Feed a final's detected language to the detector until it pins one."""
+        transcription = result.transcription
+        if self._detector is None or self._language is not None:
+            return
+        if transcription.language_probability is None:  # pinned by the model itself
+            return
+        pinned = self._detector.observe(transcription.language, transcription.language_probability)
+        if pinned is not None:
+            self._pin(pinned)
+
+    def _pin(self, pinned: LanguagePinned) -> None:
+        self._language = pinned.language
+        logger.info(
+            "session %s: language %s (p=%.2f over %d utterances)",
+            self.session_id,
+            pinned.language,
+            pinned.probability,
+            pinned.utterances,
+        )
+        if self._outbox.state is OutboxState.OPEN:
+            self._put(
+                _language_message(pinned.language, round(pinned.probability, 4), pinned.utterances)
+            )
 
     async def _result(self, pending: _PendingFinal) -> RecognitionResult | None:
         """Await a final's result; a failed batch is retried once before the final is lost."""
@@ -572,6 +629,15 @@ def _committer_ending(error: BaseException) -> Ending:
             ),
         )
     raise RuntimeError("committer failed") from error
+
+
+def _language_message(language: str, probability: float | None, utterances: int) -> SessionLanguage:
+    return {
+        "type": "session.language",
+        "language": language,
+        "probability": probability,
+        "utterances": utterances,
+    }
 
 
 def _seconds(sample: int) -> float:
