@@ -11,11 +11,13 @@ How a stream ends decides what is flushed: `stop`, a clean client close and serv
 shutdown finalize the utterance in progress; a dropped connection does not (the client
 resumes and re-sends that audio). Finals already cut are always committed.
 
-A `language=auto` stream leaves each utterance's language to the model until the
-committer, fed the detected languages in utterance order (`session.language`), pins one:
-from then on every request carries it, it is stored with the source (a resume keeps it),
-and the client gets one `session.language` message. Finals cut before the pin carry the
-language each was detected in. A model that knows one language pins it at the start.
+A `language=auto` stream detects its language once: its first final goes to the model
+without a language, and the finals cut while that one is being recognized are held back.
+The committer feeds the detected language to a `LanguageDetector`; once it pins one,
+the held finals (and every request after them) carry it, it is stored with the source (a
+resume keeps it), and the client gets one `session.language` message. While it is unsure,
+the next held final is the next to detect on: one detection at a time per source. A
+model that knows one language pins it at the start.
 """
 
 from __future__ import annotations
@@ -153,7 +155,8 @@ class _PendingFinal:
     index: int
     start: int
     end: int
-    future: asyncio.Future[RecognitionResult]
+    # None while held back until the source's language is known (language=auto only).
+    future: asyncio.Future[RecognitionResult] | None
     closed_at: float  # when the segmenter closed the utterance
     audio: Utterance
 
@@ -206,6 +209,8 @@ class SessionActor:
         self._receiving = False
         self._reader: asyncio.Task[Ending] | None = None
         self._language, self._detector = self._initial_language()
+        self._detecting = False  # a final without a language is with the model
+        self._held: list[_PendingFinal] = []  # finals cut meanwhile, in order
         self._telemetry = self.services.telemetry
         self._last_partial: tuple[int, float] | None = None  # (utterance index, sent at)
 
@@ -460,12 +465,20 @@ class SessionActor:
         # A queued partial would never run before this final (finals outrank partials).
         self.services.scheduler.cancel(self.session_id, partials_only=True)
         utterance = Utterance(event.audio, self._language)
-        request = RecognitionRequest(self.session_id, Priority.FINAL, utterance)
-        future = await self.services.scheduler.submit(request)
-        closed_at = self.services.clock()
-        await self._finals.put(
-            _PendingFinal(event.index, event.start, event.end, future, closed_at, utterance)
+        pending = _PendingFinal(
+            event.index, event.start, event.end, None, self.services.clock(), utterance
         )
+        if self._language is None and self._detecting:
+            self._held.append(pending)  # its language comes from the detection under way
+        else:
+            self._detecting = self._language is None
+            await self._submit(pending)
+            pending.closed_at = self.services.clock()
+        await self._finals.put(pending)
+
+    async def _submit(self, pending: _PendingFinal) -> None:
+        request = RecognitionRequest(self.session_id, Priority.FINAL, pending.audio)
+        pending.future = await self.services.scheduler.submit(request)
 
     # ------------------------------------------------------------------ committer
 
@@ -473,13 +486,14 @@ class SessionActor:
         while (pending := await self._finals.get()) is not None:
             result = await self._result(pending)
             self._committed_index = pending.index  # its partials are stale from now on
+            if pending.audio.language is None and self._detector is not None:
+                await self._detected(result)
             if result is None:
                 continue
             text = result.transcription.text.strip()
             if not text:
                 self.totals.empty_finals += 1
                 continue
-            self._detect_language(result)
             utterance_id = self._utterance_id(pending.index)
             end = _seconds(pending.end)
             acked = dataclasses.replace(
@@ -536,16 +550,27 @@ class SessionActor:
             return next(iter(self.services.languages)), None
         return None, LanguageDetector()
 
-    def _detect_language(self, result: RecognitionResult) -> None:
-        """Feed a final's detected language to the detector until it pins one."""
-        transcription = result.transcription
-        if self._detector is None or self._language is not None:
-            return
-        if transcription.language_probability is None:  # pinned by the model itself
-            return
-        pinned = self._detector.observe(transcription.language, transcription.language_probability)
-        if pinned is not None:
-            self._pin(pinned)
+    async def _detected(self, result: RecognitionResult | None) -> None:
+        """A final sent without a language came back: feed its language to the detector
+        (when it is speech), then release the finals held behind it."""
+        assert self._detector is not None
+        if (
+            self._language is None
+            and result is not None
+            and result.transcription.text.strip()
+            and (probability := result.transcription.language_probability) is not None
+        ):
+            pinned = self._detector.observe(result.transcription.language, probability)
+            if pinned is not None:
+                self._pin(pinned)
+        if self._language is None:  # still unsure: the next final detects
+            released, self._held = self._held[:1], self._held[1:]
+            self._detecting = bool(released)
+        else:
+            released, self._held = self._held, []
+        for pending in released:
+            pending.audio = Utterance(pending.audio.audio, self._language)
+            await self._submit(pending)
 
     def _pin(self, pinned: LanguagePinned) -> None:
         self._language = pinned.language
@@ -563,6 +588,8 @@ class SessionActor:
 
     async def _result(self, pending: _PendingFinal) -> RecognitionResult | None:
         """Await a final's result; a failed batch is retried once before the final is lost."""
+        if pending.future is None:
+            raise RuntimeError(f"final {pending.index} reached the committer unsubmitted")
         try:
             return await pending.future
         except BatchFailed:

@@ -54,12 +54,12 @@ class FakeRecognizer:
     def transcribe(self, batch: Sequence[Utterance]) -> list[Transcription]:
         sizes = [len(u.audio) for u in batch]
         self.batches.append(sizes)
+        self.asked.extend(u.language for u in batch)
         self.entered.set()
         if self.gate is not None:
             self.gate.acquire(timeout=10)
         if self.fail_on is not None and self.fail_on in sizes:
             raise RuntimeError(f"fake failure on n={self.fail_on}")
-        self.asked.extend(u.language for u in batch)
         results = [self._result(u) for u in batch]
         return results[:-1] if self.wrong_length else results
 

@@ -7,6 +7,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
+import orjson
 import pytest
 import uvicorn
 from websockets.asyncio.client import connect
@@ -146,7 +147,7 @@ async def test_a_language_the_model_lacks_is_refused(english_server: str) -> Non
 async def test_detection_stops_once_the_language_is_pinned(
     multilingual_server: str, multilingual: FakeRecognizer, jfk: bytes
 ) -> None:
-    """language=auto: the first final detects, every later request carries the pin."""
+    """language=auto: only the first final detects; every later one carries the pin."""
     multilingual.asked.clear()
     result = await stream_pcm(
         multilingual_server, "ml-auto", jfk, speed=4, language="auto", interim_results=False
@@ -159,9 +160,27 @@ async def test_detection_stops_once_the_language_is_pinned(
     assert kinds.index("session.language") < kinds.index("transcript.final")
     assert len(result.finals) >= 3
     assert {f["language"] for f in result.finals} == {"es"}
-    asked = multilingual.asked
-    assert asked[0] is None and asked[-1] == "es", asked
-    assert None not in asked[asked.index("es") :], asked
+    assert multilingual.asked[0] is None and set(multilingual.asked[1:]) == {"es"}
+
+
+async def test_unsure_detection_tries_one_final_at_a_time(
+    multilingual_server: str, multilingual: FakeRecognizer, jfk: bytes
+) -> None:
+    """Detected below the confidence, three finals detect one after another, then it pins."""
+    multilingual.asked.clear()
+    multilingual.detects = ("es", 0.5)
+    try:
+        result = await stream_pcm(
+            multilingual_server, "ml-unsure", jfk, speed=16, language="auto", interim_results=False
+        )
+    finally:
+        multilingual.detects = ("es", 0.9)
+    assert result.of_type("session.language") == [
+        {"type": "session.language", "language": "es", "probability": 0.5, "utterances": 3}
+    ]
+    assert len(result.finals) >= 3
+    assert multilingual.asked[:3] == [None, None, None], multilingual.asked
+    assert set(multilingual.asked[3:]) <= {"es"}, multilingual.asked
 
 
 async def test_a_given_language_pins_from_the_start(
@@ -175,3 +194,31 @@ async def test_a_given_language_pins_from_the_start(
     assert not result.of_type("session.language")
     assert result.finals and {f["language"] for f in result.finals} == {"de"}
     assert multilingual.asked and set(multilingual.asked) == {"de"}
+
+
+async def test_finals_cut_during_detection_wait_for_its_language(jfk: bytes) -> None:
+    """While the first final is with the model, later finals are held, then sent pinned."""
+    gated = FakeRecognizer(gated=True, languages=MULTILINGUAL, detects=("de", 0.95))
+    pcm = jfk + bytes(32_000)  # a second of silence closes the last utterance
+    result = StreamResult()
+    async with (
+        serving(gated) as url,
+        connect(stream_url(url, "ml-held", language="auto", interim_results=False)) as ws,
+    ):
+        receiver = asyncio.create_task(receive_all(ws, result))
+        for offset in range(0, len(pcm), 640):
+            await ws.send(pcm[offset : offset + 640])
+        assert await asyncio.to_thread(gated.entered.wait, TIMEOUT)
+        # The second utterance has ended while the first is still held in the model.
+        await asyncio.wait_for(
+            result.wait_for(lambda r: len(r.of_type("vad.speech_stopped")) >= 2), TIMEOUT
+        )
+        assert gated.asked == [None]
+        assert gated.gate is not None
+        for _ in range(8):
+            gated.gate.release()
+        await ws.send(orjson.dumps({"type": "stop"}).decode())
+        await asyncio.wait_for(receiver, TIMEOUT)
+    assert len(result.finals) >= 2
+    assert {f["language"] for f in result.finals} == {"de"}
+    assert gated.asked[0] is None and gated.asked[1:] == ["de"] * (len(result.finals) - 1)
