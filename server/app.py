@@ -100,6 +100,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
             stretch=settings.partial_stretch,
             max_load=settings.partial_max_load,
         ),
+        languages=recognizer.languages,
         telemetry=state.metrics,
     )
     state.model_state = ModelState.READY

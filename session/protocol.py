@@ -99,6 +99,17 @@ class SessionStarted(TypedDict):
     last_seq: int  # highest `seq` of the meeting when the session started
 
 
+class SessionLanguage(TypedDict):
+    """A `language=auto` stream's language, pinned once (v1 extension)."""
+
+    type: Literal["session.language"]
+    language: str
+    # The model's probability of `language` over the utterances it was detected from;
+    # None when it was not detected on this connection (an English-only model, a resume).
+    probability: float | None
+    utterances: int  # how many of the source's utterances it was detected from
+
+
 class SpeechStarted(TypedDict):
     type: Literal["vad.speech_started"]
     t: float
@@ -147,6 +158,7 @@ class SessionEnded(TypedDict):
 
 ServerMessage = (
     SessionStarted
+    | SessionLanguage
     | SpeechStarted
     | SpeechStopped
     | TranscriptPartial
