@@ -15,11 +15,8 @@ from dataclasses import dataclass
 
 CHARACTER_LANGUAGES = frozenset({"zh", "ja", "ko"})
 
-_ONES = (
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen "
-    "fourteen fifteen sixteen seventeen eighteen nineteen"
-).split()
-_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+_ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+_TENS = ["_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
 _SCALES = ((10**9, "billion"), (10**6, "million"), (1000, "thousand"), (100, "hundred"))
 
 _ABBREVIATIONS = {
@@ -120,8 +117,8 @@ def align(reference: Sequence[str], hypothesis: Sequence[str]) -> ErrorCounts:
                 up = previous[j]
                 dele = (up[0] + 1, up[1], up[2] + 1, up[3])
                 left = current[j - 1]
-                ins = (left[0] + 1, left[1], left[2], left[3] + 1)
-                best = min(sub, dele, ins)
+                insert = (left[0] + 1, left[1], left[2], left[3] + 1)
+                best = min(sub, dele, insert)
             current.append(best)
         previous = current
     _, subs, dels, ins = previous[-1]

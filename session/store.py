@@ -93,9 +93,9 @@ class Store(Protocol):
         """Send one encoded server message to every listener of the meeting."""
         ...
 
-    def subscribe(self, meeting_id: str) -> contextlib.AbstractAsyncContextManager[
-        AsyncIterator[bytes]
-    ]:
+    def subscribe(
+        self, meeting_id: str
+    ) -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """Listen to the meeting's events from now on. The iterator raises SubscriberLagged
         if the listener falls too far behind."""
         ...

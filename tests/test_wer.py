@@ -6,10 +6,24 @@ from loadgen.wer import ErrorCounts, error_counts, error_rate, normalize, number
 def test_normalize_folds_case_punctuation_abbreviations_and_numbers() -> None:
     """Case, punctuation, 'Mr.' and digits normalise to the spoken words."""
     assert normalize("Mr. Quilter, go forward 10 meters!") == [
-        "mister", "quilter", "go", "forward", "ten", "meters",
+        "mister",
+        "quilter",
+        "go",
+        "forward",
+        "ten",
+        "meters",
     ]
     assert normalize('the "forty-two line Bible" of about 1455') == [
-        "the", "forty", "two", "line", "bible", "of", "about", "fourteen", "fifty", "five",
+        "the",
+        "forty",
+        "two",
+        "line",
+        "bible",
+        "of",
+        "about",
+        "fourteen",
+        "fifty",
+        "five",
     ]
     assert normalize("don't") == ["don't"]
 

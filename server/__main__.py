@@ -1,0 +1,80 @@
+"""`python -m server`: run Parley under uvicorn (websockets protocol) with graceful drain.
+
+uvicorn closes every WebSocket with 1012 the moment it starts shutting down, before the
+application's lifespan can act. This entry point drains the sessions first (each sends
+its last finals and `session.ended`, then closes 1012), then lets uvicorn shut down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+import uvicorn
+from starlette.applications import Starlette
+
+from server.app import create_app, drain
+from server.logs import configure
+from server.settings import Settings
+from server.state import AppState
+
+
+class ParleyServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
+        super().__init__(config)
+        self.app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:  # stop accepting before the drain
+            server.close()
+        state: AppState | None = getattr(self.app.state, "parley", None)
+        if state is not None:
+            await drain(state)
+        await super().shutdown(sockets)
+
+
+def _parser() -> argparse.ArgumentParser:
+    epilog = "environment variables (read once at start):\n" + "\n".join(
+        f"  {name:<28} {meaning} (default: {default or 'unset'})"
+        for name, default, meaning in Settings.describe()
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m server",
+        description="Parley: real-time meeting transcription server.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--host", help="overrides PARLEY_HOST")
+    parser.add_argument("--port", type=int, help="overrides PARLEY_PORT")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    try:
+        settings = Settings.from_env(**overrides)
+    except ValueError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    configure(settings.log_level, settings.log_format)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ws="websockets",
+        ws_max_size=settings.max_frame_bytes * 4,  # the app refuses > max_frame_bytes itself
+        ws_per_message_deflate=False,
+        lifespan="on",
+        log_config=None,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
+    )
+    server = ParleyServer(config, app)
+    server.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

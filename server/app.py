@@ -1,0 +1,156 @@
+"""The Starlette application and its lifespan.
+
+The lifespan owns the shared resources: the store, the VAD model, the speech model and
+the batch scheduler. The speech model loads in the background so `/healthz` answers at
+once and `/readyz` says when streams can be served. Shutdown runs in order: refuse new
+streams, drain sessions (each flushes its finals), stop the scheduler, close the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+
+from engine.recognizer import Recognizer
+from engine.scheduler import BatchScheduler
+from server import rest, stream
+from server.metrics import Metrics
+from server.registry import SessionRegistry
+from server.settings import Settings
+from server.state import AppState, ModelState
+from session.actor import SessionServices
+from session.segmenter import SegmenterConfig
+from session.store import MemoryStore, Store
+from session.vad import SileroVad
+
+logger = logging.getLogger(__name__)
+
+RecognizerFactory = Callable[[Settings], Recognizer]
+
+
+def load_whisper(settings: Settings) -> Recognizer:
+    """Build the default recognizer: Whisper through transformers (blocking)."""
+    import torch
+    from engine.whisper import WhisperRecognizerConfig, load_recognizer
+
+    # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
+    torch.set_num_threads(settings.torch_threads or os.cpu_count() or 1)
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = WhisperRecognizerConfig(
+        device=device,
+        dtype=None if settings.dtype == "auto" else settings.dtype,  # type: ignore[arg-type]
+        max_batch_size=settings.max_batch_size,
+    )
+    return load_recognizer(settings.model, config)
+
+
+def open_store(settings: Settings) -> Store:
+    if settings.redis_url:
+        from session.redis_store import RedisStore
+
+        return RedisStore.from_url(settings.redis_url, prefix=settings.store_prefix)
+    return MemoryStore()
+
+
+def segmenter_config(settings: Settings) -> SegmenterConfig:
+    return SegmenterConfig(
+        threshold=settings.vad_threshold,
+        min_silence=settings.min_silence_ms / 1000,
+        pre_roll=settings.pre_roll_ms / 1000,
+        max_utterance=settings.max_utterance_s,
+        partial_interval=settings.partial_interval_s,
+    )
+
+
+async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
+    settings = state.settings
+    try:
+        recognizer = await asyncio.to_thread(factory, settings)
+        await asyncio.to_thread(recognizer.warmup)
+        vad = await asyncio.to_thread(SileroVad)
+    except Exception as exc:
+        logger.exception("model failed to load")
+        state.model_state = ModelState.FAILED
+        state.model_error = f"{type(exc).__name__}: {exc}"
+        return
+    scheduler = BatchScheduler(
+        recognizer,
+        max_batch_size=settings.max_batch_size,
+        max_wait=settings.batch_wait_ms / 1000,
+        max_queue=settings.max_queue,
+    )
+    scheduler.add_observer(state.metrics.observe_batch)
+    scheduler.start()
+    state.scheduler = scheduler
+    state.recognizer_name = recognizer.name
+    state.services = SessionServices(
+        scheduler=scheduler,
+        store=state.store,
+        vad=vad,
+        segmenter=segmenter_config(settings),
+        max_frame_bytes=settings.max_frame_bytes,
+        outbox_limit=settings.outbox_limit,
+        telemetry=state.metrics,
+    )
+    state.model_state = ModelState.READY
+    logger.info("model %s ready", recognizer.name)
+
+
+async def drain(state: AppState) -> None:
+    """Refuse new streams and let every session flush its finals (bounded)."""
+    await state.registry.drain(state.settings.drain_timeout_s)
+
+
+def create_app(
+    settings: Settings | None = None, recognizer_factory: RecognizerFactory = load_whisper
+) -> Starlette:
+    settings = settings or Settings.from_env()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
+        state = AppState(
+            settings=settings,
+            store=open_store(settings),
+            registry=SessionRegistry(settings.max_sessions),
+            metrics=Metrics(),
+        )
+        state.metrics.watch(
+            lambda: state.scheduler, lambda: len(state.registry), lambda: state.registry.meetings
+        )
+        app.state.parley = state  # for the CLI's graceful shutdown hook
+        state.loader = asyncio.create_task(_load_model(state, recognizer_factory))
+        try:
+            yield {"parley": state}
+        finally:
+            state.loader.cancel()
+            await asyncio.gather(state.loader, return_exceptions=True)
+            await drain(state)
+            if state.scheduler is not None:
+                drained = await state.scheduler.drain(settings.drain_timeout_s)
+                if not drained:
+                    logger.warning("scheduler still busy at shutdown; failing what is left")
+                await state.scheduler.stop()
+            await state.store.close()
+
+    routes: list[BaseRoute] = [
+        WebSocketRoute("/v1/meetings/{meeting_id}/stream", stream.stream_endpoint),
+        WebSocketRoute("/v1/meetings/{meeting_id}/events", stream.events_endpoint),
+        Route("/v1/meetings/{meeting_id}/transcript", rest.transcript, methods=["GET"]),
+        Route("/healthz", rest.healthz, methods=["GET"]),
+        Route("/readyz", rest.readyz, methods=["GET"]),
+        Route("/metrics", rest.metrics, methods=["GET"]),
+    ]
+    static_dir = Path(settings.static_dir)
+    if static_dir.is_dir():
+        routes.append(Mount("/", StaticFiles(directory=static_dir, html=True), name="static"))
+    return Starlette(routes=routes, lifespan=lifespan)

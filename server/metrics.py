@@ -1,0 +1,154 @@
+"""Prometheus metrics: per-stage latency, batch shape, load, and what clients received.
+
+Each app has its own CollectorRegistry, so several apps in one process never clash.
+Labels stay low-cardinality: priorities, reasons and close codes — never meeting ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.scheduler import BatchScheduler, Priority, RecognitionRequest, RecognitionResult
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+_FAST_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+
+
+class _LiveCollector(Collector):
+    """Gauges read at scrape time from the objects that own the numbers."""
+
+    def __init__(self, read: Callable[[], Iterable[Metric]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        return self._read()
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.vad_seconds = Histogram(
+            "parley_vad_seconds",
+            "VAD and segmenter time per audio frame",
+            registry=r,
+            buckets=_FAST_BUCKETS,
+        )
+        self.queue_wait = Histogram(
+            "parley_queue_wait_seconds",
+            "Time a request waited for its batch",
+            ["priority"],
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.inference = Histogram(
+            "parley_inference_seconds",
+            "Model time per batch",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.batch_size = Histogram(
+            "parley_batch_size", "Requests per batch", registry=r, buckets=_BATCH_BUCKETS
+        )
+        self.batch_sessions = Histogram(
+            "parley_batch_sessions",
+            "Distinct sessions per batch",
+            registry=r,
+            buckets=_BATCH_BUCKETS,
+        )
+        self.final_latency = Histogram(
+            "parley_final_latency_seconds",
+            "From an utterance being closed to its final being sent",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.partial_interval = Histogram(
+            "parley_partial_interval_seconds",
+            "Gap between consecutive partials of one utterance",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.finals = Counter("parley_finals", "Finals sent to clients", registry=r)
+        self.partials = Counter("parley_partials", "Partials sent to clients", registry=r)
+        self.partials_dropped = Counter(
+            "parley_partials_dropped", "Partials not sent, by reason", ["reason"], registry=r
+        )
+        self.sessions = Counter(
+            "parley_sessions",
+            "Audio streams ended, by reason and close code",
+            ["reason", "close_code"],
+            registry=r,
+        )
+        self.refused = Counter(
+            "parley_refused",
+            "Streams refused at admission, by close code",
+            ["close_code"],
+            registry=r,
+        )
+        self.store_errors = Counter("parley_store_errors", "Failed store operations", registry=r)
+        self.listeners = Gauge("parley_listeners", "Open listener sockets", registry=r)
+
+    def watch(
+        self,
+        scheduler: Callable[[], BatchScheduler | None],
+        sessions: Callable[[], int],
+        meetings: Callable[[], int],
+    ) -> None:
+        """Register the live gauges, read from their owners at scrape time."""
+
+        def read() -> Iterable[Metric]:
+            active = GaugeMetricFamily("parley_active_sessions", "Open audio streams")
+            active.add_metric([], sessions())
+            rooms = GaugeMetricFamily("parley_active_meetings", "Meetings with an open stream")
+            rooms.add_metric([], meetings())
+            depth = GaugeMetricFamily(
+                "parley_queue_depth", "Queued recognition requests", labels=["priority"]
+            )
+            current = scheduler()
+            counts = current.depth_by_priority() if current else dict.fromkeys(Priority, 0)
+            for priority, count in counts.items():
+                depth.add_metric([priority.name.lower()], count)
+            return [active, rooms, depth]
+
+        self.registry.register(_LiveCollector(read))
+
+    def observe_batch(
+        self, requests: Sequence[RecognitionRequest], results: Sequence[RecognitionResult]
+    ) -> None:
+        """BatchScheduler observer: one call per batch that ran."""
+        self.batch_size.observe(len(requests))
+        self.batch_sessions.observe(len({r.session_id for r in requests}))
+        if results:
+            self.inference.observe(results[0].inference)
+        for request, result in zip(requests, results, strict=True):
+            self.queue_wait.labels(request.priority.name.lower()).observe(result.queue_wait)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # Telemetry protocol (session.telemetry) -------------------------------------------
+
+    def vad_processed(self, seconds: float, windows: int) -> None:
+        self.vad_seconds.observe(seconds)
+
+    def partial_sent(self, since_previous: float | None) -> None:
+        self.partials.inc()
+        if since_previous is not None:
+            self.partial_interval.observe(since_previous)
+
+    def partial_dropped(self, reason: str) -> None:
+        self.partials_dropped.labels(reason).inc()
+
+    def final_sent(self, latency: float) -> None:
+        self.finals.inc()
+        self.final_latency.observe(latency)
+
+    def session_closed(self, reason: str, close_code: int) -> None:
+        self.sessions.labels(reason, str(close_code)).inc()

@@ -1,0 +1,125 @@
+"""One typed settings object, read once from the environment (`PARLEY_*`).
+
+Every field documents itself: `python -m server --help` and docs/configuration.md are
+generated from the same metadata, so they cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+ENV_PREFIX = "PARLEY_"
+
+
+def setting(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = setting("127.0.0.1", "Address to listen on (`0.0.0.0` for all interfaces).")
+    port: int = setting(8000, "TCP port to listen on (the Procfile passes `$PORT`).")
+    model: str = setting(
+        "tiny.en",
+        "Speech model: `tiny.en` (bundled), or a path to a Hugging Face Whisper checkpoint folder.",
+    )
+    model_cache: str = setting(
+        "~/.cache/parley/models", "Folder where bundled weights are converted to once."
+    )
+    device: str = setting("auto", "`auto`, `cpu` or `cuda` (`auto` picks cuda when present).")
+    dtype: str = setting(
+        "auto", "`auto`, `float32`, `float16` or `bfloat16` (`auto`: fp32 on CPU, fp16 on CUDA)."
+    )
+    torch_threads: int = setting(0, "Threads for the model's CPU kernels; 0 = all cores.")
+    max_batch_size: int = setting(16, "Most utterances the model runs in one batch.")
+    batch_wait_ms: float = setting(
+        20.0, "How long a batch may wait to fill after its oldest request arrived."
+    )
+    max_queue: int = setting(256, "Bound of the recognition queue (finals wait, partials drop).")
+    default_language: str = setting("en", "Language of a stream that does not say.")
+    vad_threshold: float = setting(0.5, "Speech probability that starts an utterance.")
+    min_silence_ms: float = setting(500.0, "Silence that ends an utterance.")
+    pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")
+    max_utterance_s: float = setting(15.0, "Longer speech is cut at its quietest point.")
+    partial_interval_s: float = setting(
+        0.8, "Seconds of new speech between partial transcripts; 0 turns partials off."
+    )
+    max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
+    max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")
+    outbox_limit: int = setting(
+        1000, "Undelivered messages to a client before it is dropped as too slow."
+    )
+    drain_timeout_s: float = setting(
+        10.0, "On shutdown, how long sessions get to flush their finals."
+    )
+    redis_url: str | None = setting(
+        None, "Redis URL for meeting context (e.g. `redis://127.0.0.1:6379/0`); unset: in-process."
+    )
+    store_prefix: str = setting("parley:", "Prefix of every Redis key.")
+    static_dir: str = setting("static", "Folder of the browser client, served at `/`.")
+    log_level: str = setting("info", "`debug`, `info`, `warning` or `error`.")
+    log_format: str = setting("json", "`json` (one object per line) or `text`.")
+
+    def __post_init__(self) -> None:
+        if self.device not in {"auto", "cpu", "cuda"}:
+            raise ValueError(f"{ENV_PREFIX}DEVICE must be auto, cpu or cuda, not {self.device!r}")
+        if self.dtype not in {"auto", "float32", "float16", "bfloat16"}:
+            raise ValueError(f"{ENV_PREFIX}DTYPE must be auto, float32, float16 or bfloat16")
+        if self.max_batch_size < 1 or self.max_queue < self.max_batch_size:
+            raise ValueError("need MAX_BATCH_SIZE >= 1 and MAX_QUEUE >= MAX_BATCH_SIZE")
+        if self.log_format not in {"json", "text"}:
+            raise ValueError(f"{ENV_PREFIX}LOG_FORMAT must be json or text")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read every `PARLEY_<FIELD>` variable; `overrides` win over the environment."""
+        environ = os.environ if environ is None else environ
+        hints = get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            name = ENV_PREFIX + f.name.upper()
+            if name in environ:
+                values[f.name] = _parse(name, environ[name], hints[f.name])
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def describe(cls) -> list[tuple[str, str, str]]:
+        """(variable, default, meaning) for every setting."""
+        return [
+            (
+                ENV_PREFIX + f.name.upper(),
+                "" if f.default is None else str(f.default),
+                f.metadata["help"],
+            )
+            for f in dataclasses.fields(cls)
+        ]
+
+
+def _parse(name: str, raw: str, kind: Any) -> Any:
+    if get_origin(kind) in (Union, types.UnionType):
+        if raw == "":
+            return None
+        kind = next(a for a in get_args(kind) if a is not type(None))
+    try:
+        if kind is bool:
+            if raw.lower() in {"1", "true", "yes", "on"}:
+                return True
+            if raw.lower() in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError("expected true or false")
+        return kind(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name}={raw!r}: {exc}") from None
+
+
+def markdown_table() -> str:
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, default, meaning in Settings.describe():
+        rows.append(f"| `{name}` | `{default}` | {meaning} |")
+    return "\n".join(rows)

@@ -1,0 +1,43 @@
+"""The typed state the lifespan creates and every route reads."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+
+from starlette.requests import HTTPConnection
+
+from engine.scheduler import BatchScheduler
+from server.metrics import Metrics
+from server.registry import SessionRegistry
+from server.settings import Settings
+from session.actor import SessionServices
+from session.store import Store
+
+
+class ModelState(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass
+class AppState:
+    """Everything the routes share, created by the lifespan."""
+
+    settings: Settings
+    store: Store
+    registry: SessionRegistry
+    metrics: Metrics
+    model_state: ModelState = ModelState.LOADING
+    model_error: str | None = None
+    scheduler: BatchScheduler | None = None
+    services: SessionServices | None = None
+    recognizer_name: str = ""
+    loader: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+def app_state(connection: HTTPConnection) -> AppState:
+    state: AppState = connection.state.parley
+    return state

@@ -1,0 +1,521 @@
+"""The session actor: one per audio source, owning its socket for the stream's life.
+
+Three tasks run under the actor:
+- the reader receives frames, decodes audio, runs VAD and the segmenter, and submits
+  partial and final requests to the shared scheduler;
+- the committer awaits final results in utterance order, logs each final in the store
+  (which gives it its `seq`), publishes it to listeners and queues it for the client;
+- the writer sends queued messages to the client.
+
+How a stream ends decides what is flushed: `stop`, a clean client close and server
+shutdown finalize the utterance in progress; a dropped connection does not (the client
+resumes and re-sends that audio). Finals already cut are always committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine.recognizer import Utterance
+from engine.scheduler import (
+    BatchFailed,
+    BatchScheduler,
+    Priority,
+    RecognitionRequest,
+    RecognitionResult,
+    RequestSuperseded,
+    SchedulerError,
+    SchedulerFull,
+)
+from session.audio import FrameDecoder
+from session.outbox import Outbox, OutboxState, SlowConsumer
+from session.protocol import (
+    PROTOCOL_VERSION,
+    SAMPLE_RATE,
+    CloseCode,
+    ControlType,
+    ErrorCode,
+    ProtocolError,
+    ServerMessage,
+    StreamConfig,
+    TranscriptPartial,
+    encode,
+    error_message,
+    parse_control,
+)
+from session.segmenter import (
+    PartialDue,
+    Segmenter,
+    SegmenterConfig,
+    SegmentEvent,
+    SpeechStarted,
+    SpeechStopped,
+    UtteranceEnded,
+)
+from session.store import NewFinal, Store
+from session.telemetry import NullTelemetry, Telemetry
+from session.vad import SileroVad, VadStream
+
+logger = logging.getLogger(__name__)
+
+COMMIT_TIMEOUT = 60.0  # seconds the committer may take for the last finals of a stream
+
+
+class Connection(Protocol):
+    """What the actor needs of a WebSocket (Starlette's satisfies it)."""
+
+    async def receive(self) -> Any: ...
+    async def send_text(self, data: str) -> None: ...
+    async def close(self, code: int = 1000, reason: str | None = None) -> None: ...
+
+
+class SessionState(enum.Enum):
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    DRAINING = "draining"  # no more audio; finishing finals
+    CLOSED = "closed"
+
+
+_TRANSITIONS = {
+    SessionState.CONNECTING: {SessionState.STREAMING, SessionState.CLOSED},
+    SessionState.STREAMING: {SessionState.DRAINING, SessionState.CLOSED},
+    SessionState.DRAINING: {SessionState.CLOSED},
+    SessionState.CLOSED: set(),
+}
+
+
+class EndReason(enum.Enum):
+    STOP = "stop"
+    CLIENT_CLOSED = "client_closed"
+    CONNECTION_LOST = "connection_lost"
+    PROTOCOL_ERROR = "protocol_error"
+    SHUTDOWN = "shutdown"
+    SLOW_CONSUMER = "slow_consumer"
+    INTERNAL_ERROR = "internal_error"
+
+
+_CLIENT_GONE = {EndReason.CLIENT_CLOSED, EndReason.CONNECTION_LOST}
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    reason: EndReason
+    close_code: CloseCode
+    flush: bool  # finalize the utterance in progress
+    error: ProtocolError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionServices:
+    """Shared by every session; owned by the server's lifespan."""
+
+    scheduler: BatchScheduler
+    store: Store
+    vad: SileroVad
+    segmenter: SegmenterConfig
+    max_frame_bytes: int
+    outbox_limit: int
+    telemetry: Telemetry = field(default_factory=NullTelemetry)
+    clock: Callable[[], float] = time.monotonic
+
+
+@dataclass(slots=True)
+class _PendingFinal:
+    index: int
+    start: int
+    end: int
+    future: asyncio.Future[RecognitionResult]
+    closed_at: float  # when the segmenter closed the utterance
+    audio: Utterance
+
+
+@dataclass
+class SessionTotals:
+    audio_samples: int = 0
+    utterances: int = 0
+    finals: int = 0
+    partials: int = 0
+    partials_dropped: int = 0
+    empty_finals: int = 0  # utterances the hallucination guard judged not to be speech
+
+
+@dataclass
+class SessionActor:
+    websocket: Connection
+    config: StreamConfig
+    services: SessionServices
+    session_id: str
+    resume_token: str
+    start_sample: int = 0
+    first_index: int = 0
+    state: SessionState = SessionState.CONNECTING
+    totals: SessionTotals = field(default_factory=SessionTotals)
+
+    def __post_init__(self) -> None:
+        segmenter_config = self.services.segmenter
+        if not self.config.interim_results:
+            segmenter_config = _without_partials(segmenter_config)
+        self._decoder = FrameDecoder(self.config.encoding, self.config.sample_rate)
+        self._vad = VadStream(self.services.vad)
+        self._segmenter = Segmenter(
+            segmenter_config, start_sample=self.start_sample, first_index=self.first_index
+        )
+        self._outbox = Outbox(self.services.outbox_limit)
+        self._finals: asyncio.Queue[_PendingFinal | None] = asyncio.Queue()
+        self._partial_tasks: set[asyncio.Task[None]] = set()
+        self._finalized_index = self.first_index - 1
+        self._shutdown_requested = False
+        self._receiving = False
+        self._reader: asyncio.Task[Ending] | None = None
+        self._language = None if self.config.language == "auto" else self.config.language
+        self._telemetry = self.services.telemetry
+        self._last_partial: tuple[int, float] | None = None  # (utterance index, sent at)
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def meeting_id(self) -> str:
+        return self.config.meeting_id
+
+    def request_shutdown(self) -> None:
+        """Server shutdown: stop reading, finalize, send every final, close 1012."""
+        self._shutdown_requested = True
+        if self._receiving and self._reader is not None:
+            self._reader.cancel()
+
+    async def run(self) -> EndReason:
+        """Serve the stream until it ends; returns why it ended."""
+        self._transition(SessionState.STREAMING)
+        last_seq = await self.services.store.last_seq(self.meeting_id)
+        self._outbox.put(
+            encode(
+                {
+                    "type": "session.started",
+                    "protocol": PROTOCOL_VERSION,
+                    "session_id": self.session_id,
+                    "meeting_id": self.meeting_id,
+                    "participant": self.config.participant,
+                    "config": self.config.as_dict(),
+                    "resume_token": self.resume_token,
+                    "resume_from": self.start_sample / SAMPLE_RATE,
+                    "last_seq": last_seq,
+                }
+            )
+        )
+        writer = asyncio.create_task(self._write(), name=f"writer-{self.session_id}")
+        committer = asyncio.create_task(self._commit(), name=f"committer-{self.session_id}")
+        self._reader = asyncio.create_task(self._read(), name=f"reader-{self.session_id}")
+        ending: Ending | None = None
+        try:
+            done, _ = await asyncio.wait(
+                {self._reader, writer, committer}, return_when=asyncio.FIRST_COMPLETED
+            )
+            ending = await self._ending(done, writer, committer)
+            self._transition(SessionState.DRAINING)
+            if ending.flush:
+                await self._handle(self._flush_events())
+            await self._finals.put(None)
+            await asyncio.wait({committer}, timeout=COMMIT_TIMEOUT)
+            if committer.done() and committer.exception() is not None:
+                raise RuntimeError("committer failed") from committer.exception()
+            if ending.reason in _CLIENT_GONE:
+                return ending.reason
+            if ending.error is not None:
+                self._put(error_message(ending.error.code, ending.error.message))
+            if ending.reason in {EndReason.STOP, EndReason.SHUTDOWN}:
+                self._put(
+                    {
+                        "type": "session.ended",
+                        "reason": ending.reason.value,
+                        "audio_seconds": round(self.totals.audio_samples / SAMPLE_RATE, 3),
+                        "utterances": self.totals.utterances,
+                        "finals": self.totals.finals,
+                    }
+                )
+            self._outbox.close()
+            await asyncio.wait({writer}, timeout=COMMIT_TIMEOUT)
+            return ending.reason
+        except Exception:
+            logger.exception("session %s failed", self.session_id)
+            ending = Ending(EndReason.INTERNAL_ERROR, CloseCode.INTERNAL_ERROR, flush=False)
+            with contextlib.suppress(Exception):
+                await self.websocket.send_text(
+                    encode(error_message(ErrorCode.INTERNAL, "internal error; see server log"))
+                )
+            return ending.reason
+        finally:
+            self.services.scheduler.cancel(self.session_id)
+            tasks = [t for t in (self._reader, writer, committer, *self._partial_tasks) if t]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if ending is not None and ending.reason not in _CLIENT_GONE:
+                with contextlib.suppress(Exception):
+                    await self.websocket.close(ending.close_code, ending.reason.value)
+            if ending is not None:
+                self._telemetry.session_closed(ending.reason.value, ending.close_code)
+            self._transition(SessionState.CLOSED)
+
+    # ------------------------------------------------------------------ how it ends
+
+    async def _ending(
+        self,
+        done: set[asyncio.Task[Any]],
+        writer: asyncio.Task[None],
+        committer: asyncio.Task[None],
+    ) -> Ending:
+        assert self._reader is not None
+        if self._reader in done:
+            return self._reader.result()
+        # The writer or committer ended first: the client is gone or too slow, or a bug.
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+        task = writer if writer in done else committer
+        error = task.exception()
+        if isinstance(error, SlowConsumer):
+            return Ending(
+                EndReason.SLOW_CONSUMER,
+                CloseCode.POLICY_VIOLATION,
+                flush=True,
+                error=ProtocolError(
+                    ErrorCode.SLOW_CONSUMER, CloseCode.POLICY_VIOLATION, str(error)
+                ),
+            )
+        if task is writer:  # send failed: the connection is gone
+            return Ending(EndReason.CONNECTION_LOST, CloseCode.GOING_AWAY, flush=False)
+        raise RuntimeError("committer ended before the stream") from error
+
+    # ------------------------------------------------------------------ reader
+
+    async def _read(self) -> Ending:
+        while True:
+            if self._shutdown_requested:
+                return Ending(EndReason.SHUTDOWN, CloseCode.SERVICE_RESTART, flush=True)
+            self._receiving = True
+            try:
+                message = await self.websocket.receive()
+            except asyncio.CancelledError:
+                if not self._shutdown_requested:
+                    raise
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+                return Ending(EndReason.SHUTDOWN, CloseCode.SERVICE_RESTART, flush=True)
+            finally:
+                self._receiving = False
+            if message["type"] == "websocket.disconnect":
+                code = message.get("code", 1005)
+                if code in (CloseCode.NORMAL, CloseCode.GOING_AWAY):
+                    return Ending(EndReason.CLIENT_CLOSED, CloseCode.NORMAL, flush=True)
+                return Ending(EndReason.CONNECTION_LOST, CloseCode.GOING_AWAY, flush=False)
+            try:
+                ending = await self._receive(message)
+            except ProtocolError as exc:
+                return Ending(EndReason.PROTOCOL_ERROR, exc.close_code, flush=True, error=exc)
+            if ending is not None:
+                return ending
+
+    async def _receive(self, message: dict[str, Any]) -> Ending | None:
+        data: bytes | None = message.get("bytes")
+        text: str | None = message.get("text")
+        size = len(data) if data is not None else len(text or "")
+        if size > self.services.max_frame_bytes:
+            raise ProtocolError(
+                ErrorCode.FRAME_TOO_LARGE,
+                CloseCode.MESSAGE_TOO_BIG,
+                f"frame of {size} bytes exceeds the limit of {self.services.max_frame_bytes}",
+            )
+        if data is not None:
+            await self._handle(self._audio_events(self._decoder.decode(data)))
+            return None
+        control = parse_control(text or "")
+        if control is ControlType.STOP:
+            return Ending(EndReason.STOP, CloseCode.NORMAL, flush=True)
+        if control is ControlType.FINALIZE:
+            await self._handle(self._flush_events())
+        return None  # keepalive: receiving it was the point
+
+    def _audio_events(self, samples: np.ndarray[Any, Any]) -> list[SegmentEvent]:
+        self.totals.audio_samples += len(samples)
+        started = time.perf_counter()
+        events: list[SegmentEvent] = []
+        scored = self._vad.process(samples)
+        for window, probability in scored:
+            events.extend(self._segmenter.push(window, probability))
+        self._telemetry.vad_processed(time.perf_counter() - started, len(scored))
+        return events
+
+    def _flush_events(self) -> list[SegmentEvent]:
+        return self._segmenter.flush()
+
+    async def _handle(self, events: list[SegmentEvent]) -> None:
+        for event in events:
+            if isinstance(event, SpeechStarted):
+                self._put({"type": "vad.speech_started", "t": _seconds(event.sample)})
+            elif isinstance(event, SpeechStopped):
+                self._put({"type": "vad.speech_stopped", "t": _seconds(event.sample)})
+            elif isinstance(event, PartialDue):
+                await self._submit_partial(event)
+            elif isinstance(event, UtteranceEnded):
+                await self._submit_final(event)
+
+    async def _submit_partial(self, event: PartialDue) -> None:
+        request = RecognitionRequest(
+            self.session_id, Priority.PARTIAL, Utterance(event.audio, self._language)
+        )
+        try:
+            future = await self.services.scheduler.submit(request)
+        except SchedulerFull:
+            self._drop_partial("queue_full")
+            return
+        task = asyncio.create_task(self._deliver_partial(event, future))
+        self._partial_tasks.add(task)
+        task.add_done_callback(self._partial_tasks.discard)
+
+    async def _deliver_partial(
+        self, event: PartialDue, future: asyncio.Future[RecognitionResult]
+    ) -> None:
+        try:
+            result = await future
+        except RequestSuperseded:
+            self._drop_partial("superseded")
+            return
+        except asyncio.CancelledError:
+            self._drop_partial("stale")
+            raise
+        except SchedulerError:
+            self._drop_partial("failed")
+            logger.warning("partial of session %s failed", self.session_id, exc_info=True)
+            return
+        text = result.transcription.text.strip()
+        if event.index <= self._finalized_index or not text:
+            self._drop_partial("stale")
+            return
+        message: TranscriptPartial = {
+            "type": "transcript.partial",
+            "utterance_id": self._utterance_id(event.index),
+            "participant": self.config.participant,
+            "text": text,
+            "start": _seconds(event.start),
+            "end": _seconds(event.end),
+        }
+        payload = encode(message)
+        if self._outbox.state is OutboxState.OPEN:
+            self._outbox.put_partial(message["utterance_id"], payload)
+        self.totals.partials += 1
+        now = self.services.clock()
+        previous = self._last_partial
+        since = now - previous[1] if previous and previous[0] == event.index else None
+        self._last_partial = (event.index, now)
+        self._telemetry.partial_sent(since)
+        await self.services.store.publish(self.meeting_id, payload.encode())
+
+    async def _submit_final(self, event: UtteranceEnded) -> None:
+        self._finalized_index = event.index
+        self.totals.utterances += 1
+        self.services.scheduler.cancel(self.session_id, partials_only=True)
+        utterance = Utterance(event.audio, self._language)
+        request = RecognitionRequest(self.session_id, Priority.FINAL, utterance)
+        future = await self.services.scheduler.submit(request)
+        closed_at = self.services.clock()
+        await self._finals.put(
+            _PendingFinal(event.index, event.start, event.end, future, closed_at, utterance)
+        )
+
+    # ------------------------------------------------------------------ committer
+
+    async def _commit(self) -> None:
+        while (pending := await self._finals.get()) is not None:
+            result = await self._result(pending)
+            if result is None:
+                continue
+            text = result.transcription.text.strip()
+            if not text:
+                self.totals.empty_finals += 1
+                continue
+            utterance_id = self._utterance_id(pending.index)
+            record = await self.services.store.append_final(
+                self.meeting_id,
+                NewFinal(
+                    utterance_id=utterance_id,
+                    session_id=self.session_id,
+                    participant=self.config.participant,
+                    text=text,
+                    start=_seconds(pending.start),
+                    end=_seconds(pending.end),
+                    language=result.transcription.language,
+                ),
+            )
+            self.totals.finals += 1
+            message = record.message()
+            total = self.services.clock() - pending.closed_at
+            message["timing"] = {
+                "queue": round(result.queue_wait, 4),
+                "inference": round(result.inference, 4),
+                "total": round(total, 4),
+            }
+            self._telemetry.final_sent(total)
+            payload = encode(message)
+            if self._outbox.state is OutboxState.OPEN:
+                self._outbox.put(payload, utterance_id=utterance_id)
+            await self.services.store.publish(self.meeting_id, payload.encode())
+
+    async def _result(self, pending: _PendingFinal) -> RecognitionResult | None:
+        """Await a final's result; a failed batch is retried once before the final is lost."""
+        try:
+            return await pending.future
+        except BatchFailed:
+            logger.warning("final batch failed for session %s; retrying", self.session_id)
+        request = RecognitionRequest(self.session_id, Priority.FINAL, pending.audio)
+        try:
+            return await (await self.services.scheduler.submit(request))
+        except SchedulerError:
+            logger.exception("final of session %s lost after retry", self.session_id)
+            if self._outbox.state is OutboxState.OPEN:
+                self._put(
+                    error_message(ErrorCode.INTERNAL, "an utterance could not be transcribed")
+                )
+            return None
+
+    # ------------------------------------------------------------------ writer
+
+    async def _write(self) -> None:
+        while (message := await self._outbox.get()) is not None:
+            await self.websocket.send_text(message)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _drop_partial(self, reason: str) -> None:
+        self.totals.partials_dropped += 1
+        self._telemetry.partial_dropped(reason)
+
+    def _put(self, message: ServerMessage) -> None:
+        self._outbox.put(encode(message))
+
+    def _utterance_id(self, index: int) -> str:
+        return f"{self.session_id}-{index}"
+
+    def _transition(self, new: SessionState) -> None:
+        if new not in _TRANSITIONS[self.state]:
+            raise RuntimeError(
+                f"session {self.session_id}: illegal transition {self.state.value} → {new.value}"
+            )
+        self.state = new
+
+
+def _seconds(sample: int) -> float:
+    return round(sample / SAMPLE_RATE, 3)
+
+
+def _without_partials(config: SegmenterConfig) -> SegmenterConfig:
+    return dataclasses.replace(config, partial_interval=0.0)

@@ -1,0 +1,71 @@
+"""Messages waiting for one client: committed messages in order, the latest partial merged.
+
+A client that reads slowly never stalls the model. Partials merge (only the newest
+waits to be sent, and it is dropped once its utterance's final is queued); every other
+message is kept in order up to `limit`, past which the client is judged too slow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import deque
+
+
+class SlowConsumer(Exception):
+    """The client let more than `limit` committed messages pile up."""
+
+
+class OutboxState(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"  # no more puts; get() drains, then returns None
+
+
+class Outbox:
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._items: deque[str] = deque()
+        self._partial: tuple[str, str] | None = None  # (utterance_id, message)
+        self._ready = asyncio.Event()
+        self.state = OutboxState.OPEN
+        self.partials_merged = 0
+
+    def put(self, message: str, *, utterance_id: str | None = None) -> None:
+        """Queue a committed message. A final passes its utterance_id to drop its partial."""
+        self._check_open()
+        if len(self._items) >= self._limit:
+            raise SlowConsumer(f"client has {len(self._items)} unread messages")
+        if utterance_id is not None and self._partial and self._partial[0] == utterance_id:
+            self._partial = None
+        self._items.append(message)
+        self._ready.set()
+
+    def put_partial(self, utterance_id: str, message: str) -> None:
+        """Queue a partial, replacing any partial not yet sent."""
+        self._check_open()
+        if self._partial is not None:
+            self.partials_merged += 1
+        self._partial = (utterance_id, message)
+        self._ready.set()
+
+    def close(self) -> None:
+        self.state = OutboxState.CLOSED
+        self._ready.set()
+
+    async def get(self) -> str | None:
+        """The next message to send; None once closed and drained."""
+        while True:
+            if self._items:
+                return self._items.popleft()
+            if self._partial is not None:
+                message = self._partial[1]
+                self._partial = None
+                return message
+            if self.state is OutboxState.CLOSED:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+
+    def _check_open(self) -> None:
+        if self.state is not OutboxState.OPEN:
+            raise RuntimeError("outbox is closed")

@@ -1,0 +1,208 @@
+"""Sans-I/O utterance segmenter: VAD windows in, typed events out.
+
+`Segmenter.push(window, probability)` takes each 32 ms window with its speech
+probability and returns what happened: speech started, a partial is due, an utterance
+ended (with its audio), speech stopped. It does no I/O and no awaits, so it is tested
+with plain arrays.
+
+Hysteresis: speech starts when a window scores >= `threshold` and continues while
+windows score >= `threshold - hysteresis`; it ends after `min_silence` of windows below
+that. Each utterance carries `pre_roll` of audio before the onset and `post_roll`
+after the last speech window. Utterances longer than `max_utterance` are cut at the
+quietest window of their second half; the rest starts the next utterance.
+
+Times are samples on the stream's own timeline (16 kHz), starting at `start_sample`
+(non-zero for a resumed stream).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from session.vad import WINDOW
+
+SAMPLE_RATE = 16_000
+FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmenterConfig:
+    threshold: float = 0.5
+    hysteresis: float = 0.15
+    min_silence: float = 0.5  # seconds of non-speech that end an utterance
+    min_speech: float = 0.25  # shorter bursts are dropped (no final)
+    pre_roll: float = 0.2
+    post_roll: float = 0.1
+    max_utterance: float = 15.0
+    partial_interval: float = 0.8  # seconds of new audio between partials; 0 disables
+
+    def __post_init__(self) -> None:
+        if not 0 < self.threshold < 1 or not 0 <= self.hysteresis < self.threshold:
+            raise ValueError("need 0 < threshold < 1 and 0 <= hysteresis < threshold")
+        if self.max_utterance < 2 * self.min_silence or self.max_utterance > 30:
+            raise ValueError("max_utterance must lie in [2 × min_silence, 30] seconds")
+        if min(self.min_silence, self.min_speech, self.pre_roll, self.post_roll) < 0:
+            raise ValueError("durations must not be negative")
+        if self.partial_interval < 0:
+            raise ValueError("partial_interval must not be negative")
+
+
+class SegmenterState(enum.Enum):
+    SILENCE = "silence"
+    SPEECH = "speech"
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStarted:
+    sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStopped:
+    sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartialDue:
+    index: int  # the utterance's number within this stream
+    start: int
+    end: int
+    audio: FloatArray
+
+
+@dataclass(frozen=True, slots=True)
+class UtteranceEnded:
+    index: int
+    start: int
+    end: int
+    audio: FloatArray
+
+
+SegmentEvent = SpeechStarted | SpeechStopped | PartialDue | UtteranceEnded
+
+
+class Segmenter:
+    def __init__(
+        self, config: SegmenterConfig, *, start_sample: int = 0, first_index: int = 0
+    ) -> None:
+        self.config = config
+        self.state = SegmenterState.SILENCE
+        self.next_index = first_index
+        self._position = start_sample  # sample just after the last pushed window
+        self._stream_start = start_sample
+        self._pre_roll: deque[FloatArray] = deque(maxlen=_windows(config.pre_roll))
+        self._windows: list[FloatArray] = []  # the current utterance's audio, by window
+        self._probabilities: list[float] = []
+        self._utterance_start = 0
+        self._last_speech_end = 0  # sample after the last window scored as speech
+        self._onset = 0
+        self._silence = 0  # consecutive non-speech windows
+        self._last_partial = 0
+        self._silence_windows = max(1, _windows(config.min_silence))
+        self._post_roll_windows = _windows(config.post_roll)
+        self._max_windows = _windows(config.max_utterance)
+        self._partial_samples = round(config.partial_interval * SAMPLE_RATE)
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def push(self, window: FloatArray, probability: float) -> list[SegmentEvent]:
+        """Feed one VAD window (WINDOW samples) and its speech probability."""
+        if len(window) != WINDOW:
+            raise ValueError(f"a window is {WINDOW} samples, got {len(window)}")
+        window_start = self._position
+        self._position += WINDOW
+        if self.state is SegmenterState.SILENCE:
+            if probability < self.config.threshold:
+                self._pre_roll.append(window)
+                return []
+            return self._start(window, probability, window_start)
+        self._windows.append(window)
+        self._probabilities.append(probability)
+        if probability >= self.config.threshold - self.config.hysteresis:
+            self._last_speech_end = self._position
+            self._silence = 0
+        else:
+            self._silence += 1
+        if self._silence >= self._silence_windows:
+            return self._end(self._last_speech_end)
+        if len(self._windows) >= self._max_windows:
+            return self._cut()
+        if (
+            self._partial_samples
+            and self._position - self._last_partial >= self._partial_samples
+            and self._silence == 0
+        ):
+            self._last_partial = self._position
+            return [
+                PartialDue(self.next_index, self._utterance_start, self._position, self._audio())
+            ]
+        return []
+
+    def flush(self) -> list[SegmentEvent]:
+        """End the utterance in progress now (client `finalize`/`stop`)."""
+        if self.state is SegmenterState.SILENCE:
+            return []
+        return self._end(self._last_speech_end)
+
+    # ------------------------------------------------------------------ internals
+
+    def _start(
+        self, window: FloatArray, probability: float, window_start: int
+    ) -> list[SegmentEvent]:
+        self.state = SegmenterState.SPEECH
+        self._windows = [*self._pre_roll, window]
+        self._probabilities = [0.0] * len(self._pre_roll) + [probability]
+        self._pre_roll.clear()
+        self._utterance_start = self._position - WINDOW * len(self._windows)
+        self._onset = window_start
+        self._last_speech_end = self._position
+        self._last_partial = self._position
+        self._silence = 0
+        return [SpeechStarted(window_start)]
+
+    def _audio(self, windows: int | None = None) -> FloatArray:
+        return np.concatenate(self._windows[:windows]).astype(np.float32, copy=False)
+
+    def _end(self, speech_end: int) -> list[SegmentEvent]:
+        """Close the utterance at `speech_end` plus post-roll; return to silence."""
+        end = min(self._position, speech_end + self._post_roll_windows * WINDOW)
+        keep = (end - self._utterance_start) // WINDOW
+        events: list[SegmentEvent] = [SpeechStopped(speech_end)]
+        if speech_end - self._onset >= self.config.min_speech * SAMPLE_RATE:
+            events.append(
+                UtteranceEnded(self.next_index, self._utterance_start, end, self._audio(keep))
+            )
+            self.next_index += 1
+        # Windows after the utterance's end become the pre-roll of the next one.
+        self._pre_roll.extend(self._windows[keep:])
+        self._windows, self._probabilities = [], []
+        self.state = SegmenterState.SILENCE
+        self._silence = 0
+        return events
+
+    def _cut(self) -> list[SegmentEvent]:
+        """Split an over-long utterance at the quietest window of its second half."""
+        half = len(self._probabilities) // 2
+        tail = self._probabilities[half:]
+        quietest = half + min(range(len(tail)), key=lambda i: (tail[i], -i))
+        keep = quietest + 1
+        end = self._utterance_start + keep * WINDOW
+        event = UtteranceEnded(self.next_index, self._utterance_start, end, self._audio(keep))
+        self.next_index += 1
+        self._windows = self._windows[keep:]
+        self._probabilities = self._probabilities[keep:]
+        self._utterance_start = end
+        self._onset = end
+        self._last_partial = end
+        return [event]
+
+
+def _windows(seconds: float) -> int:
+    return round(seconds * SAMPLE_RATE / WINDOW)

@@ -1,0 +1,41 @@
+"""What a session reports about itself, without knowing where it goes.
+
+The server implements this with Prometheus metrics; tests and tools may use NullTelemetry.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Telemetry(Protocol):
+    def vad_processed(self, seconds: float, windows: int) -> None:
+        """VAD + segmenter time spent on one frame, and how many windows it scored."""
+
+    def partial_sent(self, since_previous: float | None) -> None:
+        """A partial went out; `since_previous` is the gap to the last one of its utterance."""
+
+    def partial_dropped(self, reason: str) -> None:
+        """A partial was not sent: 'queue_full', 'superseded', 'stale' or 'failed'."""
+
+    def final_sent(self, latency: float) -> None:
+        """A final went out, `latency` seconds after its utterance was closed."""
+
+    def session_closed(self, reason: str, close_code: int) -> None: ...
+
+
+class NullTelemetry:
+    def vad_processed(self, seconds: float, windows: int) -> None:
+        return None
+
+    def partial_sent(self, since_previous: float | None) -> None:
+        return None
+
+    def partial_dropped(self, reason: str) -> None:
+        return None
+
+    def final_sent(self, latency: float) -> None:
+        return None
+
+    def session_closed(self, reason: str, close_code: int) -> None:
+        return None

@@ -1,0 +1,82 @@
+"""Render a meeting's finals as JSON, plain text, SRT or WebVTT. Pure functions."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from session.store import FinalRecord
+
+
+class TranscriptFormat(enum.StrEnum):
+    JSON = "json"
+    TXT = "txt"
+    SRT = "srt"
+    VTT = "vtt"
+
+    @property
+    def media_type(self) -> str:
+        return {
+            TranscriptFormat.JSON: "application/json",
+            TranscriptFormat.TXT: "text/plain; charset=utf-8",
+            TranscriptFormat.SRT: "application/x-subrip; charset=utf-8",
+            TranscriptFormat.VTT: "text/vtt; charset=utf-8",
+        }[self]
+
+
+def render(meeting_id: str, finals: Sequence[FinalRecord], fmt: TranscriptFormat) -> str:
+    if fmt is TranscriptFormat.JSON:
+        return render_json(meeting_id, finals)
+    if fmt is TranscriptFormat.TXT:
+        return render_txt(finals)
+    if fmt is TranscriptFormat.SRT:
+        return render_srt(finals)
+    return render_vtt(finals)
+
+
+def render_json(meeting_id: str, finals: Sequence[FinalRecord]) -> str:
+    body: dict[str, Any] = {
+        "meeting_id": meeting_id,
+        "finals": [f.message() for f in finals],
+    }
+    return orjson.dumps(body).decode()
+
+
+def render_txt(finals: Sequence[FinalRecord]) -> str:
+    return "".join(f"[{_clock(f.start, '.')}] {f.participant}: {f.text}\n" for f in finals)
+
+
+def render_srt(finals: Sequence[FinalRecord]) -> str:
+    cues = [
+        f"{i}\n{_clock(f.start, ',')} --> {_clock(_cue_end(f), ',')}\n{f.participant}: {f.text}\n"
+        for i, f in enumerate(finals, start=1)
+    ]
+    return "\n".join(cues)
+
+
+def render_vtt(finals: Sequence[FinalRecord]) -> str:
+    cues = [
+        f"{_clock(f.start, '.')} --> {_clock(_cue_end(f), '.')}\n<v {_escape(f.participant)}>"
+        f"{_escape(f.text)}\n"
+        for f in finals
+    ]
+    return "WEBVTT\n\n" + "\n".join(cues)
+
+
+def _cue_end(final: FinalRecord) -> float:
+    return max(final.end, final.start + 0.001)
+
+
+def _clock(seconds: float, separator: str) -> str:
+    millis = max(0, round(seconds * 1000))
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    secs, millis = divmod(millis, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{millis:03d}"
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

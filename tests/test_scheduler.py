@@ -1,0 +1,198 @@
+"""BatchScheduler logic with a fake recognizer: batching, priorities, replacement, errors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from engine.recognizer import Utterance
+from engine.scheduler import (
+    BatchFailed,
+    BatchScheduler,
+    Priority,
+    RecognitionRequest,
+    RequestSuperseded,
+    SchedulerFull,
+    SchedulerStopped,
+)
+from tests.fakes import FakeRecognizer
+
+TIMEOUT = 5.0
+
+
+def request(session: str, n: int, priority: Priority = Priority.FINAL) -> RecognitionRequest:
+    return RecognitionRequest(session, priority, Utterance(np.zeros(n, dtype=np.float32)))
+
+
+async def wait_entered(fake: FakeRecognizer) -> None:
+    await asyncio.wait_for(asyncio.to_thread(fake.entered.wait, TIMEOUT), TIMEOUT)
+    fake.entered.clear()
+
+
+@pytest.fixture
+async def gated() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
+    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0, max_queue=8)
+    scheduler.start()
+    yield scheduler, fake
+    for _ in range(64):
+        fake.gate.release()  # type: ignore[union-attr]
+    await scheduler.stop()
+
+
+async def test_requests_from_several_sessions_share_one_batch() -> None:
+    """Requests of three sessions submitted together run as one batch."""
+    fake = FakeRecognizer(max_batch_size=8)
+    scheduler = BatchScheduler(fake, max_batch_size=8, max_wait=0.05)
+    scheduler.start()
+    futures = [await scheduler.submit(request(f"s{i}", 100 + i)) for i in range(3)]
+    results = await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
+    await scheduler.stop()
+    assert [r.transcription.text for r in results] == ["n=100", "n=101", "n=102"]
+    assert fake.batches == [[100, 101, 102]]
+    assert scheduler.stats.batch_sessions == [frozenset({"s0", "s1", "s2"})]
+    assert all(r.batch_size == 3 for r in results)
+
+
+async def test_batch_size_is_bounded() -> None:
+    """Ten queued requests with max_batch_size 4 run as batches of 4, 4 and 2."""
+    fake = FakeRecognizer(max_batch_size=4)
+    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.05)
+    scheduler.start()
+    futures = [await scheduler.submit(request(f"s{i}", i + 1)) for i in range(10)]
+    await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
+    await scheduler.stop()
+    assert [len(b) for b in fake.batches] == [4, 4, 2]
+
+
+async def test_finals_are_served_before_partials(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """While a batch runs, queued finals go into the next batch ahead of older partials."""
+    scheduler, fake = gated
+    first = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    partials = [
+        await scheduler.submit(request(f"p{i}", 10 + i, Priority.PARTIAL)) for i in range(4)
+    ]
+    files = [await scheduler.submit(request("file", 30, Priority.FILE))]
+    finals = [await scheduler.submit(request(f"f{i}", 20 + i)) for i in range(2)]
+    fake.gate.release()  # type: ignore[union-attr]
+    await first
+    await wait_entered(fake)
+    assert fake.batches[1] == [20, 21, 30, 10]
+    for _ in range(3):
+        fake.gate.release()  # type: ignore[union-attr]
+    await asyncio.wait_for(asyncio.gather(*partials, *files, *finals), TIMEOUT)
+
+
+async def test_newer_partial_replaces_queued_one(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """A session's second partial replaces its queued first; the first fails superseded."""
+    scheduler, fake = gated
+    busy = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    old = await scheduler.submit(request("s", 10, Priority.PARTIAL))
+    new = await scheduler.submit(request("s", 11, Priority.PARTIAL))
+    assert scheduler.queue_depth == 1
+    with pytest.raises(RequestSuperseded):
+        await old
+    fake.gate.release()  # type: ignore[union-attr]
+    await busy
+    fake.gate.release()  # type: ignore[union-attr]
+    assert (await asyncio.wait_for(new, TIMEOUT)).transcription.text == "n=11"
+    assert scheduler.stats.partials_superseded == 1
+
+
+async def test_cancel_drops_a_sessions_queued_requests(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """cancel(session) cancels that session's queued futures and no other's."""
+    scheduler, fake = gated
+    busy = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    mine = [
+        await scheduler.submit(request("gone", 5)),
+        await scheduler.submit(request("gone", 6, Priority.PARTIAL)),
+    ]
+    other = await scheduler.submit(request("stays", 7))
+    assert scheduler.cancel("gone") == 2
+    assert all(f.cancelled() for f in mine)
+    fake.gate.release()  # type: ignore[union-attr]
+    fake.gate.release()  # type: ignore[union-attr]
+    await busy
+    assert (await asyncio.wait_for(other, TIMEOUT)).transcription.text == "n=7"
+    assert [5, 6] not in fake.batches and fake.batches[-1] == [7]
+
+
+async def test_recognizer_error_fails_exactly_its_batch() -> None:
+    """A failing batch fails its own futures; the next batch succeeds."""
+    fake = FakeRecognizer(max_batch_size=2)
+    scheduler = BatchScheduler(fake, max_batch_size=2, max_wait=0.05)
+    scheduler.start()
+    fake.fail_on = 13
+    bad = [await scheduler.submit(request("a", 13)), await scheduler.submit(request("b", 14))]
+    good = await scheduler.submit(request("c", 15))
+    outcomes = await asyncio.wait_for(asyncio.gather(*bad, return_exceptions=True), TIMEOUT)
+    assert all(isinstance(o, BatchFailed) for o in outcomes)
+    assert (await asyncio.wait_for(good, TIMEOUT)).transcription.text == "n=15"
+    assert scheduler.stats.failed_batches == 1
+    after = await scheduler.submit(request("d", 16))
+    assert (await asyncio.wait_for(after, TIMEOUT)).transcription.text == "n=16"
+    await scheduler.stop()
+
+
+async def test_length_mismatch_fails_the_batch() -> None:
+    """A recognizer returning fewer results than inputs fails every future of the batch."""
+    fake = FakeRecognizer(max_batch_size=4)
+    fake.wrong_length = True
+    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.05)
+    scheduler.start()
+    futures = [await scheduler.submit(request(f"s{i}", i + 1)) for i in range(3)]
+    outcomes = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), TIMEOUT)
+    await scheduler.stop()
+    assert all(isinstance(o, BatchFailed) for o in outcomes)
+
+
+async def test_full_queue_rejects_partials_and_holds_finals(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """At the bound a new partial fails SchedulerFull; a final waits for room and then runs."""
+    scheduler, fake = gated
+    busy = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    queued = [await scheduler.submit(request(f"s{i}", 10 + i)) for i in range(8)]
+    with pytest.raises(SchedulerFull):
+        await scheduler.submit(request("p", 99, Priority.PARTIAL))
+    waiting = asyncio.create_task(scheduler.submit(request("late", 50)))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    for _ in range(4):
+        fake.gate.release()  # type: ignore[union-attr]
+    late = await asyncio.wait_for(waiting, TIMEOUT)
+    assert (await asyncio.wait_for(late, TIMEOUT)).transcription.text == "n=50"
+    await asyncio.wait_for(asyncio.gather(busy, *queued), TIMEOUT)
+    assert scheduler.stats.partials_rejected == 1
+
+
+async def test_stop_fails_queued_requests_and_refuses_new_ones(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """stop() fails the running and queued futures with SchedulerStopped; submit refuses."""
+    scheduler, fake = gated
+    busy = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    queued = await scheduler.submit(request("s", 2))
+    stopping = asyncio.create_task(scheduler.stop())
+    await asyncio.sleep(0)
+    fake.gate.release()  # type: ignore[union-attr]
+    await asyncio.wait_for(stopping, TIMEOUT)
+    outcomes = await asyncio.gather(busy, queued, return_exceptions=True)
+    assert all(isinstance(o, SchedulerStopped) for o in outcomes)
+    assert fake.batches == [[1]]
+    with pytest.raises(SchedulerStopped):
+        await scheduler.submit(request("s", 3))

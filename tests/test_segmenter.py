@@ -1,0 +1,135 @@
+"""The sans-I/O segmenter, driven by synthetic probabilities and by real VAD on the corpus."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from session.segmenter import (
+    PartialDue,
+    Segmenter,
+    SegmenterConfig,
+    SegmentEvent,
+    SpeechStarted,
+    SpeechStopped,
+    UtteranceEnded,
+)
+from session.vad import WINDOW, SileroVad, VadStream
+from tests.corpus import clip
+
+WINDOW_S = WINDOW / 16_000
+
+
+def feed(segmenter: Segmenter, probabilities: list[float]) -> list[SegmentEvent]:
+    events: list[SegmentEvent] = []
+    for i, p in enumerate(probabilities):
+        window = np.full(WINDOW, i, dtype=np.float32)  # each window's samples = its number
+        events.extend(segmenter.push(window, p))
+    return events
+
+
+def windows(seconds: float) -> int:
+    return round(seconds / WINDOW_S)
+
+
+def test_utterance_with_pre_roll_post_roll_and_hysteresis() -> None:
+    """Speech between silences yields start, stop and one utterance padded by the rolls."""
+    config = SegmenterConfig(pre_roll=0.064, post_roll=0.064, min_silence=0.32, partial_interval=0)
+    seg = Segmenter(config)
+    probs = [0.1] * 10 + [0.9] * 20 + [0.4] * 5 + [0.9] * 5 + [0.1] * 20
+    events = feed(seg, probs)
+    kinds = [type(e) for e in events]
+    assert kinds == [SpeechStarted, SpeechStopped, UtteranceEnded]
+    started, stopped, ended = events
+    assert isinstance(ended, UtteranceEnded) and isinstance(started, SpeechStarted)
+    assert started.sample == 10 * WINDOW
+    # 0.4 lies above threshold - hysteresis (0.35): the dip does not end the utterance.
+    assert isinstance(stopped, SpeechStopped) and stopped.sample == 40 * WINDOW
+    assert ended.start == 8 * WINDOW and ended.end == 42 * WINDOW
+    assert list(np.unique(ended.audio)) == list(range(8, 42))
+    assert len(ended.audio) == ended.end - ended.start
+
+
+def test_short_burst_is_dropped() -> None:
+    """Speech shorter than min_speech produces no utterance."""
+    seg = Segmenter(SegmenterConfig(min_speech=0.25, partial_interval=0))
+    events = feed(seg, [0.1] * 5 + [0.9] * 3 + [0.1] * 30)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]
+
+
+def test_partials_every_interval_and_final_index() -> None:
+    """Partials come every partial_interval of speech and carry the utterance so far."""
+    seg = Segmenter(SegmenterConfig(partial_interval=0.32, min_silence=0.32))
+    events = feed(seg, [0.9] * 40 + [0.1] * 12)
+    partials = [e for e in events if isinstance(e, PartialDue)]
+    assert len(partials) == 3  # at 10, 20 and 30 windows after the onset
+    assert all(p.index == 0 and p.start == 0 for p in partials)
+    assert [p.end for p in partials] == [11 * WINDOW, 21 * WINDOW, 31 * WINDOW]
+    finals = [e for e in events if isinstance(e, UtteranceEnded)]
+    assert len(finals) == 1 and finals[0].index == 0 and seg.next_index == 1
+
+
+def test_long_speech_is_cut_at_the_quietest_window() -> None:
+    """Speech past max_utterance is cut at the lowest-probability window of its second half."""
+    config = SegmenterConfig(max_utterance=2.0, min_silence=0.5, partial_interval=0, pre_roll=0)
+    seg = Segmenter(config)
+    n = windows(2.0)
+    probs = [0.95] * n
+    probs[n - 10] = 0.6  # quietest in the second half
+    probs[5] = 0.55  # quieter, but in the first half
+    events = feed(seg, probs + [0.95] * 20 + [0.0] * 30)
+    ended = [e for e in events if isinstance(e, UtteranceEnded)]
+    assert len(ended) == 2
+    assert ended[0].end == (n - 9) * WINDOW
+    assert ended[1].start == ended[0].end  # no sample lost or repeated
+    assert [e.index for e in ended] == [0, 1]
+
+
+def test_flush_ends_speech_now_and_start_offset_is_kept() -> None:
+    """flush() closes the utterance in progress; times count from start_sample."""
+    seg = Segmenter(SegmenterConfig(partial_interval=0, pre_roll=0), start_sample=16_000,
+                    first_index=7)
+    feed(seg, [0.9] * 20)
+    events = seg.flush()
+    ended = [e for e in events if isinstance(e, UtteranceEnded)]
+    assert len(ended) == 1 and ended[0].index == 7
+    assert ended[0].start == 16_000 and ended[0].end == 16_000 + 20 * WINDOW
+    assert seg.flush() == []
+
+
+def test_config_is_validated() -> None:
+    """Nonsensical settings are refused at construction."""
+    with pytest.raises(ValueError):
+        SegmenterConfig(threshold=1.5)
+    with pytest.raises(ValueError):
+        SegmenterConfig(max_utterance=60)
+
+
+def test_real_vad_segments_jfk_into_phrases() -> None:
+    """Silero VAD + segmenter cut the JFK clip into its 4 phrases, none lost."""
+    audio = clip("en_jfk").samples()
+    stream = VadStream(SileroVad())
+    seg = Segmenter(SegmenterConfig())
+    events: list[SegmentEvent] = []
+    for i in range(0, len(audio), 333):  # odd frame sizes on purpose
+        for window, p in stream.process(audio[i : i + 333]):
+            events.extend(seg.push(window, p))
+    events.extend(seg.flush())
+    ended = [e for e in events if isinstance(e, UtteranceEnded)]
+    assert 3 <= len(ended) <= 6
+    speech = sum(e.end - e.start for e in ended) / 16_000
+    assert 7.0 < speech < 11.0
+    assert all(b.start >= a.end for a, b in itertools.pairwise(ended))
+
+
+def test_real_vad_finds_no_speech_in_silence_and_noise() -> None:
+    """Digital silence and low noise produce no utterance."""
+    rng = np.random.default_rng(0)
+    for audio in (np.zeros(16_000 * 5, np.float32),
+                  (rng.standard_normal(16_000 * 5) * 10 ** (-50 / 20)).astype(np.float32)):
+        stream = VadStream(SileroVad())
+        seg = Segmenter(SegmenterConfig())
+        events = [e for w, p in stream.process(audio) for e in seg.push(w, p)] + seg.flush()
+        assert not any(isinstance(e, UtteranceEnded) for e in events)
