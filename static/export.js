@@ -32,7 +32,7 @@ export function clock(seconds) {
  * @returns {Array<object>} copies of the finals with `meetingStart`/`meetingEnd`
  */
 export function onMeetingClock(finals) {
-  const bySeq = [...finals].sort((a, b) => a.seq - b.seq);
+  const bySeq = [...finals].sort((a, b) => (a.order ?? a.seq) - (b.order ?? b.seq));
   // Split each participant's finals into timelines: a start far before the previous end
   // means the source reconnected as a new stream whose clock restarted at zero.
   const timelineOf = new Map();
@@ -61,7 +61,7 @@ export function onMeetingClock(finals) {
       out.push({ ...f, meetingStart: offset + f.start, meetingEnd: offset + Math.max(f.end, f.start) });
     }
   }
-  return out.sort((a, b) => a.meetingStart - b.meetingStart || a.seq - b.seq);
+  return out.sort((a, b) => a.meetingStart - b.meetingStart || (a.order ?? a.seq) - (b.order ?? b.seq));
 }
 
 const spoken = (finals) => onMeetingClock(finals).filter((f) => f.text.trim() !== '');

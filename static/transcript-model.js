@@ -1,39 +1,61 @@
 // The meeting transcript as data: finals keyed by `seq` (gap-free per meeting), and the
 // partials still being spoken keyed by `utterance_id`. Events can arrive twice (the
 // stream socket and the listener socket both carry our own finals, and a reconnect may
-// replay); applying them is idempotent. Pure: no DOM.
+// replay); applying them is idempotent.
+//
+// A server that lost its meeting log (restarted with the in-process store) numbers from
+// 1 again: a known seq arriving with a different utterance_id starts a new "epoch", so
+// those finals are shown after the old ones instead of being taken for duplicates.
+// Pure: no DOM.
 
 export class TranscriptModel {
   constructor() {
-    this.finals = []; // sorted by seq
-    this.bySeq = new Map();
+    this.finals = []; // sorted by (epoch, seq)
+    this.byKey = new Map(); // `${epoch}:${seq}` → final
     this.finalUtterances = new Set();
     this.partials = new Map(); // utterance_id → partial
+    this.epoch = 0;
   }
 
+  /** Highest seq of the current epoch (what a listener resumes after), or -1. */
   get lastSeq() {
-    return this.finals.length ? this.finals[this.finals.length - 1].seq : -1;
+    let last = -1;
+    for (let i = this.finals.length - 1; i >= 0 && this.finals[i].epoch === this.epoch; i--) {
+      last = Math.max(last, this.finals[i].seq);
+    }
+    return last;
   }
 
   /**
-   * Apply a `transcript.final`. Returns {final, isNew, index} — index is where it sits
-   * in `finals` — or null when the message is not usable.
+   * Apply a `transcript.final`. Returns {final, isNew} or null when the message is not
+   * usable. `final.order` sorts finals; `final.key` names one.
    * @param {object} msg  the server message
-   * @param {{receivedAt?: number, latency?: number|null}} [extra]
+   * @param {{receivedAt?: number|null, latency?: number|null}} [extra]
    */
   addFinal(msg, extra = {}) {
     if (typeof msg?.text !== 'string') return null;
-    const seq = Number.isInteger(msg.seq) ? msg.seq : null;
-    const known = seq !== null ? this.bySeq.get(seq) : null;
-    if (known) {
-      // Same final from the other socket: keep the earliest arrival, fill in latency.
-      if (known.latency == null && extra.latency != null) known.latency = extra.latency;
-      return { final: known, isNew: false, index: this.finals.indexOf(known) };
+    const uid = msg.utterance_id ?? null;
+    let seq = Number.isInteger(msg.seq) ? msg.seq : null;
+    if (seq === null) {
+      if (uid && this.finalUtterances.has(uid)) return this.#known(this.finals.find((f) => f.utterance_id === uid), extra);
+      seq = this.lastSeq + 1;
     }
-    if (seq === null && this.finalUtterances.has(msg.utterance_id)) return null;
+    const known = this.byKey.get(`${this.epoch}:${seq}`);
+    if (known) {
+      if (known.utterance_id === uid || !uid || !known.utterance_id) return this.#known(known, extra);
+      if (this.finalUtterances.has(uid)) {
+        return this.#known(this.finals.find((f) => f.utterance_id === uid), extra);
+      }
+      this.epoch += 1; // same number, different utterance: the server's log restarted
+    } else if (uid && this.finalUtterances.has(uid)) {
+      return this.#known(this.finals.find((f) => f.utterance_id === uid), extra);
+    }
     const final = {
-      seq: seq ?? (this.lastSeq + 1),
-      utterance_id: msg.utterance_id ?? null,
+      epoch: this.epoch,
+      seq,
+      key: `${this.epoch}:${seq}`,
+      order: this.epoch * 1e9 + seq,
+      utterance_id: uid,
       participant: msg.participant ?? 'speaker',
       text: msg.text.trim(),
       start: Number(msg.start) || 0,
@@ -44,15 +66,22 @@ export class TranscriptModel {
       receivedAt: extra.receivedAt ?? null,
       latency: extra.latency ?? null,
     };
-    this.bySeq.set(final.seq, final);
-    if (final.utterance_id) {
-      this.finalUtterances.add(final.utterance_id);
-      this.partials.delete(final.utterance_id);
+    this.byKey.set(final.key, final);
+    if (uid) {
+      this.finalUtterances.add(uid);
+      this.partials.delete(uid);
     }
     let index = this.finals.length;
-    while (index > 0 && this.finals[index - 1].seq > final.seq) index -= 1;
+    while (index > 0 && this.finals[index - 1].order > final.order) index -= 1;
     this.finals.splice(index, 0, final);
-    return { final, isNew: true, index };
+    return { final, isNew: true };
+  }
+
+  /** Same final from the other socket: keep the first arrival, fill in latency. */
+  #known(final, extra) {
+    if (!final) return null;
+    if (final.latency == null && extra.latency != null) final.latency = extra.latency;
+    return { final, isNew: false };
   }
 
   /** Apply a `transcript.partial`; null if its utterance is already final. */

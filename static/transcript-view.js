@@ -41,7 +41,7 @@ export class TranscriptView {
     this.empty = empty;
     this.follow = true;
     this.partialEls = new Map();
-    this.finalEls = new Map(); // seq → li
+    this.finalEls = new Map(); // final.key → li
     list.addEventListener('scroll', () => {
       this.follow = this.#atBottom();
       if (this.follow) this.jump.hidden = true;
@@ -111,10 +111,10 @@ export class TranscriptView {
     }, `${f.latency.toFixed(2)} s`);
   }
 
-  /** Insert a new final where its seq belongs, replacing its partial if shown. */
+  /** Insert a new final where its order belongs, replacing its partial if shown. */
   addFinal(f) {
     const when = f.receivedAt ?? null;
-    const li = el('li', { class: 'utt final', dataset: { seq: String(f.seq), utterance: f.utterance_id ?? '' } },
+    const li = el('li', { class: 'utt final', dataset: { seq: String(f.seq), order: String(f.order), utterance: f.utterance_id ?? '' } },
       this.#meta(f.participant, [
         when === null ? null : el('time', { datetime: new Date(when).toISOString() }, timeFmt.format(when)),
         el('span', { class: 'span', title: `Audio ${f.start.toFixed(2)}–${f.end.toFixed(2)} s of this speaker’s stream` },
@@ -122,12 +122,13 @@ export class TranscriptView {
         this.#latencyChip(f),
       ]),
       el('p', { class: 'text' }, f.text || '(no words)'));
-    this.finalEls.set(f.seq, li);
+    this.finalEls.set(f.key, li);
     const partial = f.utterance_id ? this.partialEls.get(f.utterance_id) : null;
     this.partialEls.delete(f.utterance_id);
-    let next = null; // first final li with a larger seq
-    for (const [seq, node] of this.finalEls) {
-      if (seq > f.seq && (next === null || seq < Number(next.dataset.seq))) next = node;
+    let next = null; // first final li that sorts after this one
+    for (const node of this.finalEls.values()) {
+      const order = Number(node.dataset.order);
+      if (order > f.order && (next === null || order < Number(next.dataset.order))) next = node;
     }
     if (next) {
       next.before(li);
@@ -144,7 +145,7 @@ export class TranscriptView {
 
   /** A final we already show learned its latency (the other socket delivered it). */
   updateFinal(f) {
-    const li = this.finalEls.get(f.seq);
+    const li = this.finalEls.get(f.key);
     if (!li || li.querySelector('.lat') || f.latency == null) return;
     li.querySelector('.meta').append(this.#latencyChip(f));
   }

@@ -90,9 +90,20 @@ test('transcript model orders by seq, dedupes, and retires partials', () => {
   m.addFinal(final(0, 'b', 'first', 0, 0.5));
   assert.equal(m.addFinal(final(1, 'a', 'hello', 0, 1), { latency: 0.7 }).isNew, false);
   assert.deepEqual(m.finals.map((f) => f.seq), [0, 1]);
-  assert.equal(m.bySeq.get(1).latency, 0.7);
+  assert.equal(m.byKey.get('0:1').latency, 0.7);
   assert.equal(m.lastSeq, 1);
   assert.deepEqual(m.latencyStats(), { n: 1, last: 0.7, median: 0.7, p95: 0.7, max: 0.7 });
+});
+
+test('a restarted server log (seq from 1 again, new utterances) is not taken for duplicates', () => {
+  const m = new TranscriptModel();
+  m.addFinal(final(1, 'a', 'one', 0, 1));
+  m.addFinal(final(2, 'a', 'two', 1, 2));
+  assert.equal(m.addFinal(final(1, 'a', 'one', 0, 1)).isNew, false); // replayed: duplicate
+  const r = m.addFinal({ ...final(1, 'a', 'three', 0, 1), utterance_id: 'new-session-0' });
+  assert.equal(r.isNew, true);
+  assert.deepEqual(m.finals.map((f) => f.text), ['one', 'two', 'three']);
+  assert.equal(m.lastSeq, 1);
 });
 
 test('timestamps format as SRT and VTT want them', () => {
