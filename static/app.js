@@ -23,7 +23,8 @@ const ui = {
   feedStatus: $('feed-status'), streamStatus: $('stream-status'), latency: $('latency'),
   speakerName: $('speaker-name'), speakerError: $('speaker-error'),
   micStart: $('mic-start'), micMute: $('mic-mute'), micStop: $('mic-stop'),
-  meterRow: $('meter-row'), meter: $('meter'), meterFill: $('meter-fill'),
+  meterRow: $('meter-row'), meter: $('meter'), meterFill: $('meter-fill'), micHelp: $('mic-help'),
+  micCard: $('mic-card'), replayCard: $('replay-card'),
   replayFile: $('replay-file'), replayMonitor: $('replay-monitor'), replayStart: $('replay-start'),
   replayStop: $('replay-stop'), replayRow: $('replay-row'), replayProgress: $('replay-progress'),
   replayStatus: $('replay-status'), shareLink: $('share-link'), copyLink: $('copy-link'),
@@ -62,7 +63,7 @@ function renderLatency() {
   const s = state.model.latencyStats();
   ui.latency.textContent = s
     ? `Final latency: last ${s.last.toFixed(2)} s · median ${s.median.toFixed(2)} s · p95 ${s.p95.toFixed(2)} s (${s.n})`
-    : 'Final latency: —';
+    : 'Final latency: — (measured on the audio you send)';
 }
 
 function notice(n) {
@@ -120,7 +121,9 @@ function onStreamPhase(phase, d) {
       pill = ['reconnecting', `${what}: reconnecting in ${Math.ceil((d.delayMs ?? 0) / 1000)} s (attempt ${d.attempt + 1})`];
       break;
     case StreamPhase.FINISHING: pill = ['connecting', `${what}: finishing…`]; break;
-    case StreamPhase.ENDED: pill = ['idle', `${what}: stopped${again}`]; break;
+    case StreamPhase.ENDED:
+      pill = ['idle', `${what}: ${src?.kind === 'replay' ? 'finished' : 'stopped'}${again}`];
+      break;
     case StreamPhase.FAILED: pill = ['failed', `${what}: ${d.reason ?? 'failed'}`]; break;
     default: return;
   }
@@ -204,6 +207,8 @@ function syncControls() {
   ui.micMute.hidden = !mic;
   ui.micStop.hidden = !mic;
   ui.meterRow.hidden = !src;
+  if (src) (replay ? ui.replayCard.querySelector('.progress-row') : ui.micHelp).before(ui.meterRow);
+  ui.micHelp.hidden = !mic;
   ui.speakerName.disabled = Boolean(src);
   ui.replayStart.hidden = replay;
   ui.replayStart.disabled = Boolean(src) || !ui.replayFile.files?.length;
