@@ -149,7 +149,7 @@ class SessionTotals:
     empty_finals: int = 0  # utterances the hallucination guard judged not to be speech
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: actors live in sets
 class SessionActor:
     websocket: Connection
     config: StreamConfig
@@ -170,7 +170,10 @@ class SessionActor:
         self._segmenter = Segmenter(
             segmenter_config, start_sample=self.start_sample, first_index=self.first_index
         )
-        self._outbox = Outbox(self.services.outbox_limit)
+        self._outbox = Outbox(
+            self.services.outbox_limit,
+            on_partial_dropped=lambda: self.services.telemetry.partial_dropped("merged"),
+        )
         self._finals: asyncio.Queue[_PendingFinal | None] = asyncio.Queue()
         self._partial_tasks: set[asyncio.Task[None]] = set()
         self._finalized_index = self.first_index - 1

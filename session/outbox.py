@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import deque
+from collections.abc import Callable
 
 
 class SlowConsumer(Exception):
@@ -22,8 +23,9 @@ class OutboxState(enum.Enum):
 
 
 class Outbox:
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_partial_dropped: Callable[[], None] | None = None) -> None:
         self._limit = limit
+        self._on_partial_dropped = on_partial_dropped
         self._items: deque[str] = deque()
         self._partial: tuple[str, str] | None = None  # (utterance_id, message)
         self._ready = asyncio.Event()
@@ -37,6 +39,7 @@ class Outbox:
             raise SlowConsumer(f"client has {len(self._items)} unread messages")
         if utterance_id is not None and self._partial and self._partial[0] == utterance_id:
             self._partial = None
+            self._dropped_partial()
         self._items.append(message)
         self._ready.set()
 
@@ -44,9 +47,14 @@ class Outbox:
         """Queue a partial, replacing any partial not yet sent."""
         self._check_open()
         if self._partial is not None:
-            self.partials_merged += 1
+            self._dropped_partial()
         self._partial = (utterance_id, message)
         self._ready.set()
+
+    def _dropped_partial(self) -> None:
+        self.partials_merged += 1
+        if self._on_partial_dropped is not None:
+            self._on_partial_dropped()
 
     def close(self) -> None:
         self.state = OutboxState.CLOSED

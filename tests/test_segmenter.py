@@ -89,8 +89,9 @@ def test_long_speech_is_cut_at_the_quietest_window() -> None:
 
 def test_flush_ends_speech_now_and_start_offset_is_kept() -> None:
     """flush() closes the utterance in progress; times count from start_sample."""
-    seg = Segmenter(SegmenterConfig(partial_interval=0, pre_roll=0), start_sample=16_000,
-                    first_index=7)
+    seg = Segmenter(
+        SegmenterConfig(partial_interval=0, pre_roll=0), start_sample=16_000, first_index=7
+    )
     feed(seg, [0.9] * 20)
     events = seg.flush()
     ended = [e for e in events if isinstance(e, UtteranceEnded)]
@@ -127,8 +128,10 @@ def test_real_vad_segments_jfk_into_phrases() -> None:
 def test_real_vad_finds_no_speech_in_silence_and_noise() -> None:
     """Digital silence and low noise produce no utterance."""
     rng = np.random.default_rng(0)
-    for audio in (np.zeros(16_000 * 5, np.float32),
-                  (rng.standard_normal(16_000 * 5) * 10 ** (-50 / 20)).astype(np.float32)):
+    for audio in (
+        np.zeros(16_000 * 5, np.float32),
+        (rng.standard_normal(16_000 * 5) * 10 ** (-50 / 20)).astype(np.float32),
+    ):
         stream = VadStream(SileroVad())
         seg = Segmenter(SegmenterConfig())
         events = [e for w, p in stream.process(audio) for e in seg.push(w, p)] + seg.flush()

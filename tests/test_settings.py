@@ -1,0 +1,49 @@
+"""Settings: typed parsing from the environment, validation, and the generated docs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from server.settings import Settings, markdown_table
+from tests.corpus import REPO
+
+
+def test_from_env_parses_types_and_overrides() -> None:
+    """PARLEY_* variables are parsed to the field types; keyword overrides win."""
+    settings = Settings.from_env(
+        {"PARLEY_PORT": "9001", "PARLEY_BATCH_WAIT_MS": "12.5", "PARLEY_REDIS_URL": "redis://x"},
+        host="0.0.0.0",
+    )
+    assert settings.port == 9001 and settings.batch_wait_ms == 12.5
+    assert settings.redis_url == "redis://x" and settings.host == "0.0.0.0"
+    assert Settings.from_env({}).redis_url is None
+
+
+def test_bad_values_are_refused_with_the_variable_name() -> None:
+    """A malformed or out-of-range value names the variable."""
+    with pytest.raises(ValueError, match="PARLEY_PORT"):
+        Settings.from_env({"PARLEY_PORT": "eighty"})
+    with pytest.raises(ValueError, match="PARLEY_DEVICE"):
+        Settings.from_env({"PARLEY_DEVICE": "tpu"})
+
+
+def test_configuration_doc_matches_settings() -> None:
+    """docs/configuration.md lists exactly the settings the code reads."""
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    assert markdown_table() in doc
+
+
+def test_cli_help_lists_every_setting() -> None:
+    """`python -m server --help` documents every PARLEY_* variable."""
+    out = subprocess.run(
+        [sys.executable, "-m", "server", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name, _, _ in Settings.describe():
+        assert name in out
