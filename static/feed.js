@@ -29,6 +29,7 @@ export class MeetingFeed {
     Object.assign(this, { base, meetingId, getLastSeq, onTranscript, onPhase, onNotice });
     this.everOpen = false;
     this.droppedAt = null;
+    this.lastErrorCode = null;
     this.socket = new ReconnectingSocket({
       url: () => eventsUrl(this.base, {
         meetingId: this.meetingId,
@@ -36,7 +37,11 @@ export class MeetingFeed {
       }),
       onOpen: () => this.#onOpen(),
       onMessage: (data) => this.#onMessage(data),
-      onClose: (code) => closeAction(code, { kind: 'events' }),
+      onClose: (code) => {
+        const errorCode = this.lastErrorCode;
+        this.lastErrorCode = null;
+        return closeAction(code, { kind: 'events', errorCode });
+      },
       onState: (s) => this.#onState(s),
       backoff: { base: 500, max: 10000 },
     });
@@ -70,9 +75,12 @@ export class MeetingFeed {
     if (msg.type === MessageType.PARTIAL || msg.type === MessageType.FINAL) {
       this.socket.markHealthy();
       this.onTranscript(msg, { receivedAt });
-    } else if (msg.type === MessageType.SESSION_ENDED || msg.type === MessageType.ERROR) {
-      this.onNotice({ kind: msg.type === MessageType.ERROR ? 'error' : 'source-ended',
-        source: 'feed', at: receivedAt, message: msg.message, participant: msg.participant });
+    } else if (msg.type === MessageType.ERROR) {
+      this.lastErrorCode = msg.code ?? null;
+      // slow_consumer is routine (we reconnect and catch up); anything else is worth saying.
+      if (msg.code !== 'slow_consumer') {
+        this.onNotice({ kind: 'error', source: 'feed', at: receivedAt, message: msg.message, code: msg.code });
+      }
     }
   }
 

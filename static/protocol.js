@@ -127,13 +127,20 @@ export function transcriptUrl(base, meetingId, format = 'json') {
  *   'fresh'   — reconnect (with backoff) as a new source; the old session is gone
  *   'wait'    — the meeting does not exist (yet); keep retrying slowly (listener)
  */
-export function closeAction(code, { kind = 'stream', resuming = false, stopping = false } = {}) {
+export function closeAction(code, { kind = 'stream', resuming = false, stopping = false, errorCode = null } = {}) {
+  // The `error` message before the close says more than the code: a slow reader
+  // (1008 slow_consumer) or a full / restarting server can simply come back.
+  if (['slow_consumer', 'overloaded', 'shutting_down', 'timeout'].includes(errorCode)) {
+    return stopping && code === CloseCode.NORMAL ? 'done' : 'resume';
+  }
   switch (code) {
     case CloseCode.NORMAL:
       return stopping || kind === 'stream' ? 'done' : 'resume';
+    case CloseCode.POLICY_VIOLATION:
+      // A listener only ever gets 1008 for falling behind: reconnect and catch up.
+      return kind === 'events' ? 'resume' : 'fatal';
     case CloseCode.UNSUPPORTED_DATA:
     case CloseCode.INVALID_PAYLOAD:
-    case CloseCode.POLICY_VIOLATION:
     case CloseCode.MESSAGE_TOO_BIG:
     case CloseCode.BAD_REQUEST:
     case CloseCode.UNAUTHORIZED:

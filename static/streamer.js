@@ -54,6 +54,7 @@ export class AudioStream {
     this.stopSent = false;
     this.ended = false;
     this.droppedAt = null;
+    this.lastErrorCode = null; // `code` of the last `error` message (explains the close)
     this.reconnects = 0;
     this.lastSendAt = 0;
     this.pumpTimer = null;
@@ -150,7 +151,10 @@ export class AudioStream {
 
   #onClose(code, reason) {
     const stopping = this.stopSent && code === 1000;
-    const action = closeAction(code, { kind: 'stream', resuming: this.attemptUsedToken, stopping });
+    const action = closeAction(code, {
+      kind: 'stream', resuming: this.attemptUsedToken, stopping, errorCode: this.lastErrorCode,
+    });
+    this.lastErrorCode = null;
     if (action === 'fresh') this.resumeToken = null;
     // A normal close we did not ask for (no `stop`): the server ended the session, so
     // come back as a new source rather than lose the microphone.
@@ -179,7 +183,11 @@ export class AudioStream {
         break;
       }
       case MessageType.ERROR:
-        this.onNotice({ kind: 'error', source: 'stream', at: receivedAt, code: msg.code, message: msg.message });
+        this.lastErrorCode = msg.code ?? null;
+        // Transient ones (full, loading, restarting) show on the status pill instead.
+        if (!['overloaded', 'shutting_down', 'slow_consumer'].includes(msg.code)) {
+          this.onNotice({ kind: 'error', source: 'stream', at: receivedAt, code: msg.code, message: msg.message });
+        }
         break;
       case MessageType.SESSION_ENDED:
         this.onNotice({ kind: 'ended', source: 'stream', at: receivedAt, summary: msg });

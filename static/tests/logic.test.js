@@ -52,6 +52,10 @@ test('close codes map to reconnect decisions', () => {
   assert.equal(closeAction(4404, { kind: 'events' }), 'wait');
   assert.equal(closeAction(1006, { stopping: true }), 'done');
   assert.equal(closeAction(1000, { kind: 'events' }), 'resume');
+  assert.equal(closeAction(1008, { kind: 'events' }), 'resume'); // slow listener catches up
+  assert.equal(closeAction(1008), 'fatal');
+  assert.equal(closeAction(1008, { errorCode: 'slow_consumer' }), 'resume');
+  assert.equal(closeAction(1013, { errorCode: 'overloaded' }), 'resume');
 });
 
 test('backoff grows, is capped, and is jittered', () => {
