@@ -71,6 +71,12 @@ function notice(n) {
   if (n.kind === 'dropped') {
     state.view.addNotice(`${who} lost its connection (${n.reason}). Reconnecting…`, 'warn');
   } else if (n.kind === 'reconnected') {
+    // Partials from before the drop may never be finalised (a restarted server); live
+    // ones come back with the next partial, finished ones with their final.
+    const mine = n.source === 'stream' && !n.resumed ? state.source?.stream.participant : null;
+    if (n.source === 'feed' || mine) {
+      for (const id of state.model.dropPartials({ participant: mine ?? null })) state.view.removePartial(id);
+    }
     let text = `${who} reconnected after ${n.downSeconds.toFixed(1)} s`;
     if (n.source === 'stream') {
       text += n.resumed
@@ -81,6 +87,8 @@ function notice(n) {
       text += '.';
     }
     state.view.addNotice(text, 'ok');
+  } else if (n.kind === 'log-reset') {
+    state.view.addNotice('The server restarted without this meeting’s log. Lines above are kept here; new lines follow.', 'warn');
   } else if (n.kind === 'error') {
     state.view.addNotice(`Server: ${n.message ?? n.code}`, 'error');
   }

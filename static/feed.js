@@ -3,7 +3,7 @@
 // `after_seq` (all of them the first time), so a late joiner sees the whole meeting
 // and a reconnect fills the gap.
 
-import { closeAction, describeClose, eventsUrl, MessageType } from './protocol.js';
+import { closeAction, describeClose, eventsUrl, MessageType, transcriptUrl } from './protocol.js';
 import { ReconnectingSocket, SocketState } from './socket.js';
 
 export const FeedPhase = Object.freeze({
@@ -30,10 +30,11 @@ export class MeetingFeed {
     this.everOpen = false;
     this.droppedAt = null;
     this.lastErrorCode = null;
+    this.fullReplay = false; // next connection asks for every final (the log restarted)
     this.socket = new ReconnectingSocket({
       url: () => eventsUrl(this.base, {
         meetingId: this.meetingId,
-        afterSeq: this.getLastSeq(),
+        afterSeq: this.fullReplay ? null : this.getLastSeq(),
       }),
       onOpen: () => this.#onOpen(),
       onMessage: (data) => this.#onMessage(data),
@@ -56,15 +57,44 @@ export class MeetingFeed {
   }
 
   #onOpen() {
-    const reconnect = this.everOpen;
+    const reconnect = this.everOpen && !this.fullReplay; // our own replay reconnect is quiet
     this.everOpen = true;
+    this.fullReplay = false;
     this.onPhase(FeedPhase.LIVE, {});
     if (reconnect) {
       const now = performance.timeOrigin + performance.now();
       this.onNotice({ kind: 'reconnected', source: 'feed', at: now,
         downSeconds: this.droppedAt === null ? 0 : (now - this.droppedAt) / 1000 });
+      this.#checkLogReset();
     }
     this.droppedAt = null;
+  }
+
+  /**
+   * A server restarted with the in-process store has forgotten the meeting and numbers
+   * finals from 1 again; `after_seq` (our highest seq) would then hide every new final
+   * up to it. If the server's log ends below what we have shown, reconnect asking for
+   * all of it.
+   */
+  async #checkLogReset() {
+    const shown = this.getLastSeq();
+    if (shown <= 0) return;
+    let logged = 0;
+    try {
+      const res = await fetch(transcriptUrl(this.base, this.meetingId, 'json'));
+      if (res.ok) {
+        const body = await res.json();
+        for (const f of body.finals ?? []) logged = Math.max(logged, Number(f.seq) || 0);
+      } else if (res.status !== 404) {
+        return;
+      }
+    } catch {
+      return;
+    }
+    if (logged >= shown || !this.socket.isOpen) return;
+    this.fullReplay = true;
+    this.onNotice({ kind: 'log-reset', source: 'feed', at: Date.now() });
+    this.socket.ws.close(4000, 'meeting log restarted; replaying');
   }
 
   #onMessage(data) {
@@ -92,7 +122,7 @@ export class MeetingFeed {
         this.onPhase(FeedPhase.WAITING, s);
         return;
       }
-      if (this.droppedAt === null && this.everOpen) {
+      if (this.droppedAt === null && this.everOpen && !this.fullReplay) {
         this.droppedAt = performance.timeOrigin + performance.now();
         this.onNotice({ kind: 'dropped', source: 'feed', at: this.droppedAt,
           reason: describeClose(s.code, s.reason) });
