@@ -63,7 +63,7 @@ function renderLatency() {
   const s = state.model.latencyStats();
   ui.latency.textContent = s
     ? `Final latency: last ${s.last.toFixed(2)} s · median ${s.median.toFixed(2)} s · p95 ${s.p95.toFixed(2)} s (${s.n})`
-    : 'Final latency: — (measured on the audio you send)';
+    : 'Final latency: — (of your own audio)';
 }
 
 function notice(n) {
@@ -166,7 +166,7 @@ function enterMeeting(meetingId, { language }) {
     onTranscript, onPhase: onFeedPhase, onNotice: notice,
   });
   state.feed.start();
-  $('transcript').focus({ preventScroll: true });
+  $('transcript-title').focus({ preventScroll: true }); // the join form just vanished
 }
 
 function leaveMeeting() {
