@@ -28,7 +28,7 @@ from server.settings import Settings
 from server.state import AppState, ModelState
 from session.actor import SessionServices
 from session.segmenter import SegmenterConfig
-from session.store import MemoryStore, Store
+from session.store import open_store
 from session.vad import SileroVad
 
 logger = logging.getLogger(__name__)
@@ -52,14 +52,6 @@ def load_whisper(settings: Settings) -> Recognizer:
         max_batch_size=settings.max_batch_size,
     )
     return load_recognizer(settings.model, config)
-
-
-def open_store(settings: Settings) -> Store:
-    if settings.redis_url:
-        from session.redis_store import RedisStore
-
-        return RedisStore.from_url(settings.redis_url, prefix=settings.store_prefix)
-    return MemoryStore()
 
 
 def segmenter_config(settings: Settings) -> SegmenterConfig:
@@ -120,7 +112,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
         state = AppState(
             settings=settings,
-            store=open_store(settings),
+            store=open_store(settings.redis_url, prefix=settings.store_prefix),
             registry=SessionRegistry(settings.max_sessions),
             metrics=Metrics(),
         )

@@ -54,13 +54,10 @@ async def readyz(request: Request) -> Response:
         reasons.append("model is loading")
     scheduler = state.scheduler
     checks["scheduler"] = "stopped" if scheduler is None else scheduler.state.value
-    try:
-        await state.store.ping()
-        checks["store"] = "ok"
-    except Exception as exc:  # any failure to answer means degraded, and is reported
-        logger.warning("store ping failed: %s", exc)
-        checks["store"] = "degraded"
-        reasons.append(f"store unreachable: {type(exc).__name__}")
+    health = await state.store.health()
+    checks["store"] = "ok" if health.ok else "degraded"
+    if not health.ok:
+        reasons.append(f"store {health.backend}: {health.reason}")
     checks["draining"] = str(state.registry.state.value == "draining").lower()
     ready = state.model_state is ModelState.READY and state.registry.state.value == "open"
     body = {

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import secrets
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -17,12 +18,21 @@ from session.protocol import (
     CloseCode,
     ErrorCode,
     ProtocolError,
+    StreamConfig,
     encode,
     error_message,
     parse_stream_config,
     validate_id,
 )
-from session.store import SubscriberLagged
+from session.store import (
+    FinalRecord,
+    ResumeRefused,
+    SourceState,
+    Store,
+    StoreError,
+    SubscriberLagged,
+    UnknownResumeToken,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +46,10 @@ async def _refuse(websocket: WebSocket, error: ProtocolError) -> None:
 
 async def stream_endpoint(websocket: WebSocket) -> None:
     state = app_state(websocket)
+    query = dict(websocket.query_params)
     try:
         config = parse_stream_config(
-            websocket.path_params["meeting_id"],
-            dict(websocket.query_params),
-            state.settings.default_language,
+            websocket.path_params["meeting_id"], query, state.settings.default_language
         )
     except ProtocolError as exc:
         await _refuse(websocket, exc)
@@ -56,12 +65,18 @@ async def stream_endpoint(websocket: WebSocket) -> None:
             ),
         )
         return
+    try:
+        opened = await _open_source(state.store, config, query)
+    except ProtocolError as exc:
+        await _refuse(websocket, exc)
+        return
     actor = SessionActor(
         websocket=websocket,
-        config=config,
+        config=opened.config,
         services=services,
-        session_id=secrets.token_hex(8),
-        resume_token=secrets.token_urlsafe(24),
+        source=opened.source,
+        resume_token=opened.token,
+        replay=opened.replay,
     )
     try:
         state.registry.admit(actor)
@@ -81,10 +96,51 @@ async def stream_endpoint(websocket: WebSocket) -> None:
                 "meeting_id": config.meeting_id,
                 "reason": reason.value,
                 "finals": actor.totals.finals,
+                "resumed": opened.resumed,
             },
         )
     finally:
         state.registry.release(actor)
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenedSource:
+    config: StreamConfig
+    source: SourceState
+    token: str
+    replay: list[FinalRecord]
+    resumed: bool
+
+
+async def _open_source(store: Store, config: StreamConfig, query: dict[str, str]) -> _OpenedSource:
+    """A new source of the meeting, or the one a `resume_token` names (with the finals the
+    client has not seen: this source's finals after `last_seq`)."""
+    token = query.get("resume_token")
+    try:
+        if token is None:
+            source, token = await store.create_source(
+                config.meeting_id, config.participant, config.as_dict()
+            )
+            return _OpenedSource(config, source, token, [], resumed=False)
+        last_seq = _non_negative("last_seq", query.get("last_seq", "0"))
+        source = await store.resume_source(
+            config.meeting_id, token, config.participant if "participant" in query else None
+        )
+    except UnknownResumeToken as exc:
+        raise ProtocolError(ErrorCode.NOT_FOUND, CloseCode.NOT_FOUND, str(exc)) from None
+    except ResumeRefused as exc:
+        raise ProtocolError(ErrorCode.FORBIDDEN, CloseCode.FORBIDDEN, str(exc)) from None
+    except StoreError as exc:
+        raise ProtocolError(
+            ErrorCode.OVERLOADED, CloseCode.TRY_AGAIN_LATER, f"meeting store: {exc}"
+        ) from None
+    replay = [
+        f
+        for f in await store.finals(config.meeting_id, after_seq=last_seq)
+        if f.session_id == source.session_id
+    ]
+    config = dataclasses.replace(config, participant=source.participant)
+    return _OpenedSource(config, source, token, replay, resumed=True)
 
 
 async def events_endpoint(websocket: WebSocket) -> None:
@@ -93,7 +149,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
     state = app_state(websocket)
     try:
         meeting_id = validate_id("meeting_id", websocket.path_params["meeting_id"])
-        after_seq = _after_seq(websocket.query_params.get("after_seq", "0"))
+        after_seq = _non_negative("after_seq", websocket.query_params.get("after_seq", "0"))
     except ProtocolError as exc:
         await _refuse(websocket, exc)
         return
@@ -136,10 +192,10 @@ async def _serve_listener(
         return next(iter(done)).exception()
 
 
-def _after_seq(raw: str) -> int:
-    if not raw.isdigit():
+def _non_negative(name: str, raw: str) -> int:
+    if not raw.isdigit() or len(raw) > 18:
         raise ProtocolError(
-            ErrorCode.BAD_CONFIG, CloseCode.BAD_REQUEST, "after_seq must be a non-negative integer"
+            ErrorCode.BAD_CONFIG, CloseCode.BAD_REQUEST, f"{name} must be a non-negative integer"
         )
     return int(raw)
 

@@ -62,12 +62,20 @@ from session.segmenter import (
     SpeechStopped,
     UtteranceEnded,
 )
-from session.store import NewFinal, Store
+from session.store import (
+    FinalRecord,
+    NewFinal,
+    SourceState,
+    SourceSuperseded,
+    Store,
+    StoreError,
+)
 from session.telemetry import NullTelemetry, Telemetry
 from session.vad import SileroVad, VadStream
 
 logger = logging.getLogger(__name__)
 
+CONTEXT_CHARS = 400  # rolling text context kept per source
 COMMIT_TIMEOUT = 60.0  # seconds the committer may take for the last finals of a stream
 
 
@@ -101,6 +109,8 @@ class EndReason(enum.Enum):
     PROTOCOL_ERROR = "protocol_error"
     SHUTDOWN = "shutdown"
     SLOW_CONSUMER = "slow_consumer"
+    SUPERSEDED = "superseded"  # the source was resumed on another connection
+    STORE_FAILED = "store_failed"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -151,17 +161,23 @@ class SessionTotals:
 
 @dataclass(eq=False)  # identity semantics: actors live in sets
 class SessionActor:
+    """`source` is the stored state of this audio source: new, or read by a resume (then
+    the stream's timeline starts at `source.acked_until` and `replay` holds the finals
+    the client has not seen)."""
+
     websocket: Connection
     config: StreamConfig
     services: SessionServices
-    session_id: str
+    source: SourceState
     resume_token: str
-    start_sample: int = 0
-    first_index: int = 0
+    replay: list[FinalRecord] = field(default_factory=list)
     state: SessionState = SessionState.CONNECTING
     totals: SessionTotals = field(default_factory=SessionTotals)
 
     def __post_init__(self) -> None:
+        self.session_id = self.source.session_id
+        self.start_sample = round(self.source.acked_until * SAMPLE_RATE)
+        self.first_index = self.source.next_utterance
         segmenter_config = self.services.segmenter
         if not self.config.interim_results:
             segmenter_config = _without_partials(segmenter_config)
@@ -215,6 +231,8 @@ class SessionActor:
                 }
             )
         )
+        for record in self.replay:
+            self._outbox.put(encode(record.message()), utterance_id=record.utterance_id)
         writer = asyncio.create_task(self._write(), name=f"writer-{self.session_id}")
         committer = asyncio.create_task(self._commit(), name=f"committer-{self.session_id}")
         self._reader = asyncio.create_task(self._read(), name=f"reader-{self.session_id}")
@@ -229,8 +247,8 @@ class SessionActor:
                 await self._handle(self._flush_events())
             await self._finals.put(None)
             await asyncio.wait({committer}, timeout=COMMIT_TIMEOUT)
-            if committer.done() and committer.exception() is not None:
-                raise RuntimeError("committer failed") from committer.exception()
+            if committer.done() and (failure := committer.exception()) is not None:
+                ending = _committer_ending(failure)  # a store failure while draining
             if ending.reason in _CLIENT_GONE:
                 return ending.reason
             if ending.error is not None:
@@ -285,6 +303,8 @@ class SessionActor:
         await asyncio.gather(self._reader, return_exceptions=True)
         task = writer if writer in done else committer
         error = task.exception()
+        if task is committer and error is not None:
+            return _committer_ending(error)
         if isinstance(error, SlowConsumer):
             return Ending(
                 EndReason.SLOW_CONSUMER,
@@ -447,6 +467,13 @@ class SessionActor:
                 self.totals.empty_finals += 1
                 continue
             utterance_id = self._utterance_id(pending.index)
+            end = _seconds(pending.end)
+            acked = dataclasses.replace(
+                self.source,
+                acked_until=pending.end / SAMPLE_RATE,  # exact: resume re-sends from here
+                next_utterance=pending.index + 1,
+                context=(self.source.context + " " + text)[-CONTEXT_CHARS:].strip(),
+            )
             record = await self.services.store.append_final(
                 self.meeting_id,
                 NewFinal(
@@ -455,10 +482,12 @@ class SessionActor:
                     participant=self.config.participant,
                     text=text,
                     start=_seconds(pending.start),
-                    end=_seconds(pending.end),
+                    end=end,
                     language=result.transcription.language,
                 ),
+                acked,
             )
+            self.source = acked
             self.totals.finals += 1
             message = record.message()
             total = self.services.clock() - pending.closed_at
@@ -514,6 +543,33 @@ class SessionActor:
                 f"session {self.session_id}: illegal transition {self.state.value} → {new.value}"
             )
         self.state = new
+
+
+def _committer_ending(error: BaseException) -> Ending:
+    """How a stream ends when logging a final failed."""
+    if isinstance(error, SourceSuperseded):
+        return Ending(
+            EndReason.SUPERSEDED,
+            CloseCode.CONFLICT,
+            flush=False,
+            error=ProtocolError(
+                ErrorCode.CONFLICT,
+                CloseCode.CONFLICT,
+                "this source was resumed on another connection",
+            ),
+        )
+    if isinstance(error, StoreError):
+        return Ending(
+            EndReason.STORE_FAILED,
+            CloseCode.TRY_AGAIN_LATER,
+            flush=False,
+            error=ProtocolError(
+                ErrorCode.OVERLOADED,
+                CloseCode.TRY_AGAIN_LATER,
+                f"meeting store unavailable ({error}); resume later from resume_from",
+            ),
+        )
+    raise RuntimeError("committer failed") from error
 
 
 def _seconds(sample: int) -> float:

@@ -1,9 +1,9 @@
-"""Shared fixtures: a real Parley server (subprocess, real model), Redis, the corpus."""
+"""Shared fixtures: a real Parley server (subprocess, real model), Redis, the stores."""
 
 from __future__ import annotations
 
 import os
-import shutil
+import random
 import socket
 import subprocess
 import sys
@@ -11,13 +11,19 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
+from session.redis_store import RedisStore
+from session.store import MemoryStore, Store
 from tests.corpus import REPO
+from tests.redis_support import ManualClock, RedisServer, redis_answers
 
 START_TIMEOUT = 300.0  # first run converts the bundled weights
 
@@ -121,38 +127,70 @@ def parley_server() -> Iterator[ServerProcess]:
     server.stop()
 
 
-def _redis_answers(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
+StoreFactory = Callable[..., Store]
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """PARLEY_TEST_REDIS_URL, else the local Redis on 6379, else a redis-server we start."""
-    if url := os.environ.get("PARLEY_TEST_REDIS_URL"):
-        yield url
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """PARLEY_TEST_REDIS_URL, else 127.0.0.1:6379 if it answers, else a redis-server of ours."""
+    configured = os.environ.get("PARLEY_TEST_REDIS_URL")
+    if configured:
+        yield configured
         return
-    if _redis_answers("127.0.0.1", 6379):
+    if redis_answers("127.0.0.1", 6379):
         yield "redis://127.0.0.1:6379/0"
         return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("no Redis answers on 127.0.0.1:6379 and redis-server is not installed")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    while not _redis_answers("127.0.0.1", port):
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("redis-server did not start")
-        time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    process.terminate()
-    process.wait(10)
+    server = RedisServer(tmp_path_factory.mktemp("redis"), persistent=False)
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def redis_prefix(redis_url: str) -> AsyncIterator[str]:
+    """A key prefix of this test's own; every key under it is deleted afterwards."""
+    prefix = f"parley-test:{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    client = Redis.from_url(redis_url)
+    try:
+        keys = [key async for key in client.scan_iter(match=prefix + "*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def make_store(
+    request: pytest.FixtureRequest, redis_url: str, redis_prefix: str, clock: ManualClock
+) -> AsyncIterator[StoreFactory]:
+    """Build stores of the parametrised backend (all on the same Redis prefix), closed after
+    the test."""
+    stores: list[Store] = []
+
+    def build(**options: Any) -> Store:
+        options.setdefault("clock", clock)
+        options.setdefault("rng", random.Random(7))
+        store: Store
+        if request.param == "memory":
+            store = MemoryStore(**options)
+        else:
+            store = RedisStore.from_url(redis_url, prefix=redis_prefix, **options)
+        stores.append(store)
+        return store
+
+    yield build
+    for store in stores:
+        await store.close()
+
+
+@pytest.fixture
+def store(make_store: StoreFactory) -> Store:
+    return make_store()
