@@ -97,7 +97,7 @@ export function streamUrl(base, { meetingId, participant, language = 'en', resum
   q.set('interim_results', 'true');
   if (resume?.token) {
     q.set('resume_token', resume.token);
-    q.set('last_seq', String(resume.lastSeq ?? -1));
+    q.set('last_seq', String(Math.max(0, resume.lastSeq ?? 0))); // seqs start at 1
   }
   return url.toString();
 }
@@ -148,12 +148,15 @@ export function closeAction(code, { kind = 'stream', resuming = false, stopping 
       return 'fatal';
     case CloseCode.INTERNAL_ERROR:
       return 'fresh';
+    case CloseCode.CONFLICT:
+      // Our source was resumed on another connection (another tab, or a half-open
+      // socket we gave up on): coming back would only take it over again.
+      return 'fatal';
     case CloseCode.NOT_FOUND:
       if (kind === 'events') return 'wait';
       return resuming ? 'fresh' : 'fatal';
     default:
-      // 1001 going away, 1005/1006 dropped, 1012 restart, 1013 full, 4408 idle,
-      // 4409 (our old socket still looks connected to the server): try again.
+      // 1001 going away, 1005/1006 dropped, 1012 restart, 1013 full, 4408 idle: try again.
       return stopping ? 'done' : 'resume';
   }
 }
@@ -165,7 +168,7 @@ export function describeClose(code, reason) {
     1007: 'invalid data', 1008: 'not allowed now', 1009: 'frame too large',
     1011: 'server error', 1012: 'server restarting', 1013: 'server is full',
     4400: 'bad request', 4401: 'not authorised', 4403: 'forbidden', 4404: 'not found',
-    4408: 'idle timeout', 4409: 'already connected',
+    4408: 'idle timeout', 4409: 'resumed on another connection',
   };
   const name = names[code] ?? `closed (${code})`;
   return reason ? `${name}: ${reason}` : name;

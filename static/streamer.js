@@ -44,6 +44,7 @@ export class AudioStream {
     this.ring = new PcmRing(ringSeconds * SAMPLE_RATE);
     this.phase = StreamPhase.CONNECTING;
     this.sessionId = null;
+    this.startedLastSeq = 0; // the meeting's highest seq when our session (re)started
     this.resumeToken = null;
     this.attemptUsedToken = false;
     this.timelineOffset = 0; // ring index of stream position 0
@@ -179,7 +180,11 @@ export class AudioStream {
         break;
       case MessageType.FINAL: {
         this.ackedEnd = Math.max(this.ackedEnd, Number(msg.end) || 0);
-        this.onTranscript(msg, { receivedAt, latency: this.#latencyOf(msg.end, receivedAt) });
+        // A resumed stream first replays finals we missed (seq <= the meeting's last_seq
+        // at session.started): their wait includes the outage, so no latency for them.
+        const replayed = Number.isInteger(msg.seq) && msg.seq <= this.startedLastSeq;
+        const latency = replayed ? null : this.#latencyOf(msg.end, receivedAt);
+        this.onTranscript(msg, { receivedAt, latency });
         break;
       }
       case MessageType.ERROR:
@@ -228,6 +233,7 @@ export class AudioStream {
       this.sendLog = [];
     }
     this.sessionId = msg.session_id ?? this.sessionId;
+    this.startedLastSeq = Number.isInteger(msg.last_seq) ? msg.last_seq : 0;
     this.resumeToken = msg.resume_token || null;
     this.sentTo = resendFrom;
     this.socket.markHealthy();

@@ -26,6 +26,8 @@ test('stream URL carries protocol v1 query parameters, and resume ones when resu
   assert.equal(r.pathname, '/app/v1/meetings/m/stream');
   assert.equal(r.searchParams.get('resume_token'), 'tok');
   assert.equal(r.searchParams.get('last_seq'), '7');
+  const none = new URL(streamUrl(BASE, { meetingId: 'm', participant: 'p', resume: { token: 't', lastSeq: -1 } }));
+  assert.equal(none.searchParams.get('last_seq'), '0');
   const ev = new URL(eventsUrl(BASE, { meetingId: 'm', afterSeq: -1 }));
   assert.equal(ev.pathname, '/v1/meetings/m/events');
   assert.equal(ev.search, '');
@@ -48,6 +50,7 @@ test('close codes map to reconnect decisions', () => {
   assert.equal(closeAction(1013), 'resume');
   assert.equal(closeAction(4400), 'fatal');
   assert.equal(closeAction(1011), 'fresh');
+  assert.equal(closeAction(4409), 'fatal'); // resumed elsewhere: do not take it back
   assert.equal(closeAction(4404, { resuming: true }), 'fresh');
   assert.equal(closeAction(4404, { kind: 'events' }), 'wait');
   assert.equal(closeAction(1006, { stopping: true }), 'done');
