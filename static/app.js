@@ -96,14 +96,29 @@ function notice(n) {
 
 // ------------------------------------------------------------------ status pills
 
-function setPill(pill, stateName, text) {
+/** Show a status pill. `{s}` in the text counts down the seconds to `delayMs` from now. */
+function setPill(pill, stateName, text, delayMs = null) {
   pill.hidden = false;
   pill.dataset.state = stateName;
-  pill.querySelector('.label').textContent = text;
+  pill.countdown = delayMs === null ? null : { text, until: performance.now() + delayMs };
+  renderPill(pill, text);
 }
 
+function renderPill(pill, text) {
+  const left = pill.countdown ? Math.max(0, Math.ceil((pill.countdown.until - performance.now()) / 1000)) : 0;
+  const label = text.replace('{s}', `${left} s`);
+  const node = pill.querySelector('.label');
+  if (node.textContent !== label) node.textContent = label;
+}
+
+setInterval(() => {
+  for (const pill of [ui.feedStatus, ui.streamStatus]) {
+    if (pill.countdown) renderPill(pill, pill.countdown.text);
+  }
+}, 250);
+
 function onFeedPhase(phase, d) {
-  const secs = d.delayMs ? ` in ${Math.ceil(d.delayMs / 1000)} s` : '';
+  const secs = d.delayMs ? ' in {s}' : '';
   const text = {
     [FeedPhase.CONNECTING]: ['connecting', 'Transcript: connecting…'],
     [FeedPhase.LIVE]: ['live', 'Transcript: live'],
@@ -112,7 +127,8 @@ function onFeedPhase(phase, d) {
     [FeedPhase.CLOSED]: ['idle', 'Transcript: offline'],
     [FeedPhase.FAILED]: ['failed', `Transcript: ${d.reason ?? 'failed'}`],
   }[phase];
-  setPill(ui.feedStatus, ...text);
+  setPill(ui.feedStatus, ...text, d.delayMs ?? null);
+  ui.feedStatus.title = d.reason ? `Last close: ${d.reason}` : '';
 }
 
 function onStreamPhase(phase, d) {
@@ -126,7 +142,7 @@ function onStreamPhase(phase, d) {
       pill = src?.muted ? ['muted', `${what}: muted${again}`] : ['live', `${what}: streaming${again}`];
       break;
     case StreamPhase.RECONNECTING:
-      pill = ['reconnecting', `${what}: reconnecting in ${Math.ceil((d.delayMs ?? 0) / 1000)} s (attempt ${d.attempt + 1})`];
+      pill = ['reconnecting', `${what}: reconnecting in {s} (attempt ${d.attempt + 1})`, d.delayMs ?? 0];
       break;
     case StreamPhase.FINISHING: pill = ['connecting', `${what}: finishing…`]; break;
     case StreamPhase.ENDED:
@@ -136,6 +152,7 @@ function onStreamPhase(phase, d) {
     default: return;
   }
   setPill(ui.streamStatus, ...pill);
+  ui.streamStatus.title = d.reason ? `Last close: ${d.reason}` : '';
   if ((phase === StreamPhase.ENDED || phase === StreamPhase.FAILED) && src && src.stream.ended) {
     releaseSource(src, phase === StreamPhase.FAILED ? d.reason : null);
   }
