@@ -278,6 +278,50 @@ def test_srt_export_is_valid(mic_run: MicRun) -> None:
     assert cues[-1][2] <= mic_run.clip.duration + 3.0
 
 
+def test_dropped_stream_reconnects_without_losing_words(
+    browser: Any, parley_server: ServerProcess, artifacts: Path
+) -> None:
+    """The stream socket drops mid-sentence; the page says so, reconnects (resuming
+    where the server can), re-sends its buffered audio, and no words go missing."""
+    the_clip = clip(MIC_CLIP)
+    meeting = f"browser-drop-{int(time.time())}"
+    page = open_page(browser, parley_server, f"?meeting={meeting}")
+    streams: list[tuple[Any, Any]] = []
+
+    def through(route: Any) -> None:  # a transparent proxy we can cut
+        streams.append((route, route.connect_to_server()))
+
+    page.page.route_web_socket(re.compile(r"/v1/meetings/[^/]+/stream\?"), through)
+    page.page.fill("#your-name", "Grace Hopper")
+    started = time.monotonic()
+    page.page.click("#join-mic")
+    wait_for_pill(page, "stream-status", "streaming", 30 * S)
+    page.page.wait_for_timeout(max(0.0, 5.0 - (time.monotonic() - started)) * 1000)
+    to_page, to_server = streams[-1]
+    # Not a clean close on either side: the server treats it as a lost connection
+    # (keeps the session resumable), the page as a drop to recover from.
+    to_server.close(code=4000, reason="test: connection cut")
+    to_page.close(code=4000, reason="test: connection cut")
+    wait_for_pill(page, "stream-status", "reconnected", 30 * S)
+    page.shot(artifacts, "08-reconnected.png")
+    remaining = the_clip.duration + 1.5 - (time.monotonic() - started)
+    if remaining > 0:
+        page.page.wait_for_timeout(remaining * 1000)
+    page.page.click("#mic-stop")
+    wait_for_pill(page, "stream-status", "stopped", 60 * S)
+    page.shot(artifacts, "09-reconnected-after.png")
+    notices = page.page.eval_on_selector_all(
+        "#transcript > li.notice", "els => els.map((e) => e.textContent)"
+    )
+    assert any("lost its connection" in n for n in notices), notices
+    assert any("reconnected" in n for n in notices), notices
+    assert len(streams) >= 2, "the page never opened a second stream socket"
+    hypothesis = page.text()
+    wer = error_rate(the_clip.reference, hypothesis)
+    assert wer <= MAX_WER, f"WER {wer:.3f} after a drop: {hypothesis!r} (notices: {notices})"
+    assert not [e for e in page.errors if e.startswith("pageerror")], page.errors
+
+
 def test_replay_of_a_file_is_transcribed(
     browser: Any, parley_server: ServerProcess, artifacts: Path
 ) -> None:
