@@ -73,7 +73,7 @@ function notice(n) {
   } else if (n.kind === 'reconnected') {
     // Partials from before the drop may never be finalised (a restarted server); live
     // ones come back with the next partial, finished ones with their final.
-    const mine = n.source === 'stream' && !n.resumed ? state.source?.stream.participant : null;
+    const mine = n.source === 'stream' && !n.resumed ? state.source?.stream?.participant : null;
     if (n.source === 'feed' || mine) {
       for (const id of state.model.dropPartials({ participant: mine ?? null })) state.view.removePartial(id);
     }
@@ -153,7 +153,7 @@ function onStreamPhase(phase, d) {
   }
   setPill(ui.streamStatus, ...pill);
   ui.streamStatus.title = d.reason ? `Last close: ${d.reason}` : '';
-  if ((phase === StreamPhase.ENDED || phase === StreamPhase.FAILED) && src && src.stream.ended) {
+  if ((phase === StreamPhase.ENDED || phase === StreamPhase.FAILED) && src?.stream?.ended) {
     releaseSource(src, phase === StreamPhase.FAILED ? d.reason : null);
   }
 }
@@ -270,8 +270,9 @@ async function startMic() {
       onEnded: () => stopSource({ wait: true }),
     });
   } catch (err) {
-    stream.abort();
     releaseSource(src, micError(err));
+    stream.abort();
+    setPill(ui.streamStatus, 'failed', 'Microphone: unavailable');
     return;
   }
   if (state.source !== src) { // stopped while the permission prompt was open
@@ -293,15 +294,14 @@ function toggleMute() {
   src.muted = !src.muted;
   src.audio.setMuted(src.muted);
   syncControls();
-  onStreamPhase(src.stream.phase, { reconnects: src.stream.reconnects });
+  if (src.stream.phase === StreamPhase.LIVE) onStreamPhase(StreamPhase.LIVE, { reconnects: src.stream.reconnects });
 }
 
 async function startReplay() {
   const participant = speakerId();
   const file = ui.replayFile.files?.[0];
   if (!participant || !file || state.source) return;
-  const stream = newStream(participant);
-  const src = { kind: 'replay', stream, audio: null, muted: false };
+  const src = { kind: 'replay', stream: null, audio: null, muted: false };
   state.source = src;
   syncControls();
   ui.replayRow.hidden = false;
@@ -315,6 +315,8 @@ async function startReplay() {
     return;
   }
   if (state.source !== src) return;
+  const stream = newStream(participant);
+  src.stream = stream;
   stream.start();
   src.audio = await playBuffer(buffer, {
     monitor: ui.replayMonitor.checked,
@@ -339,6 +341,10 @@ async function startReplay() {
 async function stopSource({ wait }) {
   const src = state.source;
   if (!src) return;
+  if (!src.stream) { // a replay still decoding its file
+    releaseSource(src, 'Replay cancelled.');
+    return;
+  }
   if (wait) {
     await src.audio?.stop(); // flushes the worklet's last frame into the stream
     src.stream.finish();
