@@ -8,8 +8,13 @@ with plain arrays.
 Hysteresis: speech starts when a window scores >= `threshold` and continues while
 windows score >= `threshold - hysteresis`; it ends after `min_silence` of windows below
 that. Each utterance carries `pre_roll` of audio before the onset and `post_roll`
-after the last speech window. Utterances longer than `max_utterance` are cut at the
-quietest window of their second half; the rest starts the next utterance.
+after the last speech window.
+
+Long speech is cut so finals keep coming: once an utterance is `soft_max_utterance`
+long, a pause of `soft_pause` ends it (a sentence break, not a word gap); past
+`max_utterance` it is cut at the quietest window of its last `cut_search` seconds, and
+the rest starts the next utterance. A final's `end` then lags the live audio by at most
+`cut_search`, which bounds the latency a client sees for cut utterances.
 
 Times are samples on the stream's own timeline (16 kHz), starting at `start_sample`
 (non-zero for a resumed stream).
@@ -39,6 +44,9 @@ class SegmenterConfig:
     pre_roll: float = 0.2
     post_roll: float = 0.1
     max_utterance: float = 15.0
+    soft_max_utterance: float = 8.0  # past this, a `soft_pause` is enough to end it
+    soft_pause: float = 0.15
+    cut_search: float = 3.0  # a hard cut falls within the last this-many seconds
     partial_interval: float = 0.8  # seconds of new audio between partials; 0 disables
 
     def __post_init__(self) -> None:
@@ -50,6 +58,10 @@ class SegmenterConfig:
             raise ValueError("durations must not be negative")
         if self.partial_interval < 0:
             raise ValueError("partial_interval must not be negative")
+        if not 0 < self.soft_max_utterance <= self.max_utterance:
+            raise ValueError("soft_max_utterance must lie in (0, max_utterance]")
+        if not 0 < self.cut_search <= self.max_utterance / 2:
+            raise ValueError("cut_search must lie in (0, max_utterance / 2]")
 
 
 class SegmenterState(enum.Enum):
@@ -106,6 +118,9 @@ class Segmenter:
         self._silence_windows = max(1, _windows(config.min_silence))
         self._post_roll_windows = _windows(config.post_roll)
         self._max_windows = _windows(config.max_utterance)
+        self._soft_max_windows = _windows(config.soft_max_utterance)
+        self._soft_pause_windows = max(1, _windows(config.soft_pause))
+        self._cut_search_windows = max(1, _windows(config.cut_search))
         self._partial_samples = round(config.partial_interval * SAMPLE_RATE)
 
     @property
@@ -130,7 +145,10 @@ class Segmenter:
             self._silence = 0
         else:
             self._silence += 1
-        if self._silence >= self._silence_windows:
+        if self._silence >= self._silence_windows or (
+            self._silence >= self._soft_pause_windows
+            and len(self._windows) >= self._soft_max_windows
+        ):
             return self._end(self._last_speech_end)
         if len(self._windows) >= self._max_windows:
             return self._cut()
@@ -188,10 +206,10 @@ class Segmenter:
         return events
 
     def _cut(self) -> list[SegmentEvent]:
-        """Split an over-long utterance at the quietest window of its second half."""
-        half = len(self._probabilities) // 2
-        tail = self._probabilities[half:]
-        quietest = half + min(range(len(tail)), key=lambda i: (tail[i], -i))
+        """Split an over-long utterance at the quietest window of its last `cut_search`."""
+        first = len(self._probabilities) - self._cut_search_windows
+        tail = self._probabilities[first:]
+        quietest = first + min(range(len(tail)), key=lambda i: (tail[i], -i))
         keep = quietest + 1
         end = self._utterance_start + keep * WINDOW
         event = UtteranceEnded(self.next_index, self._utterance_start, end, self._audio(keep))

@@ -46,12 +46,15 @@ def render_json(meeting_id: str, finals: Sequence[FinalRecord]) -> str:
 
 
 def render_txt(finals: Sequence[FinalRecord]) -> str:
-    return "".join(f"[{_clock(f.start, '.')}] {f.participant}: {f.text}\n" for f in finals)
+    return "".join(
+        f"[{_clock(f.start, '.')}] {f.participant}: {_one_line(f.text)}\n" for f in finals
+    )
 
 
 def render_srt(finals: Sequence[FinalRecord]) -> str:
     cues = [
-        f"{i}\n{_clock(f.start, ',')} --> {_clock(_cue_end(f), ',')}\n{f.participant}: {f.text}\n"
+        f"{i}\n{_clock(f.start, ',')} --> {_clock(_cue_end(f), ',')}\n"
+        f"{f.participant}: {_one_line(f.text)}\n"
         for i, f in enumerate(finals, start=1)
     ]
     return "\n".join(cues)
@@ -79,4 +82,9 @@ def _clock(seconds: float, separator: str) -> str:
 
 
 def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _one_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _one_line(text: str) -> str:
+    """A blank line ends an SRT/VTT cue: keep every cue's text on one line."""
+    return " ".join(text.split())

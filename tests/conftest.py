@@ -68,9 +68,11 @@ class ServerProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
             try:
-                status, _ = self.get("/readyz")
+                status, body = self.get("/readyz")
                 if status == 200:
                     return
+                if b'"model":"failed"' in body:
+                    raise RuntimeError(f"model failed to load: {body!r}\n{self.log()}")
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(delay)

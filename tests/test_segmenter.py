@@ -72,19 +72,43 @@ def test_partials_every_interval_and_final_index() -> None:
 
 
 def test_long_speech_is_cut_at_the_quietest_window() -> None:
-    """Speech past max_utterance is cut at the lowest-probability window of its second half."""
-    config = SegmenterConfig(max_utterance=2.0, min_silence=0.5, partial_interval=0, pre_roll=0)
+    """Speech past max_utterance is cut at the lowest-probability window of its last
+    cut_search seconds; the rest starts the next utterance with nothing lost."""
+    config = SegmenterConfig(
+        max_utterance=4.0,
+        soft_max_utterance=4.0,
+        cut_search=1.0,
+        min_silence=0.5,
+        partial_interval=0,
+        pre_roll=0,
+    )
     seg = Segmenter(config)
-    n = windows(2.0)
+    n = windows(4.0)
     probs = [0.95] * n
-    probs[n - 10] = 0.6  # quietest in the second half
-    probs[5] = 0.55  # quieter, but in the first half
+    probs[n - 10] = 0.6  # quietest within the last second
+    probs[n - 40] = 0.55  # quieter, but earlier than the last second
     events = feed(seg, probs + [0.95] * 20 + [0.0] * 30)
     ended = [e for e in events if isinstance(e, UtteranceEnded)]
     assert len(ended) == 2
     assert ended[0].end == (n - 9) * WINDOW
     assert ended[1].start == ended[0].end  # no sample lost or repeated
     assert [e.index for e in ended] == [0, 1]
+
+
+def test_long_utterance_ends_at_a_short_pause() -> None:
+    """Past soft_max_utterance, a pause of soft_pause ends the utterance; before, it does not."""
+    config = SegmenterConfig(
+        soft_max_utterance=2.0, soft_pause=0.128, min_silence=0.5, partial_interval=0, pre_roll=0
+    )
+    seg = Segmenter(config)
+    pause = [0.1] * 4  # 128 ms
+    events = feed(
+        seg, [0.9] * windows(1.0) + pause + [0.9] * windows(1.5) + pause + [0.9] * 10 + [0.0] * 20
+    )
+    ended = [e for e in events if isinstance(e, UtteranceEnded)]
+    assert len(ended) == 2
+    assert ended[0].end - ended[0].start > 2.0 * 16_000  # the first pause did not cut
+    assert ended[1].start >= ended[0].end
 
 
 def test_flush_ends_speech_now_and_start_offset_is_kept() -> None:
