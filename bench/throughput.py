@@ -1,0 +1,147 @@
+"""Recognizer throughput: audio seconds transcribed per wall second, by batch size.
+
+Runs the same batches of short corpus utterances (about 5 s each) through the recognizer
+twice: padded to Whisper's 30 s window, and with the default window buckets. Prints a
+markdown table of the median wall time per batch and the real-time factor.
+
+    python -m bench.throughput --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from bench.corpus import Clip, clips
+from engine.recognizer import Utterance
+from engine.weights import DEFAULT_MODEL
+from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig, load_recognizer
+
+logger = logging.getLogger("bench.throughput")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model: str
+    device: str
+    threads: int
+    batch_sizes: tuple[int, ...]
+    repeats: int
+    min_duration: float
+    max_duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    batch_size: int
+    audio_seconds: float
+    wall_seconds: float  # median over repeats
+
+    @property
+    def speed(self) -> float:
+        return self.audio_seconds / self.wall_seconds
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.throughput",
+        description="Audio seconds per wall second of the Whisper recognizer, "
+        "30 s padding vs window buckets, at several batch sizes.",
+    )
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="model spec (default: tiny.en)")
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16], help="default: 1 4 8 16"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs per batch (default: 3)")
+    parser.add_argument("--min-duration", type=float, default=4.0, help="shortest clip, s")
+    parser.add_argument("--max-duration", type=float, default=7.0, help="longest clip, s")
+    args = parser.parse_args(argv)
+    return Settings(
+        model=args.model,
+        device=args.device,
+        threads=args.threads,
+        batch_sizes=tuple(args.batch_sizes),
+        repeats=args.repeats,
+        min_duration=args.min_duration,
+        max_duration=args.max_duration,
+    )
+
+
+def select_clips(settings: Settings) -> list[Clip]:
+    selected = [
+        clip
+        for clip in clips()
+        if clip.language == "en" and settings.min_duration <= clip.duration <= settings.max_duration
+    ]
+    if not selected:
+        raise SystemExit("no English corpus clips in the duration range")
+    return selected
+
+
+def measure(
+    recognizer: WhisperRecognizer, utterances: Sequence[Utterance], batch_size: int, repeats: int
+) -> Measurement:
+    batch = [utterances[i % len(utterances)] for i in range(batch_size)]
+    recognizer.transcribe(batch)  # first run of this shape: allocator and kernel warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        recognizer.transcribe(batch)
+        times.append(time.perf_counter() - start)
+    audio = sum(utterance.duration for utterance in batch)
+    return Measurement(batch_size, audio, statistics.median(times))
+
+
+def run(settings: Settings) -> str:
+    torch.set_num_threads(settings.threads)
+    selected = select_clips(settings)
+    utterances = [Utterance(clip.audio()) for clip in selected]
+    mean = sum(clip.duration for clip in selected) / len(selected)
+    modes = {
+        "30 s window": WhisperRecognizerConfig(device=settings.device, windows=(30.0,)),
+        "window buckets": WhisperRecognizerConfig(device=settings.device),
+    }
+    columns: dict[str, list[Measurement]] = {}
+    headers = []
+    for label, config in modes.items():
+        recognizer = load_recognizer(settings.model, config)
+        recognizer.warmup()
+        headers.append(f"{label} ({'/'.join(f'{w:g}' for w in recognizer.windows)} s)")
+        columns[label] = []
+        for size in settings.batch_sizes:
+            result = measure(recognizer, utterances, size, settings.repeats)
+            logger.info("%s batch %d: %.2f s", label, size, result.wall_seconds)
+            columns[label].append(result)
+    lines = [
+        f"{settings.model} on {settings.device}, {settings.threads} torch threads, "
+        f"{len(selected)} English clips of {settings.min_duration:g}-{settings.max_duration:g} s "
+        f"(mean {mean:.1f} s); median of {settings.repeats} runs: wall seconds per batch "
+        "(audio seconds per wall second)",
+        "",
+        "| batch | " + " | ".join(headers) + " |",
+        "|---|" + "---|" * len(headers),
+    ]
+    for row, size in enumerate(settings.batch_sizes):
+        cells = [
+            f"{m.wall_seconds:.2f} s ({m.speed:.1f}x)" for m in (c[row] for c in columns.values())
+        ]
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    print(run(settings))
+
+
+if __name__ == "__main__":
+    main()

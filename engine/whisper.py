@@ -1,0 +1,371 @@
+"""Batched Whisper on torch + transformers: the `Recognizer` the scheduler drives.
+
+One batch runs in three phases. Preprocess (CPU): log-mel features, padded to the
+smallest encoder window (`engine.windows`) that holds the batch's longest utterance plus
+a margin. Forward: the windowed encoder, one decoder step at <|startoftranscript|>
+(no-speech probability, and the language where a multilingual model must detect it), then
+one greedy `generate()` over the batch, handed the encoder states so it does not run the
+30 s encoder itself. Postprocess (CPU): decode, average log-probability, hallucination
+guard (`engine.guard`).
+
+A short window saves most of the encoder's work, but tiny.en loops ("Go forward 10
+meters. Go forward 10 meters. ...") when the window leaves little silence after the
+speech: on the corpus, 5 s windows looped on 3 of 6 clips under 3.5 s, and windows of
+10 s or more with 1 s to spare looped once in 27 clips. So the default windows start at
+10 s, and utterances whose decoding still loops, while the model takes them for speech,
+are decoded once more, together, on the full 30 s window (like Whisper's temperature
+fallback, but changing the window): one `generate()` per batch, a second one only for
+those.
+
+`generate()` gets the frame-level attention mask of the padded features, as transformers
+asks for batched Whisper; Whisper's encoder itself never masks (it was trained on
+zero-padded windows), and every row's decoder prompt has the same length, so the decoder
+needs no padding mask. Word timings are not computed: transformers derives them from
+cross-attention weights, which needs eager attention and attention outputs at every step,
+several times the cost of decoding; `Transcription.words` stays empty.
+
+The recognizer never sets torch's thread count; the process that owns it decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import numpy as np
+import torch
+from transformers import (
+    GenerationConfig,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+    WhisperFeatureExtractor,
+    WhisperForConditionalGeneration,
+    WhisperTokenizer,
+)
+from transformers.modeling_outputs import BaseModelOutput
+
+from engine.decoding import GreedyLogprobs, TokenBudget, read_row, token_budget
+from engine.guard import GuardConfig, Verdict, judge, looped
+from engine.recognizer import SAMPLE_RATE, Transcription, Utterance
+from engine.weights import DEFAULT_MODEL, resolve_model
+from engine.windows import WindowedEncoders
+
+logger = logging.getLogger(__name__)
+
+DType = Literal["float32", "float16", "bfloat16"]
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+ENGLISH = "en"
+
+
+@dataclass(frozen=True, slots=True)
+class WhisperRecognizerConfig:
+    """How to run the model. `dtype=None` means float32 on CPU, float16 on CUDA.
+
+    `windows` are the encoder window buckets in seconds; the model's full window (30 s) is
+    always added. Give `(30.0,)` to pad everything to 30 s as stock Whisper does. A batch
+    gets the smallest window holding its longest utterance plus `window_margin` seconds.
+    `max_tokens_per_second` bounds each utterance's decoding at that many tokens per second
+    of its audio (plus a few; at most half the decoder's context, Whisper's own limit), so
+    a looping utterance stops early and does not hold up the rest of its batch.
+    `retry_loops_on_full_window` decodes looping utterances again on the full window.
+    """
+
+    device: str = "cpu"
+    dtype: DType | None = None
+    windows: tuple[float, ...] = (10.0, 15.0, 20.0, 30.0)
+    window_margin: float = 1.0
+    max_batch_size: int = 16
+    max_tokens_per_second: float = 8.0
+    retry_loops_on_full_window: bool = True
+    guard: GuardConfig = field(default_factory=GuardConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_tokens_per_second <= 0:
+            raise ValueError("max_tokens_per_second must be > 0")
+        if not self.windows:
+            raise ValueError("windows must name at least one window length")
+        if self.window_margin < 0:
+            raise ValueError(f"window_margin must be >= 0, got {self.window_margin}")
+        torch.device(self.device)  # raises on a malformed device string
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype is not None:
+            return _DTYPES[self.dtype]
+        return torch.float16 if torch.device(self.device).type == "cuda" else torch.float32
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """One utterance's greedy decoding, before the guard."""
+
+    text: str
+    avg_logprob: float
+    no_speech_prob: float
+    language: str
+    exhausted: bool  # ran out of tokens without <|endoftext|>
+
+
+class WhisperRecognizer:
+    """A Whisper checkpoint folder (see `engine.weights.resolve_model`) as a Recognizer."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        config: WhisperRecognizerConfig | None = None,
+        *,
+        name: str | None = None,
+    ) -> None:
+        self.config = config or WhisperRecognizerConfig()
+        self._name = name or model_path.name
+        self._device = torch.device(self.config.device)
+        loaded = WhisperForConditionalGeneration.from_pretrained(
+            model_path,
+            dtype=self.config.torch_dtype,
+            local_files_only=True,
+            output_loading_info=True,
+        )
+        # output_loading_info=True makes it a (model, info) pair, which the stubs do not say.
+        model, info = cast(tuple[WhisperForConditionalGeneration, dict[str, Any]], loaded)
+        problems = {k: info[k] for k in ("missing_keys", "mismatched_keys") if info[k]}
+        if problems:
+            raise ValueError(f"{model_path} does not load cleanly: {problems}")
+        if info["unexpected_keys"]:
+            logger.warning("%s: ignoring unexpected keys %s", model_path, info["unexpected_keys"])
+        # nn.Module.to and .eval work in place (transformers' typed wrappers of them do not
+        # type-check); the model is frozen and in inference mode from here on.
+        torch.nn.Module.to(model, self._device)
+        torch.nn.Module.eval(model)
+        model.requires_grad_(False)
+        self._model = model
+        self._encoders = WindowedEncoders(self._model.model.encoder, self.config.windows)
+        self._features = WhisperFeatureExtractor.from_pretrained(model_path, local_files_only=True)
+        if self._features.feature_size != self._model.config.num_mel_bins:
+            raise ValueError("feature extractor and model disagree on the number of mel bins")
+        self._tokenizer = WhisperTokenizer.from_pretrained(model_path, local_files_only=True)
+        generation: GenerationConfig = self._model.generation_config
+        self._multilingual = bool(getattr(generation, "is_multilingual", False))
+        self._lang_to_id: dict[str, int] = {
+            token[2:-2]: index for token, index in getattr(generation, "lang_to_id", {}).items()
+        }
+        self._sot = _token_setting(generation, "decoder_start_token_id")
+        self._eot = _token_setting(generation, "eos_token_id")
+        # Whisper's no-speech token sits just below <|notimestamps|> in every vocabulary.
+        self._no_speech = _token_setting(generation, "no_timestamps_token_id") - 1
+        self._max_new_tokens_cap = self._model.config.max_target_positions // 2
+        logger.info(
+            "loaded %s on %s (%s), windows %s s",
+            self._name,
+            self._device,
+            self.config.torch_dtype,
+            self._encoders.windows,
+        )
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.config.max_batch_size
+
+    @property
+    def windows(self) -> tuple[float, ...]:
+        """The encoder window buckets in use, in seconds."""
+        return self._encoders.windows
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        """Decode one second of silence in every window, so each path is initialised."""
+        silence = Utterance(audio=np.zeros(SAMPLE_RATE, dtype=np.float32))
+        for window in self.windows:
+            self._forward([silence], window)
+
+    def transcribe(self, batch: Sequence[Utterance]) -> list[Transcription]:
+        """One result per utterance, in order; batches above `max_batch_size` are split."""
+        results: list[Transcription] = []
+        size = self.config.max_batch_size
+        for start in range(0, len(batch), size):
+            results.extend(self._transcribe_batch(batch[start : start + size]))
+        if len(results) != len(batch):
+            raise RuntimeError(f"{len(results)} results for {len(batch)} utterances")
+        return results
+
+    @torch.inference_mode()
+    def _transcribe_batch(self, batch: Sequence[Utterance]) -> list[Transcription]:
+        longest = max(utterance.duration for utterance in batch)
+        window = self._encoders.for_duration(longest + self.config.window_margin)
+        if longest > window:
+            logger.warning(
+                "utterance of %.1f s exceeds the %.0f s window; transcribing its first %.0f s",
+                longest,
+                window,
+                window,
+            )
+        decoded = self._forward(batch, window)
+        retry = [i for i, item in enumerate(decoded) if self._should_retry(item, window)]
+        if retry:
+            logger.debug(
+                "%d looped in the %.0f s window; retrying on the full one", len(retry), window
+            )
+            again = self._forward([batch[i] for i in retry], self._encoders.full_window)
+            for i, item in zip(retry, again, strict=True):
+                decoded[i] = item
+        return [self._postprocess(item) for item in decoded]
+
+    def _should_retry(self, item: _Decoded, window: float) -> bool:
+        """A loop in a short window, on what the model still takes for speech."""
+        guard = self.config.guard
+        return (
+            self.config.retry_loops_on_full_window
+            and window < self._encoders.full_window
+            and item.no_speech_prob <= guard.no_speech_threshold
+            and looped(item.text, item.exhausted, guard)
+        )
+
+    def _forward(self, batch: Sequence[Utterance], window: float) -> list[_Decoded]:
+        """Features, encoder, first decoder step and generate() for one window; no guard."""
+        features, frame_mask = self._preprocess(batch, window)
+        hidden = self._encoders.encode(window, features)
+        no_speech, languages = self._first_step(hidden, batch)
+        return self._generate(hidden, frame_mask, batch, no_speech.tolist(), languages)
+
+    def _preprocess(
+        self, batch: Sequence[Utterance], window: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        samples = round(window * SAMPLE_RATE)
+        inputs = self._features(
+            [utterance.audio for utterance in batch],
+            sampling_rate=SAMPLE_RATE,
+            padding="max_length",
+            max_length=samples,
+            truncation=True,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        features: torch.Tensor = inputs["input_features"]
+        frame_mask: torch.Tensor = inputs["attention_mask"]
+        if features.shape[-1] != self._encoders.frames(window):
+            raise RuntimeError(f"{features.shape[-1]} mel frames for a {window} s window")
+        return (
+            features.to(self._device, self.config.torch_dtype),
+            frame_mask.to(self._device),
+        )
+
+    def _first_step(
+        self, hidden: torch.Tensor, batch: Sequence[Utterance]
+    ) -> tuple[torch.Tensor, list[str]]:
+        """No-speech probability at <|startoftranscript|>, and each utterance's language.
+
+        Whisper reads both off the decoder's first position, before any prompt token
+        beyond <|startoftranscript|>, so one decoder step serves both.
+        """
+        start = torch.full((hidden.shape[0], 1), self._sot, dtype=torch.long, device=self._device)
+        state = self._model.model.decoder(
+            input_ids=start, encoder_hidden_states=hidden, use_cache=False
+        ).last_hidden_state
+        logits = self._model.proj_out(state[:, 0]).float()
+        no_speech = logits.softmax(dim=-1)[:, self._no_speech].cpu()
+        if not self._multilingual:
+            return no_speech, [ENGLISH] * len(batch)
+        languages: list[str] = []
+        codes = list(self._lang_to_id)
+        ids = torch.tensor(list(self._lang_to_id.values()), device=self._device)
+        detected = logits[:, ids].argmax(dim=-1).tolist()
+        for utterance, best in zip(batch, detected, strict=True):
+            if utterance.language is None:
+                languages.append(codes[best])
+            elif utterance.language in self._lang_to_id:
+                languages.append(utterance.language)
+            else:
+                raise ValueError(f"{self._name} does not know language {utterance.language!r}")
+        return no_speech, languages
+
+    def _generate(
+        self,
+        hidden: torch.Tensor,
+        frame_mask: torch.Tensor,
+        batch: Sequence[Utterance],
+        no_speech: list[float],
+        languages: list[str],
+    ) -> list[_Decoded]:
+        budgets = [
+            token_budget(u.duration, self.config.max_tokens_per_second, self._max_new_tokens_cap)
+            for u in batch
+        ]
+        recorder = GreedyLogprobs()
+        language_args: dict[str, object] = (
+            {"language": languages, "task": "transcribe"} if self._multilingual else {}
+        )
+        # Whisper's generate() counts max_length after the decoder prompt (it adds the
+        # prompt's length itself), so this bounds the new tokens. Passing max_new_tokens
+        # instead logs a warning on every call, as the loaded config has a max_length too.
+        sequences = self._model.generate(
+            encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
+            attention_mask=frame_mask,
+            logits_processor=LogitsProcessorList([recorder]),
+            stopping_criteria=StoppingCriteriaList([TokenBudget(budgets, self._device)]),
+            max_length=max(budgets),
+            force_unique_generate_call=True,
+            **language_args,
+        )
+        picked, logprobs = recorder.stacked()
+        steps = picked.shape[1]
+        if not isinstance(sequences, torch.Tensor) or sequences.shape[-1] < steps:
+            raise RuntimeError(f"generate() returned {type(sequences).__name__}, not token ids")
+        if steps > max(budgets):
+            raise RuntimeError(f"{steps} steps decoded, at most {max(budgets)} allowed")
+        generated = sequences[:, sequences.shape[-1] - steps :].cpu().tolist()
+        decoded = []
+        for i, row_ids in enumerate(generated):
+            row = read_row(row_ids, picked[i], logprobs[i], end_token=self._eot, budget=budgets[i])
+            decoded.append(
+                _Decoded(
+                    text=self._tokenizer.decode(row.tokens, skip_special_tokens=True).strip(),
+                    avg_logprob=row.avg_logprob,
+                    no_speech_prob=no_speech[i],
+                    language=languages[i],
+                    exhausted=row.exhausted,
+                )
+            )
+        return decoded
+
+    def _postprocess(self, decoded: _Decoded) -> Transcription:
+        verdict = judge(
+            decoded.text,
+            avg_logprob=decoded.avg_logprob,
+            no_speech_prob=decoded.no_speech_prob,
+            exhausted=decoded.exhausted,
+            config=self.config.guard,
+        )
+        if verdict is not Verdict.SPEECH:
+            logger.debug("guard dropped %r (%s; %s)", decoded.text, verdict.value, decoded)
+        return Transcription(
+            text=decoded.text if verdict is Verdict.SPEECH else "",
+            language=decoded.language,
+            avg_logprob=decoded.avg_logprob,
+            no_speech_prob=decoded.no_speech_prob,
+        )
+
+
+def _token_setting(generation: GenerationConfig, name: str) -> int:
+    value = getattr(generation, name, None)
+    if not isinstance(value, int):
+        raise ValueError(f"the generation config has no {name}: not a Whisper model's")
+    return value
+
+
+def load_recognizer(
+    spec: str = DEFAULT_MODEL, config: WhisperRecognizerConfig | None = None
+) -> WhisperRecognizer:
+    """`resolve_model(spec)` (converting a packaged model once), loaded as a recognizer."""
+    return WhisperRecognizer(resolve_model(spec), config, name=spec)

@@ -1,0 +1,119 @@
+"""WhisperRecognizer on real speech: conversion accuracy, windows, guard, batching."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.corpus import Clip, clips
+from engine.recognizer import SAMPLE_RATE, Recognizer, Transcription, Utterance
+from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from loadgen.wer import ErrorCounts, error_counts
+
+pytestmark = pytest.mark.slow
+
+# English read speech with exact references: LibriSpeech, JFK, LJ Speech (not long-form).
+ENGLISH = ("en_ls_", "en_jfk", "en_lj_LJ0")
+# Clips that all fit the 10 s window (with its 1 s margin), so batching cannot change it.
+SAME_WINDOW = ("en_lj_LJ001-0004", "en_ls_1221-135766-0002", "en_lj_LJ001-0008", "en_ls_61-")
+
+
+@pytest.fixture(scope="module")
+def bucketed(tiny_en: Path) -> WhisperRecognizer:
+    """The default recognizer: 10/15/20/30 s windows."""
+    return WhisperRecognizer(tiny_en)
+
+
+@pytest.fixture(scope="module")
+def full_window(tiny_en: Path) -> WhisperRecognizer:
+    """Stock Whisper padding: every batch on the 30 s window; small batches."""
+    return WhisperRecognizer(tiny_en, WhisperRecognizerConfig(windows=(30.0,), max_batch_size=4))
+
+
+@pytest.fixture(scope="module")
+def english() -> list[Clip]:
+    selected = clips(ENGLISH)
+    assert len(selected) == 16
+    return selected
+
+
+def transcribe_corpus(recognizer: Recognizer, selected: Sequence[Clip]) -> ErrorCounts:
+    """Corpus-level errors, batching clips of similar length as the scheduler would."""
+    ordered = sorted(selected, key=lambda clip: clip.duration)
+    total = ErrorCounts(0, 0, 0, 0)
+    for start in range(0, len(ordered), 8):
+        group = ordered[start : start + 8]
+        results = recognizer.transcribe([Utterance(clip.audio()) for clip in group])
+        for clip, result in zip(group, results, strict=True):
+            total += error_counts(clip.reference, result.text)
+    return total
+
+
+@pytest.fixture(scope="module")
+def full_window_errors(full_window: WhisperRecognizer, english: list[Clip]) -> ErrorCounts:
+    return transcribe_corpus(full_window, english)
+
+
+def test_converted_model_transcribes_english_accurately(full_window_errors: ErrorCounts) -> None:
+    """Greedy tiny.en on the 30 s window: corpus WER at most 0.10 (measured 0.038)."""
+    assert full_window_errors.reference_length > 300
+    assert full_window_errors.rate <= 0.10, full_window_errors
+
+
+def test_windows_cost_no_accuracy(
+    bucketed: WhisperRecognizer, english: list[Clip], full_window_errors: ErrorCounts
+) -> None:
+    """Bucketed windows stay within 0.01 WER of the 30 s window (measured 0.032 vs 0.038)."""
+    errors = transcribe_corpus(bucketed, english)
+    assert errors.rate <= full_window_errors.rate + 0.01, (errors, full_window_errors)
+
+
+def test_silence_and_noise_give_empty_text(bucketed: WhisperRecognizer) -> None:
+    """10 s of digital silence and of Gaussian noise at -50 and -35 dBFS: no words."""
+    rng = np.random.default_rng(7)
+    samples = 10 * SAMPLE_RATE
+    silence = np.zeros(samples, dtype=np.float32)
+    noise = [
+        (rng.standard_normal(samples) * 10 ** (dbfs / 20)).astype(np.float32) for dbfs in (-50, -35)
+    ]
+    results = bucketed.transcribe([Utterance(audio) for audio in (silence, *noise)])
+    assert [result.text for result in results] == ["", "", ""]
+    assert all(result.no_speech_prob > 0.6 for result in results)
+
+
+def test_batches_keep_input_order_and_match_single_runs(bucketed: WhisperRecognizer) -> None:
+    """A batch returns one result per input, in order, with the texts of one-by-one runs."""
+    selected = clips(SAME_WINDOW)
+    assert len(selected) == 4
+    utterances = [Utterance(clip.audio()) for clip in reversed(selected)]
+    alone = [bucketed.transcribe([utterance])[0] for utterance in utterances]
+    together = bucketed.transcribe(utterances)
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert all(r.text and r.language == "en" for r in together)
+    for clip, result in zip(reversed(selected), together, strict=True):
+        assert error_counts(clip.reference, result.text).rate < 0.25, (clip.id, result.text)
+
+
+def test_large_batches_split_and_edge_cases(full_window: WhisperRecognizer) -> None:
+    """Over max_batch_size is split in order; empty batches and empty audio are handled."""
+    assert full_window.transcribe([]) == []
+    selected = clips(SAME_WINDOW)
+    empty = Utterance(np.zeros(0, dtype=np.float32))
+    batch = [Utterance(clip.audio()) for clip in selected] + [empty]
+    results = full_window.transcribe(batch)
+    assert len(results) == 5 > full_window.max_batch_size
+    assert all(isinstance(result, Transcription) for result in results)
+    assert results[-1].text == ""
+    assert all(result.text for result in results[:-1])
+
+
+def test_warmup_and_protocol(bucketed: WhisperRecognizer) -> None:
+    """warmup() runs every window; the recognizer satisfies the Recognizer protocol."""
+    bucketed.warmup()
+    recognizer: Recognizer = bucketed
+    assert recognizer.name == "tiny.en-" + recognizer.name.split("-", 1)[1]
+    assert recognizer.max_batch_size == 16
+    assert bucketed.windows == (10.0, 15.0, 20.0, 30.0)
