@@ -77,13 +77,14 @@ export async function openMicrophone({ onFrame, onLevel, onEnded }) {
     get info() { return { ...node.info, label: track.label, contextRate: ctx.sampleRate }; },
     /** Muted audio is sent as silence, so the stream's clock keeps pace with the wall. */
     setMuted(muted) { track.enabled = !muted; },
+    /** Resolves once the last frame was handed over; the context closes after that. */
     stop() {
       stopped ??= (async () => {
         source.disconnect();
+        for (const t of stream.getTracks()) t.stop();
         await node.flush();
         node.close();
-        for (const t of stream.getTracks()) t.stop();
-        await ctx.close();
+        ctx.close().catch(() => {});
       })();
       return stopped;
     },
@@ -119,9 +120,9 @@ export async function playBuffer(buffer, { onFrame, onLevel, onEnded, monitor = 
     finished ??= (async () => {
       source.disconnect();
       await node.flush();
+      onEnded?.(completed); // the stream can send `stop` now; closing the context can wait
       node.close();
-      await ctx.close();
-      onEnded?.(completed);
+      ctx.close().catch(() => {});
     })();
     return finished;
   };
