@@ -44,6 +44,9 @@ const state = {
 
 function onTranscript(msg, { receivedAt = null, latency = null } = {}) {
   const { model, view } = state;
+  if (msg.type === MessageType.PARTIAL || msg.type === MessageType.FINAL) {
+    for (const id of model.supersededBy(msg)) view.removePartial(id);
+  }
   if (msg.type === MessageType.PARTIAL) {
     const p = model.setPartial(msg, Date.now());
     if (p) view.showPartial(p);
@@ -87,6 +90,10 @@ function notice(n) {
       text += '.';
     }
     state.view.addNotice(text, 'ok');
+  } else if (n.kind === 'ended' && state.source?.stream) {
+    // Our stream sent every final: whatever partial of ours is left had an empty final.
+    const mine = state.source.stream.participant;
+    for (const id of state.model.dropPartials({ participant: mine })) state.view.removePartial(id);
   } else if (n.kind === 'log-reset') {
     state.view.addNotice('The server restarted without this meeting’s log. Lines above are kept here; new lines follow.', 'warn');
   } else if (n.kind === 'error') {

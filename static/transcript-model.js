@@ -99,17 +99,35 @@ export class TranscriptModel {
     return partial;
   }
 
-  /** Drop partials nobody finalised (a source that vanished). Returns their ids. */
-  dropPartials({ participant = null, olderThan = null } = {}) {
+  /**
+   * Drop partials that will get no final: a source that vanished, or an utterance whose
+   * final was empty (the server sends none). Returns their ids.
+   *   participant: only this source's;  olderThan: not updated since (ms);
+   *   endedBy: ended before this time on the source's timeline — a source speaks its
+   *            utterances one after another, so once a later one shows up, earlier
+   *            partials are done.
+   */
+  dropPartials({ participant = null, olderThan = null, endedBy = null, except = null } = {}) {
     const dropped = [];
     for (const [id, p] of this.partials) {
+      if (id === except) continue;
       if ((participant === null || p.participant === participant)
-        && (olderThan === null || p.updatedAt < olderThan)) {
+        && (olderThan === null || p.updatedAt < olderThan)
+        && (endedBy === null || p.end <= endedBy)) {
         this.partials.delete(id);
         dropped.push(id);
       }
     }
     return dropped;
+  }
+
+  /** Partials of msg's source that ended before msg's utterance began (see dropPartials). */
+  supersededBy(msg) {
+    return this.dropPartials({
+      participant: msg.participant ?? 'speaker',
+      endedBy: (Number(msg.start) || 0) + 0.01,
+      except: msg.utterance_id,
+    });
   }
 
   /** Highest `end` among this participant's finals (its stream timeline), or 0. */

@@ -102,6 +102,16 @@ test('transcript model orders by seq, dedupes, and retires partials', () => {
   assert.deepEqual(m.latencyStats(), { n: 1, last: 0.7, median: 0.7, p95: 0.7, max: 0.7 });
 });
 
+test('partials whose final never comes are retired by the next utterance', () => {
+  const m = new TranscriptModel();
+  m.setPartial({ utterance_id: 's-0', participant: 'a', text: 'uh', start: 0, end: 0.9 });
+  m.setPartial({ utterance_id: 'x-0', participant: 'b', text: 'hi', start: 0, end: 0.9 });
+  assert.deepEqual(m.supersededBy({ utterance_id: 's-0', participant: 'a', start: 0 }), []);
+  // s-0's final was empty (never sent); s-1 starts later: s-0 is done. b is untouched.
+  assert.deepEqual(m.supersededBy({ utterance_id: 's-1', participant: 'a', start: 1.5 }), ['s-0']);
+  assert.deepEqual([...m.partials.keys()], ['x-0']);
+});
+
 test('a restarted server log (seq from 1 again, new utterances) is not taken for duplicates', () => {
   const m = new TranscriptModel();
   m.addFinal(final(1, 'a', 'one', 0, 1));
