@@ -27,9 +27,10 @@ from server.registry import SessionRegistry
 from server.settings import Settings
 from server.state import AppState, ModelState
 from session.actor import SessionServices
+from session.partials import PartialPolicyConfig
 from session.segmenter import SegmenterConfig
 from session.store import open_store
-from session.vad import SileroVad
+from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ RecognizerFactory = Callable[[Settings], Recognizer]
 def load_whisper(settings: Settings) -> Recognizer:
     """Build the default recognizer: Whisper through transformers (blocking)."""
     import torch
+
     from engine.whisper import WhisperRecognizerConfig, load_recognizer
 
     # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
@@ -69,12 +71,13 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
     try:
         recognizer = await asyncio.to_thread(factory, settings)
         await asyncio.to_thread(recognizer.warmup)
-        vad = await asyncio.to_thread(SileroVad)
+        vad_model = await asyncio.to_thread(SileroVad)
     except Exception as exc:
         logger.exception("model failed to load")
         state.model_state = ModelState.FAILED
         state.model_error = f"{type(exc).__name__}: {exc}"
         return
+    vad: VadScorer = VadBatcher(vad_model) if settings.vad_batch else DirectScorer(vad_model)
     scheduler = BatchScheduler(
         recognizer,
         max_batch_size=settings.max_batch_size,
@@ -92,6 +95,11 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         segmenter=segmenter_config(settings),
         max_frame_bytes=settings.max_frame_bytes,
         outbox_limit=settings.outbox_limit,
+        partials=PartialPolicyConfig(
+            interval=settings.partial_interval_s or 1.0,
+            stretch=settings.partial_stretch,
+            max_load=settings.partial_max_load,
+        ),
         telemetry=state.metrics,
     )
     state.model_state = ModelState.READY

@@ -43,11 +43,20 @@ class Settings:
     max_queue: int = setting(256, "Bound of the recognition queue (finals wait, partials drop).")
     default_language: str = setting("en", "Language of a stream that does not say.")
     vad_threshold: float = setting(0.5, "Speech probability that starts an utterance.")
+    vad_batch: bool = setting(
+        True, "Score every stream's VAD windows in one model call per tick (else one by one)."
+    )
     min_silence_ms: float = setting(500.0, "Silence that ends an utterance.")
     pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")
     max_utterance_s: float = setting(15.0, "Longer speech is cut at its quietest point.")
     partial_interval_s: float = setting(
         0.8, "Seconds of new speech between partial transcripts; 0 turns partials off."
+    )
+    partial_stretch: float = setting(
+        2.0, "Under load the partial interval grows by this factor per queued batch."
+    )
+    partial_max_load: float = setting(
+        2.0, "Queued batches past which partials pause (finals never do)."
     )
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
     max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")

@@ -39,6 +39,7 @@ from engine.scheduler import (
 )
 from session.audio import FrameDecoder
 from session.outbox import Outbox, OutboxState, SlowConsumer
+from session.partials import PartialPolicy, PartialPolicyConfig
 from session.protocol import (
     PROTOCOL_VERSION,
     SAMPLE_RATE,
@@ -71,7 +72,7 @@ from session.store import (
     StoreError,
 )
 from session.telemetry import NullTelemetry, Telemetry
-from session.vad import SileroVad, VadStream
+from session.vad import VadScorer, VadStream
 
 logger = logging.getLogger(__name__)
 
@@ -131,10 +132,11 @@ class SessionServices:
 
     scheduler: BatchScheduler
     store: Store
-    vad: SileroVad
+    vad: VadScorer
     segmenter: SegmenterConfig
     max_frame_bytes: int
     outbox_limit: int
+    partials: PartialPolicyConfig = field(default_factory=PartialPolicyConfig)
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
 
@@ -192,12 +194,13 @@ class SessionActor:
         )
         self._finals: asyncio.Queue[_PendingFinal | None] = asyncio.Queue()
         self._partial_tasks: set[asyncio.Task[None]] = set()
-        self._finalized_index = self.first_index - 1
+        self._committed_index = self.first_index - 1  # last utterance whose final was handled
         self._shutdown_requested = False
         self._receiving = False
         self._reader: asyncio.Task[Ending] | None = None
         self._language = None if self.config.language == "auto" else self.config.language
         self._telemetry = self.services.telemetry
+        self._partial_policy = PartialPolicy(self.services.partials)
         self._last_partial: tuple[int, float] | None = None  # (utterance index, sent at)
 
     # ------------------------------------------------------------------ public
@@ -243,7 +246,8 @@ class SessionActor:
             )
             ending = await self._ending(done, writer, committer)
             self._transition(SessionState.DRAINING)
-            if ending.flush:
+            if ending.flush:  # the stream is over: drain the resampler too
+                await self._handle(await self._audio_events(self._decoder.flush()))
                 await self._handle(self._flush_events())
             await self._finals.put(None)
             await asyncio.wait({committer}, timeout=COMMIT_TIMEOUT)
@@ -359,7 +363,7 @@ class SessionActor:
                 f"frame of {size} bytes exceeds the limit of {self.services.max_frame_bytes}",
             )
         if data is not None:
-            await self._handle(self._audio_events(self._decoder.decode(data)))
+            await self._handle(await self._audio_events(self._decoder.decode(data)))
             return None
         control = parse_control(text or "")
         if control is ControlType.STOP:
@@ -368,11 +372,11 @@ class SessionActor:
             await self._handle(self._flush_events())
         return None  # keepalive: receiving it was the point
 
-    def _audio_events(self, samples: np.ndarray[Any, Any]) -> list[SegmentEvent]:
+    async def _audio_events(self, samples: np.ndarray[Any, Any]) -> list[SegmentEvent]:
         self.totals.audio_samples += len(samples)
         started = time.perf_counter()
         events: list[SegmentEvent] = []
-        scored = self._vad.process(samples)
+        scored = await self._vad.process(samples)
         for window, probability in scored:
             events.extend(self._segmenter.push(window, probability))
         self._telemetry.vad_processed(time.perf_counter() - started, len(scored))
@@ -393,6 +397,10 @@ class SessionActor:
                 await self._submit_final(event)
 
     async def _submit_partial(self, event: PartialDue) -> None:
+        load = self.services.scheduler.load
+        if not self._partial_policy.admit(event.index, event.end / SAMPLE_RATE, load):
+            self._drop_partial("load")
+            return
         request = RecognitionRequest(
             self.session_id, Priority.PARTIAL, Utterance(event.audio, self._language)
         )
@@ -421,7 +429,7 @@ class SessionActor:
             logger.warning("partial of session %s failed", self.session_id, exc_info=True)
             return
         text = result.transcription.text.strip()
-        if event.index <= self._finalized_index or not text:
+        if event.index <= self._committed_index or not text:
             self._drop_partial("stale")
             return
         message: TranscriptPartial = {
@@ -444,8 +452,8 @@ class SessionActor:
         await self.services.store.publish(self.meeting_id, payload.encode())
 
     async def _submit_final(self, event: UtteranceEnded) -> None:
-        self._finalized_index = event.index
         self.totals.utterances += 1
+        # A queued partial would never run before this final (finals outrank partials).
         self.services.scheduler.cancel(self.session_id, partials_only=True)
         utterance = Utterance(event.audio, self._language)
         request = RecognitionRequest(self.session_id, Priority.FINAL, utterance)
@@ -460,6 +468,7 @@ class SessionActor:
     async def _commit(self) -> None:
         while (pending := await self._finals.get()) is not None:
             result = await self._result(pending)
+            self._committed_index = pending.index  # its partials are stale from now on
             if result is None:
                 continue
             text = result.transcription.text.strip()
