@@ -78,6 +78,7 @@ async def stream_endpoint(websocket: WebSocket) -> None:
         source=opened.source,
         resume_token=opened.token,
         replay=opened.replay,
+        resumed=opened.resumed,
     )
     try:
         state.registry.admit(actor)
@@ -227,6 +228,8 @@ async def _forward(
 ) -> None:
     # Subscribed first, then read the log: nothing falls between the two; finals seen in
     # the log are skipped when they come again live.
+    if after_seq > await state.store.last_seq(meeting_id):
+        after_seq = 0  # the log is younger than the client's view (an in-memory store restarted)
     sent = after_seq
     for record in await state.store.finals(meeting_id, after_seq):
         await websocket.send_text(encode(record.message()))

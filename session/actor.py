@@ -185,6 +185,7 @@ class SessionActor:
     source: SourceState
     resume_token: str
     replay: list[FinalRecord] = field(default_factory=list)
+    resumed: bool = False
     state: SessionState = SessionState.CONNECTING
     totals: SessionTotals = field(default_factory=SessionTotals)
 
@@ -244,6 +245,7 @@ class SessionActor:
                     "config": self.config.as_dict(),
                     "resume_token": self.resume_token,
                     "resume_from": self.start_sample / SAMPLE_RATE,
+                    "resumed": self.resumed,
                     "last_seq": last_seq,
                 }
             )

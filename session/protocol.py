@@ -96,6 +96,7 @@ class SessionStarted(TypedDict):
     config: dict[str, Any]
     resume_token: str
     resume_from: float  # seconds of audio the client must (re)send from; 0.0 on a new stream
+    resumed: bool  # this connection continues an earlier one of the same source
     last_seq: int  # highest `seq` of the meeting when the session started
 
 

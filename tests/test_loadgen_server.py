@@ -73,7 +73,7 @@ async def test_rooms_against_the_real_app_lose_nothing(fake_engine_server: str) 
     assert totals["finals"] >= totals["utterances"] >= 4
     assert totals["beyond_audio"] == 0 and totals["malformed"] == 0
     assert report["latency"]["server"]["total"]["count"] == totals["finals"]
-    assert report["latency"]["final"]["p50"] < 2.0
+    assert report["latency"]["final"]["p50"] < 5.0  # a fake engine: only the loop adds delay
     assert report["verdict"]["passed"], report["verdict"]
 
 
