@@ -82,6 +82,20 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
     return options, wait in _TRUE
 
 
+def _check_language(language: str | None, known: frozenset[str], model: str) -> None:
+    """Refuse (400) a language the loaded model does not transcribe, as streams do."""
+    if language is None or language in known:
+        return
+    hint = (
+        "it is English-only; start the server with PARLEY_MODEL=base or small"
+        if known == {"en"}
+        else "use another code, or language=auto"
+    )
+    raise FormRefused(
+        400, "bad_config", f"model {model} does not transcribe language {language!r}: {hint}"
+    )
+
+
 async def create_transcription(request: Request) -> Response:
     """POST /v1/transcriptions — upload a recording; 202 + Location, or 200 with `wait=true`."""
     state = app_state(request)
@@ -105,6 +119,10 @@ async def create_transcription(request: Request) -> Response:
             {"Retry-After": RETRY_AFTER_S},
         )  # fmt: skip
     try:
+        _check_language(options.language, services.languages, state.recognizer_name)
+    except FormRefused as exc:
+        return _problem(exc.status, exc.code, exc.message)
+    try:
         job = state.jobs.admit(options)
     except JobsFull as exc:
         return _problem(503, "overloaded", str(exc), {"Retry-After": RETRY_AFTER_S})
@@ -117,6 +135,7 @@ async def create_transcription(request: Request) -> Response:
             fields=OPTION_FIELDS,
         )
         options, wait = _parse_options({**query, **form.fields}, settings)
+        _check_language(options.language, services.languages, state.recognizer_name)
         job.options = options
         job.filename = form.filename[:256]
         job.upload_bytes = form.size

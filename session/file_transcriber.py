@@ -41,6 +41,7 @@ from engine.scheduler import (
     RecognitionResult,
 )
 from session.actor import SessionServices
+from session.language import LanguageDetector
 from session.protocol import SAMPLE_RATE, Word, encode
 from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
 from session.store import FinalRecord, NewFinal, SourceState
@@ -56,7 +57,7 @@ SLICE_WINDOWS = 4  # VAD windows scored between two yields to the event loop
 class FileOptions:
     source_id: str  # the scheduler's session id for this file; prefix of utterance ids
     participant: str
-    language: str | None  # None: let a multilingual model detect it
+    language: str | None  # None: detect it (multilingual models), then pin it
     # The meeting source the file's finals are logged as (from Store.create_source, so
     # source_id must be its session_id); None: the file stands alone.
     meeting_source: SourceState | None = None
@@ -115,6 +116,12 @@ class FileTranscriber:
         self._segmenter = Segmenter(config)
         self._vad = VadStream(vad or services.vad)
         self._pending: deque[_Pending] = deque()
+        self._language = options.language
+        if self._language is None and len(services.languages) == 1:
+            self._language = next(iter(services.languages))  # an English-only model
+        # Like a live source: the first utterances are detected on their own (at no extra
+        # model cost), then the detector pins one language for the rest of the file.
+        self._detector = LanguageDetector() if self._language is None else None
         self._source = options.meeting_source
         if self._source is not None and self._source.session_id != options.source_id:
             raise ValueError("a file attached to a meeting uses its source's session id")
@@ -154,7 +161,7 @@ class FileTranscriber:
             while len(self._pending) >= max(1, self._options.in_flight()):
                 await self._commit(self._pending.popleft())
             self.progress.utterances += 1
-            utterance = Utterance(event.audio, self._options.language)
+            utterance = Utterance(event.audio, self._language)
             future = await self._submit(utterance)
             self._pending.append(_Pending(event, utterance, future))
             self._advance()
@@ -182,6 +189,7 @@ class FileTranscriber:
         if not text:
             self.progress.empty += 1
             return
+        self._observe_language(result)
         event = pending.event
         start = _seconds(event.start)
         end = _seconds(min(event.end, self.progress.total_samples))
@@ -210,6 +218,22 @@ class FileTranscriber:
             self._source = source
             await store.publish(source.meeting_id, encode(record.message()).encode())
         self.progress.finals.append(record)
+
+    def _observe_language(self, result: RecognitionResult) -> None:
+        detector = self._detector
+        probability = result.transcription.language_probability
+        if detector is None or detector.pinned is not None or probability is None:
+            return
+        pinned = detector.observe(result.transcription.language, probability)
+        if pinned is not None:
+            self._language = pinned.language
+            logger.info(
+                "file %s: language pinned to %s (p=%.2f after %d utterances)",
+                self._options.source_id,
+                pinned.language,
+                pinned.probability,
+                pinned.utterances,
+            )
 
 
 def _samples(raw: bytes) -> npt.NDArray[np.float32]:

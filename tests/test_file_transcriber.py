@@ -51,6 +51,7 @@ async def services() -> AsyncIterator[SessionServices]:
         segmenter=SegmenterConfig(),
         max_frame_bytes=1 << 20,
         outbox_limit=100,
+        languages=frozenset({"en"}),
     )
     await scheduler.stop()
 
@@ -125,3 +126,30 @@ async def test_cancel_drops_the_files_queued_requests(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert services.scheduler.queue_depth == 0
+
+
+async def test_auto_language_is_detected_then_pinned(tmp_path: Path) -> None:
+    """With a multilingual model and no language, the first utterance is detected, and
+    once the detector is sure the rest of the file is pinned to that language."""
+    fake = FakeRecognizer(max_batch_size=8, languages=frozenset({"en", "de"}), detects=("de", 0.9))
+    scheduler = BatchScheduler(fake, max_batch_size=8)
+    scheduler.start()
+    services = SessionServices(
+        scheduler=scheduler,
+        store=MemoryStore(),
+        vad=DirectScorer(SileroVad()),
+        segmenter=SegmenterConfig(),
+        max_frame_bytes=1 << 20,
+        outbox_limit=100,
+        languages=fake.languages,
+    )
+    path, total = speech_file(tmp_path, repeats=2)
+    progress = FileProgress(total_samples=total)
+    options = FileOptions("upload-l", "speaker", None, in_flight=lambda: 1)
+    try:
+        await FileTranscriber(path, services, options, progress).run()
+    finally:
+        await scheduler.stop()
+    assert fake.asked[0] is None and len(fake.asked) >= 3
+    assert fake.asked[1:] == ["de"] * (len(fake.asked) - 1)
+    assert {f.language for f in progress.finals} == {"de"}

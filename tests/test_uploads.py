@@ -191,6 +191,7 @@ async def test_hostile_uploads_get_their_status_and_the_server_stays_up(
         ("hours of silence", audiofiles.one_hertz_wav(3 * 3600), {}, 422, "audio_too_long"),
         ("bad format", jfk["wav"], {"format": "docx"}, 400, "bad_format"),
         ("bad meeting", jfk["wav"], {"meeting_id": "no spaces"}, 400, "bad_config"),
+        ("unknown language", jfk["wav"], {"language": "fr"}, 400, "bad_config"),
     ]
     async with serve(tmp_path, max_upload_bytes=2 << 20, max_upload_seconds=3600) as base:
         for name, data, fields, status, code in cases:
