@@ -46,8 +46,6 @@ from session.store import (
 
 logger = logging.getLogger(__name__)
 
-CLOSE_TIMEOUT = 5.0  # seconds a listener's closing `error` and close may take
-
 
 async def stream_endpoint(websocket: WebSocket) -> None:
     state = app_state(websocket)
@@ -258,13 +256,15 @@ async def events_endpoint(websocket: WebSocket) -> None:
     finally:
         state.metrics.listeners.dec()
         state.listener_slots.release(meeting_id)
+    timeout = state.settings.listener_send_timeout_s
     if isinstance(error, SubscriberLagged):
         await _close_with(
             websocket,
             ProtocolError(ErrorCode.SLOW_CONSUMER, CloseCode.POLICY_VIOLATION, str(error)),
+            timeout,
         )
     elif isinstance(error, ProtocolError):
-        await _close_with(websocket, error)
+        await _close_with(websocket, error, timeout)
     elif error is not None and not isinstance(error, WebSocketDisconnect):
         logger.error("listener failed", exc_info=error)
         await _close_with(
@@ -272,6 +272,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
             ProtocolError(
                 ErrorCode.INTERNAL, CloseCode.INTERNAL_ERROR, "internal error; see server log"
             ),
+            timeout,
         )
 
 
@@ -348,9 +349,9 @@ async def _watch_listener(websocket: WebSocket) -> None:
             )
 
 
-async def _close_with(websocket: WebSocket, error: ProtocolError) -> None:
+async def _close_with(websocket: WebSocket, error: ProtocolError, timeout: float) -> None:
     try:
-        async with asyncio.timeout(CLOSE_TIMEOUT):  # a listener that reads nothing
+        async with asyncio.timeout(timeout):  # a listener that reads nothing gets no longer
             await websocket.send_text(encode(error.to_message()))
             await websocket.close(error.close_code, error.message[:120])
     except (RuntimeError, WebSocketDisconnect, OSError, TimeoutError):
