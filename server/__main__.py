@@ -68,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
     configure(settings.log_level, settings.log_format)
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except (ValueError, OSError) as exc:  # an API key entry or the keys file
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -22,11 +22,14 @@ from starlette.staticfiles import StaticFiles
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
 from server import rest, stream, uploads
+from server.auth import build_authenticator
 from server.jobs import JobRegistry
+from server.limits import CapacityMonitor, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
 from server.state import AppState, ModelState
+from server.tokens import open_tokens
 from session.actor import SessionServices
 from session.partials import PartialPolicyConfig
 from session.segmenter import SegmenterConfig
@@ -87,6 +90,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         max_queue=settings.max_queue,
     )
     scheduler.add_observer(state.metrics.observe_batch)
+    scheduler.add_observer(state.capacity.observe_batch)
     scheduler.start()
     state.scheduler = scheduler
     state.recognizer_name = recognizer.name
@@ -119,6 +123,17 @@ def create_app(
     settings: Settings | None = None, recognizer_factory: RecognizerFactory = load_whisper
 ) -> Starlette:
     settings = settings or Settings.from_env()
+    # Fails here, at start, on a bad key entry (ValueError), not on the first request.
+    auth = build_authenticator(
+        api_keys=settings.api_keys,
+        api_keys_file=settings.api_keys_file,
+        tokens=open_tokens(settings.redis_url, settings.store_prefix),
+        allowed_origins=settings.allowed_origins,
+        fast_replay_tenants=settings.fast_replay_tenants,
+        token_ttl_s=settings.token_ttl_s,
+    )
+    if not auth.enabled:
+        logger.warning("no API keys configured: authentication is OFF (development mode)")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
@@ -129,6 +144,12 @@ def create_app(
             registry=registry,
             metrics=Metrics(),
             jobs=JobRegistry(settings, live_streams=lambda: len(registry)),
+            auth=auth,
+            capacity=CapacityMonitor(
+                settings.admit_max_queue_wait_ms / 1000, settings.max_batch_size
+            ),
+            stream_slots=Slots(settings.max_streams_per_key),
+            listener_slots=Slots(settings.max_listeners_per_meeting),
         )
         state.metrics.watch(
             lambda: state.scheduler, lambda: len(state.registry), lambda: state.registry.meetings
@@ -148,6 +169,7 @@ def create_app(
                     logger.warning("scheduler still busy at shutdown; failing what is left")
                 await state.scheduler.stop()
             await state.store.close()
+            await state.auth.close()
 
     routes: list[BaseRoute] = [
         WebSocketRoute("/v1/meetings/{meeting_id}/stream", stream.stream_endpoint),
@@ -156,6 +178,7 @@ def create_app(
         Route("/v1/transcriptions", uploads.create_transcription, methods=["POST"]),
         Route("/v1/transcriptions/{job_id}", uploads.get_transcription, methods=["GET"]),
         Route("/v1/transcriptions/{job_id}", uploads.delete_transcription, methods=["DELETE"]),
+        Route("/v1/meetings/{meeting_id}/tokens", rest.mint_token, methods=["POST"]),
         Route("/healthz", rest.healthz, methods=["GET"]),
         Route("/readyz", rest.readyz, methods=["GET"]),
         Route("/metrics", rest.metrics, methods=["GET"]),

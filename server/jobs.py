@@ -97,6 +97,7 @@ class Job:
     audio: DecodedAudio | None = None
     progress: FileProgress | None = None
     meeting_source: SourceState | None = None
+    tenant: str | None = None  # the API key's tenant that owns the job (auth on)
     error: dict[str, str] | None = None
     started_at: float | None = None  # monotonic, when transcription began
     finished_at: float | None = None  # monotonic

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from typing import Any
@@ -11,6 +12,20 @@ import orjson
 
 # Attributes every LogRecord has; anything else was passed through `extra=` and is logged.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+_SECRET_PARAM = re.compile(r"((?:access_token|resume_token)=)[^&\s\"']+")
+
+
+class RedactTokens(logging.Filter):
+    """Blank credentials in query strings (uvicorn logs each WebSocket's path and query)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _SECRET_PARAM.sub(r"\1…", message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -34,6 +49,7 @@ def configure(level: str, fmt: str) -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactTokens())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

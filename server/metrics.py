@@ -88,7 +88,7 @@ class Metrics:
         )
         self.refused = Counter(
             "parley_refused",
-            "Streams refused at admission, by close code",
+            "Sockets (streams, listeners) refused before being served, by close code",
             ["close_code"],
             registry=r,
         )

@@ -41,13 +41,17 @@ class SessionRegistry:
     def meetings(self) -> int:
         return len({s.meeting_id for s in self._sessions})
 
-    def admit(self, actor: SessionActor) -> None:
+    def check_room(self) -> None:
+        """Raise AdmissionRefused if a new session would not be admitted now."""
         if self.state is RegistryState.DRAINING:
             raise AdmissionRefused("server is shutting down")
         if len(self._sessions) >= self._max_sessions:
             raise AdmissionRefused(
                 f"server is at capacity ({self._max_sessions} streams); retry later"
             )
+
+    def admit(self, actor: SessionActor) -> None:
+        self.check_room()
         self._sessions.add(actor)
         self._empty.clear()
 

@@ -1,22 +1,106 @@
-"""HTTP routes: the meeting transcript, liveness and readiness."""
+"""HTTP routes: meeting tokens, the meeting transcript, liveness and readiness."""
 
 from __future__ import annotations
 
 import logging
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from server.auth import ANONYMOUS, Principal, Scope, bearer, meeting_access, unauthorized
+from server.limits import overloaded
 from server.metrics import CONTENT_TYPE
 from server.state import ModelState, app_state
-from session.protocol import ProtocolError, validate_id
+from session.protocol import CloseCode, ErrorCode, ProtocolError, validate_id
+from session.store import StoreError
 from session.transcript import TranscriptFormat, render
 
 logger = logging.getLogger(__name__)
 
+MAX_TOKEN_REQUEST = 4096  # bytes of a token request's JSON body
+
 
 def _problem(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+def _refusal(error: ProtocolError) -> JSONResponse:
+    """The HTTP form of a refusal: 4xxx close codes mirror their HTTP status."""
+    close = int(error.close_code)
+    status = close - 4000 if close >= 4000 else 503 if close == CloseCode.TRY_AGAIN_LATER else 400
+    response = _problem(status, error.code.value, error.message)
+    if status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="parley"'
+    if error.retry_after is not None:
+        response.headers["Retry-After"] = str(round(error.retry_after))
+    return response
+
+
+async def mint_token(request: Request) -> Response:
+    """POST /v1/meetings/{id}/tokens (API key) — a single-use token for one browser
+    connection to the meeting: `{token, expires_at, meeting_id, scope, participant}`.
+    Optional JSON body: `scope` (stream|events|transcript), `participant`, `ttl_s`."""
+    state = app_state(request)
+    auth = state.auth
+    try:
+        principal = auth.key_principal(bearer(request.headers.get("authorization")))
+        meeting_id = validate_id("meeting_id", request.path_params["meeting_id"])
+        scope, participant, ttl_s = _token_request(await _small_body(request))
+        await meeting_access(state.store, meeting_id, principal)
+        token, expires_at = await auth.mint(
+            principal, meeting_id, scope=scope, participant=participant, ttl_s=ttl_s
+        )
+    except ProtocolError as exc:
+        return _refusal(exc)
+    except StoreError as exc:
+        return _refusal(overloaded(f"token store: {exc}"))
+    body = {
+        "token": token,
+        "expires_at": expires_at,
+        "meeting_id": meeting_id,
+        "scope": None if scope is None else scope.value,
+        "participant": participant,
+    }
+    return JSONResponse(body, status_code=201, headers={"Cache-Control": "no-store"})
+
+
+async def _small_body(request: Request) -> bytes:
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_TOKEN_REQUEST:
+            raise _bad(f"request body over {MAX_TOKEN_REQUEST} bytes")
+    return body
+
+
+def _bad(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.BAD_CONFIG, CloseCode.BAD_REQUEST, message)
+
+
+def _token_request(body: bytes) -> tuple[Scope | None, str | None, float | None]:
+    if not body.strip():
+        return None, None, None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise _bad("the body must be a JSON object") from None
+    if not isinstance(data, dict):
+        raise _bad("the body must be a JSON object")
+    raw_scope, participant, ttl_s = data.get("scope"), data.get("participant"), data.get("ttl_s")
+    try:
+        scope = None if raw_scope is None else Scope(raw_scope)
+    except (ValueError, TypeError):
+        raise _bad("scope must be one of: " + ", ".join(s.value for s in Scope)) from None
+    if participant is not None:
+        if not isinstance(participant, str):
+            raise _bad("participant must be a string")
+        validate_id("participant", participant)
+    if ttl_s is not None and (
+        isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not ttl_s > 0
+    ):
+        raise _bad("ttl_s must be a positive number of seconds")
+    return scope, participant, None if ttl_s is None else float(ttl_s)
 
 
 async def transcript(request: Request) -> Response:
@@ -26,6 +110,12 @@ async def transcript(request: Request) -> Response:
         meeting_id = validate_id("meeting_id", request.path_params["meeting_id"])
     except ProtocolError as exc:
         return _problem(400, exc.code.value, exc.message)
+    try:
+        principal = await _reader(request, meeting_id)
+        if not await meeting_access(state.store, meeting_id, principal):
+            return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")
+    except ProtocolError as exc:
+        return _refusal(exc)
     raw_format = request.query_params.get("format", "json")
     try:
         fmt = TranscriptFormat(raw_format)
@@ -36,6 +126,24 @@ async def transcript(request: Request) -> Response:
     if not finals and await state.store.last_seq(meeting_id) == 0:
         return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")
     return Response(render(meeting_id, finals, fmt), media_type=fmt.media_type)
+
+
+async def _reader(request: Request, meeting_id: str) -> Principal:
+    """Who reads a transcript: an API key or a meeting token as the bearer, or a meeting
+    token in `access_token` (the browser's download link)."""
+    auth = app_state(request).auth
+    if not auth.enabled:
+        return ANONYMOUS
+    header = request.headers.get("authorization")
+    if header is not None:
+        credential = bearer(header)
+        if credential is None:
+            raise unauthorized("the Authorization header must be: Bearer <credential>")
+        return await auth.resolve(credential, meeting_id, Scope.TRANSCRIPT, keys_allowed=True)
+    token = request.query_params.get("access_token")
+    if token is None:
+        raise unauthorized("authentication required: Authorization: Bearer <api key>")
+    return await auth.resolve(token, meeting_id, Scope.TRANSCRIPT, keys_allowed=False)
 
 
 async def healthz(request: Request) -> Response:
@@ -59,6 +167,10 @@ async def readyz(request: Request) -> Response:
     if not health.ok:
         reasons.append(f"store {health.backend}: {health.reason}")
     checks["draining"] = str(state.registry.state.value == "draining").lower()
+    refusal = state.capacity.refusal(scheduler)
+    checks["capacity"] = "ok" if refusal is None else "full"
+    if refusal is not None:
+        reasons.append(f"new streams refused: {refusal}")
     ready = state.model_state is ModelState.READY and state.registry.state.value == "open"
     body = {
         "ready": ready,

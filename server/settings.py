@@ -16,8 +16,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 ENV_PREFIX = "PARLEY_"
 
 
-def setting(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+def setting(default: Any, help: str, *, secret: bool = False) -> Any:
+    return field(default=default, metadata={"help": help}, repr=not secret)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,57 @@ class Settings:
     )
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
     max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")
+    admit_max_queue_wait_ms: float = setting(
+        2000.0,
+        "New streams get close 1013 while finals recently waited longer than this for the "
+        "model (90th percentile over 10 s), or a full batch of finals is queued; 0: off.",
+    )
+    max_streams_per_key: int = setting(
+        16, "Concurrent audio streams per tenant (authenticated only); more get close 4429."
+    )
+    max_listeners_per_meeting: int = setting(
+        64, "Listener sockets per meeting on this node; more get close 4429."
+    )
+    idle_timeout_s: float = setting(
+        30.0, "A stream that sends no audio and no keepalive for this long is closed 4408."
+    )
+    max_session_s: float = setting(
+        4 * 3600.0, "Longest a stream may last; then its finals are flushed and it closes 4413."
+    )
+    realtime_factor: float = setting(
+        1.5,
+        "Fastest a stream is read, in audio seconds per wall second, unless its tenant is "
+        "in FAST_REPLAY_TENANTS (authentication off: no limit).",
+    )
+    realtime_burst_s: float = setting(
+        30.0, "Audio seconds a stream may send ahead of REALTIME_FACTOR (catch-up, resume)."
+    )
+    listener_send_timeout_s: float = setting(
+        10.0, "A listener that takes no message for this long is dropped (close 1008)."
+    )
+    api_keys: str | None = setting(
+        None,
+        "API keys as `tenant:key` pairs, comma separated (keys of 16+ characters). Setting "
+        "any key (here or in API_KEYS_FILE) turns authentication on.",
+        secret=True,
+    )
+    api_keys_file: str | None = setting(
+        None, "File of API keys, one `tenant:key` per line (`#` comments)."
+    )
+    fast_replay_tenants: str = setting(
+        "", "Tenants whose streams may exceed REALTIME_FACTOR, comma separated; `*`: all."
+    )
+    allowed_origins: str | None = setting(
+        None,
+        "Origins browsers may open WebSockets from, comma separated (`https://app.example`); "
+        "`*`: any. Unset: any while authentication is off, else this server's own origin.",
+    )
+    token_ttl_s: float = setting(
+        60.0, "Lifetime of a meeting token (single use) minted by POST /v1/meetings/{id}/tokens."
+    )
+    auth_timeout_s: float = setting(
+        10.0, "A socket that has not authenticated within this many seconds is closed 4401."
+    )
     outbox_limit: int = setting(
         1000, "Undelivered messages to a client before it is dropped as too slow."
     )
@@ -144,6 +195,23 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}UPLOAD_DECODE_MEMORY_MB must be at least 128")
         if self.log_format not in {"json", "text"}:
             raise ValueError(f"{ENV_PREFIX}LOG_FORMAT must be json or text")
+        positive = (
+            "idle_timeout_s",
+            "max_session_s",
+            "realtime_factor",
+            "listener_send_timeout_s",
+            "token_ttl_s",
+            "auth_timeout_s",
+        )
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{ENV_PREFIX}{name.upper()} must be > 0")
+        for name in ("max_sessions", "max_streams_per_key", "max_listeners_per_meeting"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{ENV_PREFIX}{name.upper()} must be >= 1")
+        for name in ("realtime_burst_s", "admit_max_queue_wait_ms"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{ENV_PREFIX}{name.upper()} must be >= 0")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

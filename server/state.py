@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from starlette.requests import HTTPConnection
 
 from engine.scheduler import BatchScheduler
+from server.auth import Authenticator
 from server.jobs import JobRegistry
+from server.limits import CapacityMonitor, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
@@ -33,6 +35,10 @@ class AppState:
     registry: SessionRegistry
     metrics: Metrics
     jobs: JobRegistry
+    auth: Authenticator
+    capacity: CapacityMonitor
+    stream_slots: Slots  # per tenant
+    listener_slots: Slots  # per meeting
     model_state: ModelState = ModelState.LOADING
     model_error: str | None = None
     scheduler: BatchScheduler | None = None

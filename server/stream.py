@@ -5,22 +5,32 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from server.auth import (
+    OwnerCheck,
+    Principal,
+    Scope,
+    forbidden,
+    meeting_access,
+    owned_config,
+)
+from server.gate import Handshake, authenticate
+from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
-from session.actor import SessionActor
+from session.actor import SessionActor, SessionServices
 from session.protocol import (
     CloseCode,
     ErrorCode,
     ProtocolError,
     StreamConfig,
     encode,
-    error_message,
     parse_stream_config,
     validate_id,
 )
@@ -37,42 +47,75 @@ from session.store import (
 logger = logging.getLogger(__name__)
 
 
-async def _refuse(websocket: WebSocket, error: ProtocolError) -> None:
-    """Accept, say why in an `error` message, and close with the named code."""
-    await websocket.accept()
-    await websocket.send_text(encode(error_message(error.code, error.message)))
-    await websocket.close(error.close_code, error.message[:120])
-
-
 async def stream_endpoint(websocket: WebSocket) -> None:
     state = app_state(websocket)
+    handshake = Handshake(websocket)
     query = dict(websocket.query_params)
+    meeting_id = websocket.path_params["meeting_id"]
     try:
-        config = parse_stream_config(
-            websocket.path_params["meeting_id"], query, state.settings.default_language
+        principal = await authenticate(
+            handshake,
+            state.auth,
+            meeting_id,
+            Scope.STREAM,
+            timeout_s=state.settings.auth_timeout_s,
         )
+        config = _bind_participant(
+            parse_stream_config(meeting_id, query, state.settings.default_language),
+            principal,
+            query,
+        )
+        services = _services_or_refuse(state)
+        if "resume_token" not in query:  # a resumed source was admitted before
+            _check_capacity(state)
+    except WebSocketDisconnect:
+        return
     except ProtocolError as exc:
-        await _refuse(websocket, exc)
+        await _refuse(state, handshake, exc)
         return
-    services = state.services
-    if services is None:
+    tenant = principal.tenant
+    if tenant is not None and not state.stream_slots.acquire(tenant):
         await _refuse(
-            websocket,
-            ProtocolError(
-                ErrorCode.OVERLOADED,
-                CloseCode.TRY_AGAIN_LATER,
-                f"model is {state.model_state.value}; retry when /readyz says ready",
-            ),
+            state,
+            handshake,
+            quota_exceeded(f"tenant has {state.stream_slots.limit} streams open (the limit)"),
         )
         return
     try:
-        opened = await _open_source(state.store, config, query)
+        await _serve_stream(state, handshake, services, config, query, principal)
+    finally:
+        if tenant is not None:
+            state.stream_slots.release(tenant)
+
+
+async def _serve_stream(
+    state: AppState,
+    handshake: Handshake,
+    services: SessionServices,
+    config: StreamConfig,
+    query: dict[str, str],
+    principal: Principal,
+) -> None:
+    try:
+        opened = await _open_source(state.store, config, query, principal)
         _check_language(opened.config.language, services.languages, state.recognizer_name)
     except ProtocolError as exc:
-        await _refuse(websocket, exc)
+        await _refuse(state, handshake, exc)
         return
+    budget = None
+    if not principal.fast_replay:
+        budget = RealtimeBudget(
+            state.settings.realtime_factor, state.settings.realtime_burst_s, time.monotonic()
+        )
+    connection = LimitedConnection(
+        handshake.websocket,
+        idle_timeout_s=state.settings.idle_timeout_s,
+        max_duration_s=state.settings.max_session_s,
+        budget=budget,
+        bytes_per_second=config.sample_rate * config.encoding.sample_width,
+    )
     actor = SessionActor(
-        websocket=websocket,
+        websocket=connection,
         config=opened.config,
         services=services,
         source=opened.source,
@@ -83,19 +126,17 @@ async def stream_endpoint(websocket: WebSocket) -> None:
     try:
         state.registry.admit(actor)
     except AdmissionRefused as exc:
-        state.metrics.refused.labels(str(int(CloseCode.TRY_AGAIN_LATER))).inc()
-        await _refuse(
-            websocket, ProtocolError(ErrorCode.OVERLOADED, CloseCode.TRY_AGAIN_LATER, exc.reason)
-        )
+        await _refuse(state, handshake, overloaded(exc.reason))
         return
     try:
-        await websocket.accept()
+        await handshake.accept()
         reason = await actor.run()
         logger.info(
             "session ended",
             extra={
                 "session_id": actor.session_id,
                 "meeting_id": config.meeting_id,
+                "tenant": principal.tenant,
                 "reason": reason.value,
                 "finals": actor.totals.finals,
                 "resumed": opened.resumed,
@@ -120,6 +161,40 @@ def _check_language(language: str, known: frozenset[str], model: str) -> None:
     )
 
 
+async def _refuse(state: AppState, handshake: Handshake, error: ProtocolError) -> None:
+    state.metrics.refused.labels(str(int(error.close_code))).inc()
+    await handshake.refuse(error)
+
+
+def _services_or_refuse(state: AppState) -> SessionServices:
+    if state.services is None:
+        raise overloaded(f"model is {state.model_state.value}; retry when /readyz says ready")
+    return state.services
+
+
+def _check_capacity(state: AppState) -> None:
+    """Refuse a new stream (1013) past the stream bound or the model's measured capacity."""
+    try:
+        state.registry.check_room()
+    except AdmissionRefused as exc:
+        raise overloaded(exc.reason) from None
+    reason = state.capacity.refusal(state.scheduler)
+    if reason is not None:
+        raise overloaded(reason)
+
+
+def _bind_participant(
+    config: StreamConfig, principal: Principal, query: dict[str, str]
+) -> StreamConfig:
+    """A meeting token bound to a participant streams as that participant only."""
+    bound = principal.participant
+    if bound is None:
+        return config
+    if "participant" in query and query["participant"] != bound:
+        raise forbidden(f"the meeting token is for participant {bound!r}")
+    return dataclasses.replace(config, participant=bound)
+
+
 @dataclass(frozen=True, slots=True)
 class _OpenedSource:
     config: StreamConfig
@@ -129,31 +204,35 @@ class _OpenedSource:
     resumed: bool
 
 
-async def _open_source(store: Store, config: StreamConfig, query: dict[str, str]) -> _OpenedSource:
+async def _open_source(
+    store: Store, config: StreamConfig, query: dict[str, str], principal: Principal
+) -> _OpenedSource:
     """A new source of the meeting, or the one a `resume_token` names (with the finals the
-    client has not seen: this source's finals after `last_seq`)."""
+    client has not seen: this source's finals after `last_seq`). Either way, the meeting
+    must be the principal's: a new one becomes its (first writer wins)."""
     token = query.get("resume_token")
+    meeting_id = config.meeting_id
     try:
+        exists = await meeting_access(store, meeting_id, principal)
         if token is None:
             source, token = await store.create_source(
-                config.meeting_id, config.participant, config.as_dict()
+                meeting_id, config.participant, owned_config(config.as_dict(), principal)
             )
+            if not exists:  # created now: or by another tenant a moment before us
+                await meeting_access(store, meeting_id, principal)
             return _OpenedSource(config, source, token, [], resumed=False)
         last_seq = _non_negative("last_seq", query.get("last_seq", "0"))
-        source = await store.resume_source(
-            config.meeting_id, token, config.participant if "participant" in query else None
-        )
+        participant = query.get("participant") or principal.participant
+        source = await store.resume_source(meeting_id, token, participant)
     except UnknownResumeToken as exc:
         raise ProtocolError(ErrorCode.NOT_FOUND, CloseCode.NOT_FOUND, str(exc)) from None
     except ResumeRefused as exc:
         raise ProtocolError(ErrorCode.FORBIDDEN, CloseCode.FORBIDDEN, str(exc)) from None
     except StoreError as exc:
-        raise ProtocolError(
-            ErrorCode.OVERLOADED, CloseCode.TRY_AGAIN_LATER, f"meeting store: {exc}"
-        ) from None
+        raise overloaded(f"meeting store: {exc}") from None
     replay = [
         f
-        for f in await store.finals(config.meeting_id, after_seq=last_seq)
+        for f in await store.finals(meeting_id, after_seq=last_seq)
         if f.session_id == source.session_id
     ]
     config = dataclasses.replace(config, participant=source.participant)
@@ -166,25 +245,45 @@ async def events_endpoint(websocket: WebSocket) -> None:
     """Listener feed: the meeting's finals so far (after `after_seq`), then every
     `transcript.*` event of every source as it happens."""
     state = app_state(websocket)
+    handshake = Handshake(websocket)
+    meeting_id = websocket.path_params["meeting_id"]
     try:
-        meeting_id = validate_id("meeting_id", websocket.path_params["meeting_id"])
+        principal = await authenticate(
+            handshake,
+            state.auth,
+            meeting_id,
+            Scope.EVENTS,
+            timeout_s=state.settings.auth_timeout_s,
+        )
+        validate_id("meeting_id", meeting_id)
         after_seq = _non_negative("after_seq", websocket.query_params.get("after_seq", "0"))
-    except ProtocolError as exc:
-        await _refuse(websocket, exc)
+        owner = OwnerCheck(state.store, meeting_id, principal)
+        await owner.start()
+    except WebSocketDisconnect:
         return
-    await websocket.accept()
+    except ProtocolError as exc:
+        await _refuse(state, handshake, exc)
+        return
+    if not state.listener_slots.acquire(meeting_id):
+        limit = state.listener_slots.limit
+        await _refuse(state, handshake, quota_exceeded(f"meeting has {limit} listeners already"))
+        return
     state.metrics.listeners.inc()
     try:
-        error = await _serve_listener(websocket, state, meeting_id, after_seq)
+        await handshake.accept()
+        error = await _serve_listener(websocket, state, meeting_id, after_seq, owner)
     finally:
         state.metrics.listeners.dec()
+        state.listener_slots.release(meeting_id)
+    timeout = state.settings.listener_send_timeout_s
     if isinstance(error, SubscriberLagged):
         await _close_with(
             websocket,
             ProtocolError(ErrorCode.SLOW_CONSUMER, CloseCode.POLICY_VIOLATION, str(error)),
+            timeout,
         )
     elif isinstance(error, ProtocolError):
-        await _close_with(websocket, error)
+        await _close_with(websocket, error, timeout)
     elif error is not None and not isinstance(error, WebSocketDisconnect):
         logger.error("listener failed", exc_info=error)
         await _close_with(
@@ -192,16 +291,19 @@ async def events_endpoint(websocket: WebSocket) -> None:
             ProtocolError(
                 ErrorCode.INTERNAL, CloseCode.INTERNAL_ERROR, "internal error; see server log"
             ),
+            timeout,
         )
 
 
 async def _serve_listener(
-    websocket: WebSocket, state: AppState, meeting_id: str, after_seq: int
+    websocket: WebSocket, state: AppState, meeting_id: str, after_seq: int, owner: OwnerCheck
 ) -> BaseException | None:
     """Forward events until the listener leaves or fails; return what ended it."""
     async with state.store.subscribe(meeting_id) as events:
         watcher = asyncio.create_task(_watch_listener(websocket))
-        forwarder = asyncio.create_task(_forward(websocket, state, meeting_id, after_seq, events))
+        forwarder = asyncio.create_task(
+            _forward(websocket, state, meeting_id, after_seq, events, owner)
+        )
         done, pending = await asyncio.wait(
             {watcher, forwarder}, return_when=asyncio.FIRST_COMPLETED
         )
@@ -225,20 +327,33 @@ async def _forward(
     meeting_id: str,
     after_seq: int,
     events: AsyncIterator[bytes],
+    owner: OwnerCheck,
 ) -> None:
     # Subscribed first, then read the log: nothing falls between the two; finals seen in
-    # the log are skipped when they come again live.
+    # the log are skipped when they come again live. Nothing is sent before the meeting's
+    # owner is confirmed; a listener that does not take a message in time is dropped.
     if after_seq > await state.store.last_seq(meeting_id):
         after_seq = 0  # the log is younger than the client's view (an in-memory store restarted)
+    timeout = state.settings.listener_send_timeout_s
     sent = after_seq
     for record in await state.store.finals(meeting_id, after_seq):
-        await websocket.send_text(encode(record.message()))
+        await owner.confirm()
+        await _send(websocket, encode(record.message()), timeout)
         sent = record.seq
     async for event in events:
         message = orjson.loads(event)
         if message["type"] == "transcript.final" and message["seq"] <= sent:
             continue
-        await websocket.send_text(event.decode())
+        await owner.confirm()
+        await _send(websocket, event.decode(), timeout)
+
+
+async def _send(websocket: WebSocket, text: str, timeout: float) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await websocket.send_text(text)
+    except TimeoutError:
+        raise SubscriberLagged(f"listener took no message for {timeout:g} s") from None
 
 
 async def _watch_listener(websocket: WebSocket) -> None:
@@ -255,9 +370,10 @@ async def _watch_listener(websocket: WebSocket) -> None:
             )
 
 
-async def _close_with(websocket: WebSocket, error: ProtocolError) -> None:
+async def _close_with(websocket: WebSocket, error: ProtocolError, timeout: float) -> None:
     try:
-        await websocket.send_text(encode(error_message(error.code, error.message)))
-        await websocket.close(error.close_code, error.message[:120])
-    except (RuntimeError, WebSocketDisconnect, OSError):
+        async with asyncio.timeout(timeout):  # a listener that reads nothing gets no longer
+            await websocket.send_text(encode(error.to_message()))
+            await websocket.close(error.close_code, error.message[:120])
+    except (RuntimeError, WebSocketDisconnect, OSError, TimeoutError):
         logger.debug("listener went away before its close", exc_info=True)

@@ -22,6 +22,7 @@ import re
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from server.auth import ANONYMOUS, OWNER_FIELD, Principal, bearer, meeting_access
 from server.decode import DecodeError
 from server.jobs import Job, JobOptions, JobsFull, JobStatus
 from server.settings import Settings
@@ -100,6 +101,9 @@ async def create_transcription(request: Request) -> Response:
     """POST /v1/transcriptions — upload a recording; 202 + Location, or 200 with `wait=true`."""
     state = app_state(request)
     settings = state.settings
+    tenant = _tenant(request)
+    if isinstance(tenant, Response):
+        return tenant
     query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
     unknown = set(request.query_params) - OPTION_FIELDS
     if unknown:
@@ -126,6 +130,7 @@ async def create_transcription(request: Request) -> Response:
         job = state.jobs.admit(options)
     except JobsFull as exc:
         return _problem(503, "overloaded", str(exc), {"Retry-After": RETRY_AFTER_S})
+    job.tenant = tenant
     try:
         form = await receive_form(
             request.stream(),
@@ -142,12 +147,20 @@ async def create_transcription(request: Request) -> Response:
         audio = await state.jobs.decode(job, form.path)
         source = None
         if options.meeting_id is not None:  # the file becomes a source of the meeting
-            source, _ = await state.store.create_source(options.meeting_id, options.participant)
+            principal = ANONYMOUS if tenant is None else Principal(tenant, fast_replay=True)
+            await meeting_access(state.store, options.meeting_id, principal)  # 4403 → 403
+            owner = None if tenant is None else {OWNER_FIELD: tenant}
+            source, _ = await state.store.create_source(
+                options.meeting_id, options.participant, owner
+            )
         state.jobs.start(job, audio, services, file_vad, source)
     except (FormRefused, DecodeError) as exc:
         await state.jobs.discard(job)
         logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)
         return _problem(exc.status, exc.code, exc.message)
+    except ProtocolError as exc:  # the meeting belongs to another tenant
+        await state.jobs.discard(job)
+        return _problem(403, exc.code.value, exc.message)
     except (JobsFull, StoreError) as exc:
         await state.jobs.discard(job)
         return _problem(503, "overloaded", str(exc), {"Retry-After": RETRY_AFTER_S})
@@ -181,9 +194,25 @@ async def _answer_when_done(job: Job, timeout: float) -> Response:
     return _problem(status, error["code"], error["message"], headers)
 
 
+def _tenant(request: Request) -> str | Response | None:
+    """With authentication on, uploads take an API key (`Authorization: Bearer`); its
+    tenant owns the job. None while authentication is off."""
+    auth = app_state(request).auth
+    if not auth.enabled:
+        return None
+    credential = bearer(request.headers.get("authorization", ""))
+    tenant = None if credential is None else auth.key_tenant(credential)
+    if tenant is None:
+        return _problem(401, "unauthorized", "authentication required: Bearer <api key>")
+    return tenant
+
+
 def _job(request: Request) -> Job | Response:
+    tenant = _tenant(request)
+    if isinstance(tenant, Response):
+        return tenant
     job = app_state(request).jobs.get(request.path_params["job_id"])
-    if job is None:
+    if job is None or job.tenant != tenant:  # another tenant's job does not exist for you
         return _problem(404, "not_found", "no such transcription job (it may have expired)")
     return job
 

@@ -118,6 +118,7 @@ class EndReason(enum.Enum):
     CLIENT_CLOSED = "client_closed"
     CONNECTION_LOST = "connection_lost"
     PROTOCOL_ERROR = "protocol_error"
+    LIMIT = "limit"  # the connection's idle or duration limit
     SHUTDOWN = "shutdown"
     SLOW_CONSUMER = "slow_consumer"
     SUPERSEDED = "superseded"  # the source was resumed on another connection
@@ -356,6 +357,8 @@ class SessionActor:
                 if current is not None:
                     current.uncancel()
                 return Ending(EndReason.SHUTDOWN, CloseCode.SERVICE_RESTART, flush=True)
+            except ProtocolError as exc:  # a limit the connection enforces (idle, duration)
+                return Ending(EndReason.LIMIT, exc.close_code, flush=True, error=exc)
             finally:
                 self._receiving = False
             if message["type"] == "websocket.disconnect":

@@ -35,11 +35,13 @@ class CloseCode(enum.IntEnum):
     SERVICE_RESTART = 1012  # the server is shutting down; reconnect (and resume) elsewhere
     TRY_AGAIN_LATER = 1013  # at capacity; retry with backoff
     BAD_REQUEST = 4400  # bad query parameters (encoding, sample rate, ids)
-    UNAUTHORIZED = 4401
-    FORBIDDEN = 4403
+    UNAUTHORIZED = 4401  # no, a bad, a used or an expired credential; or none in time
+    FORBIDDEN = 4403  # another tenant's meeting, an Origin not allowed, a token for elsewhere
     NOT_FOUND = 4404  # unknown meeting or resume token
     TIMEOUT = 4408  # idle too long without audio or keepalive
     CONFLICT = 4409  # resume of a source that is still connected
+    MAX_DURATION = 4413  # the stream reached PARLEY_MAX_SESSION_S (its finals were all sent)
+    TOO_MANY_REQUESTS = 4429  # a quota: streams per key, listeners per meeting
 
 
 class ErrorCode(enum.StrEnum):
@@ -59,6 +61,8 @@ class ErrorCode(enum.StrEnum):
     UNAUTHORIZED = "unauthorized"
     TIMEOUT = "timeout"
     CONFLICT = "conflict"
+    MAX_DURATION = "max_duration"
+    QUOTA_EXCEEDED = "quota_exceeded"
 
 
 class Encoding(enum.StrEnum):
@@ -147,6 +151,7 @@ class ErrorMessage(TypedDict):
     type: Literal["error"]
     code: str
     message: str
+    retry_after: NotRequired[float]  # seconds; with `overloaded` and `quota_exceeded`
 
 
 class SessionEnded(TypedDict):
@@ -169,8 +174,13 @@ ServerMessage = (
 )
 
 
-def error_message(code: ErrorCode, message: str) -> ErrorMessage:
-    return {"type": "error", "code": code.value, "message": message}
+def error_message(
+    code: ErrorCode, message: str, *, retry_after: float | None = None
+) -> ErrorMessage:
+    error: ErrorMessage = {"type": "error", "code": code.value, "message": message}
+    if retry_after is not None:
+        error["retry_after"] = retry_after
+    return error
 
 
 def encode(message: ServerMessage) -> str:
@@ -184,16 +194,28 @@ class ControlType(enum.StrEnum):
     FINALIZE = "finalize"  # flush the current utterance now
     STOP = "stop"  # flush, send every final, then `session.ended`, close 1000
     KEEPALIVE = "keepalive"
+    AUTH = "auth"  # credentials as the first message; a no-op once authenticated
 
 
 class ProtocolError(Exception):
     """Bad input from a client. Carries the `error` code and the close code to use."""
 
-    def __init__(self, code: ErrorCode, close_code: CloseCode, message: str) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        close_code: CloseCode,
+        message: str,
+        *,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.close_code = close_code
         self.message = message
+        self.retry_after = retry_after  # seconds a client should wait before retrying
+
+    def to_message(self) -> ErrorMessage:
+        return error_message(self.code, self.message, retry_after=self.retry_after)
 
 
 def parse_control(text: str) -> ControlType:

@@ -1,0 +1,120 @@
+"""What a WebSocket passes before it is served: its Origin, its credentials, and, when
+refused, an `error` message and a named close code it can read.
+
+Refusals accept first, so that every client (a browser included, which sees nothing of an
+HTTP status at upgrade) reads the `error` and the close code. When the client offered
+subprotocols, the server selects `parley.v1`: browsers fail a handshake in which the
+server selects none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import orjson
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from server.auth import (
+    ANONYMOUS,
+    SUBPROTOCOL,
+    TOKEN_SUBPROTOCOL,
+    Authenticator,
+    Principal,
+    Scope,
+    bearer,
+    forbidden,
+    unauthorized,
+)
+from session.protocol import ProtocolError, encode
+
+logger = logging.getLogger(__name__)
+
+
+class Handshake:
+    """One socket's accept: at most once, with the subprotocol the client can take."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+        offered = [str(p) for p in websocket.scope.get("subprotocols") or []]
+        self.offered = offered
+        self.subprotocol = SUBPROTOCOL if SUBPROTOCOL in offered else None
+        self.accepted = False
+
+    async def accept(self) -> None:
+        if not self.accepted:
+            self.accepted = True
+            await self.websocket.accept(subprotocol=self.subprotocol)
+
+    async def refuse(self, error: ProtocolError) -> None:
+        """Say why in an `error` message, then close with the named code."""
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect, OSError):
+            await self.accept()
+            await self.websocket.send_text(encode(error.to_message()))
+            await self.websocket.close(error.close_code, error.message[:120])
+
+    def token_subprotocol(self) -> str | None:
+        for value in self.offered:
+            if value.startswith(TOKEN_SUBPROTOCOL):
+                return value[len(TOKEN_SUBPROTOCOL) :]
+        return None
+
+
+async def authenticate(
+    handshake: Handshake,
+    auth: Authenticator,
+    meeting_id: str,
+    scope: Scope,
+    *,
+    timeout_s: float,
+) -> Principal:
+    """Check the Origin, then find and resolve the socket's credentials: the
+    Authorization header (API key or meeting token), the token subprotocol or the
+    `access_token` query parameter (meeting tokens only), or else an `auth` message,
+    which must come first and within `timeout_s`. Raises ProtocolError (4401, 4403) or
+    WebSocketDisconnect."""
+    websocket = handshake.websocket
+    if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
+        raise forbidden("this page's Origin may not open Parley sockets (PARLEY_ALLOWED_ORIGINS)")
+    if not auth.enabled:
+        return ANONYMOUS
+    header = websocket.headers.get("authorization")
+    if header is not None:
+        credential = bearer(header)
+        if credential is None:
+            raise unauthorized("the Authorization header must be: Bearer <credential>")
+        return await auth.resolve(credential, meeting_id, scope, keys_allowed=True)
+    token = handshake.token_subprotocol() or websocket.query_params.get("access_token")
+    if token is not None:
+        return await auth.resolve(token, meeting_id, scope, keys_allowed=False)
+    await handshake.accept()
+    credential = await _auth_message(websocket, timeout_s)
+    return await auth.resolve(credential, meeting_id, scope, keys_allowed=True)
+
+
+async def _auth_message(websocket: WebSocket, timeout_s: float) -> str:
+    """The token of the socket's first message, `{"type": "auth", "token": "..."}`."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            message = await websocket.receive()
+    except TimeoutError:
+        raise unauthorized(f"not authenticated within {timeout_s:g} s") from None
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    text = message.get("text")
+    try:
+        data = orjson.loads(text) if text is not None else None
+    except orjson.JSONDecodeError:
+        data = None
+    if (
+        not isinstance(data, dict)
+        or data.get("type") != "auth"
+        or not isinstance(data.get("token"), str)
+    ):
+        raise unauthorized(
+            'authenticate first: Authorization header, access_token, or {"type": "auth", '
+            '"token": ...} as the first message'
+        )
+    token: str = data["token"]
+    return token

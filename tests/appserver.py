@@ -1,0 +1,96 @@
+"""The real Parley app under uvicorn in the test's own event loop, with a fake engine:
+seconds to start, no model to load, so each test can have the settings it needs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import uvicorn
+
+from engine.recognizer import Recognizer
+from server.app import create_app
+from server.settings import Settings
+from server.state import AppState
+from tests.conftest import free_port
+from tests.fakes import FakeRecognizer
+
+START_TIMEOUT = 60.0
+
+
+@dataclass
+class AppServer:
+    port: int
+    state: AppState
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One HTTP request, off the event loop (the server shares it)."""
+        data = None if body is None else body if isinstance(body, bytes) else orjson.dumps(body)
+
+        def call() -> tuple[int, dict[str, str], bytes]:
+            req = urllib.request.Request(
+                self.http_url + path, data=data, method=method, headers=headers or {}
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=10) as response:
+                    return response.status, dict(response.headers), response.read()
+            except urllib.error.HTTPError as exc:
+                return exc.code, dict(exc.headers), exc.read()
+
+        return await asyncio.to_thread(call)
+
+
+@contextlib.asynccontextmanager
+async def serve_app(
+    recognizer: Callable[[Settings], Recognizer] = lambda s: FakeRecognizer(),
+    **settings: Any,
+) -> AsyncIterator[AppServer]:
+    """Serve `create_app(Settings(**settings))` on a free loopback port until the block ends."""
+    port = free_port()
+    config_settings = Settings.from_env({}, port=port, static_dir="/nonexistent", **settings)
+    app = create_app(config_settings, recognizer)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        ws="websockets-sansio",
+        ws_max_size=config_settings.max_frame_bytes * 4,
+        ws_per_message_deflate=False,
+        lifespan="on",
+        log_config=None,
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(START_TIMEOUT):
+            # uvicorn has no started event; its own tests/utils.py run_server polls this flag
+            while not server.started:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            state: AppState = app.state.parley
+            assert state.loader is not None
+            await state.loader
+        yield AppServer(port, state)
+    finally:
+        server.should_exit = True
+        await serving

@@ -1,0 +1,67 @@
+"""Client helpers for the hardening tests: open a socket with given credentials, send
+frames, collect what comes back until the close."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from tests.wsclient import StreamResult, receive_all
+
+STOP = orjson.dumps({"type": "stop"}).decode()
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def exchange(
+    url: str,
+    frames: Sequence[bytes | str] = (),
+    *,
+    headers: dict[str, str] | None = None,
+    subprotocols: Sequence[str] | None = None,
+    origin: str | None = None,
+    timeout: float = 20.0,
+    linger: float | None = None,
+) -> StreamResult:
+    """Connect, send `frames`, and collect every message until the server closes (or,
+    with `linger`, for that many seconds, then close)."""
+    result = StreamResult()
+    try:
+        async with connect(
+            url,
+            additional_headers=headers,
+            subprotocols=list(subprotocols) if subprotocols else None,  # type: ignore[arg-type]
+            origin=origin,  # type: ignore[arg-type]
+            max_size=None,
+            open_timeout=timeout,
+        ) as ws:
+            receiver = asyncio.create_task(receive_all(ws, result))
+            for frame in frames:
+                if receiver.done():
+                    break
+                try:
+                    await ws.send(frame)
+                except Exception:  # the server closed while we were sending
+                    break
+            if linger is None:
+                await asyncio.wait_for(receiver, timeout)
+            else:
+                done, _ = await asyncio.wait({receiver}, timeout=linger)
+                if not done:
+                    await ws.close()
+                    await asyncio.wait_for(receiver, timeout)
+    except InvalidStatus as exc:
+        result.close_code = -exc.response.status_code  # refused at upgrade: -HTTP status
+    return result
+
+
+def error_of(result: StreamResult) -> dict[str, Any] | None:
+    errors = result.of_type("error")
+    return errors[-1] if errors else None
