@@ -4,7 +4,9 @@ frames, collect what comes back until the close."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -14,6 +16,14 @@ from websockets.exceptions import InvalidStatus
 from tests.wsclient import StreamResult, receive_all
 
 STOP = orjson.dumps({"type": "stop"}).decode()
+SEND_TIMEOUT = 1.0  # seconds one frame may take to go out
+
+
+@dataclass(frozen=True)
+class RawText:
+    """Bytes sent as a text frame as they are (invalid UTF-8 included)."""
+
+    data: bytes
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -22,7 +32,7 @@ def bearer(key: str) -> dict[str, str]:
 
 async def exchange(
     url: str,
-    frames: Sequence[bytes | str] = (),
+    frames: Sequence[bytes | str | RawText] = (),
     *,
     headers: dict[str, str] | None = None,
     subprotocols: Sequence[str] | None = None,
@@ -34,31 +44,46 @@ async def exchange(
     with `linger`, for that many seconds, then close)."""
     result = StreamResult()
     try:
-        async with connect(
+        ws = await connect(
             url,
             additional_headers=headers,
             subprotocols=list(subprotocols) if subprotocols else None,  # type: ignore[arg-type]
             origin=origin,  # type: ignore[arg-type]
             max_size=None,
             open_timeout=timeout,
-        ) as ws:
-            receiver = asyncio.create_task(receive_all(ws, result))
-            for frame in frames:
-                if receiver.done():
-                    break
-                try:
-                    await ws.send(frame)
-                except Exception:  # the server closed while we were sending
-                    break
-            if linger is None:
-                await asyncio.wait_for(receiver, timeout)
-            else:
-                done, _ = await asyncio.wait({receiver}, timeout=linger)
-                if not done:
-                    await ws.close()
-                    await asyncio.wait_for(receiver, timeout)
+            close_timeout=1.0,  # a server that stopped reading mid-frame cannot answer a close
+        )
     except InvalidStatus as exc:
         result.close_code = -exc.response.status_code  # refused at upgrade: -HTTP status
+        return result
+    try:
+        receiver = asyncio.create_task(receive_all(ws, result))
+        for frame in frames:
+            if receiver.done():
+                break
+            try:
+                async with asyncio.timeout(SEND_TIMEOUT):
+                    if isinstance(frame, RawText):
+                        await ws.send(frame.data, text=True)
+                    else:
+                        await ws.send(frame)
+            except TimeoutError:  # the server stopped reading (it refused this frame)
+                ws.transport.abort()
+                break
+            except Exception:  # the server closed while we were sending
+                break
+        if linger is None:
+            await asyncio.wait_for(receiver, timeout)
+        else:
+            done, _ = await asyncio.wait({receiver}, timeout=linger)
+            if not done:
+                await ws.close()
+                await asyncio.wait_for(receiver, timeout)
+    finally:
+        # CPython 3.11 asyncio: abort() on a transport whose close flushed a big write
+        # later raises AttributeError (its loop is gone); the connection is over anyway.
+        with contextlib.suppress(AttributeError):
+            await ws.close()
     return result
 
 
