@@ -106,8 +106,8 @@ class FileTranscriber:
         vad: VadScorer | None = None,
     ) -> None:
         """`vad` scores the file's windows (default: the live sessions' scorer). The server
-        passes a DirectScorer over the same model: the live VadBatcher gives each stream
-        one window step per 10 ms tick, far too slow for a file read from disk."""
+        passes a DirectScorer over the same model: a file's windows come all at once, and
+        scoring them apart keeps the live rooms' per-turn VAD batches small."""
         self._path = audio_path
         self._services = services
         self._options = options

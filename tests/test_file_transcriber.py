@@ -25,18 +25,15 @@ class CountingScheduler(BatchScheduler):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.outstanding = 0
+        self.futures: list[asyncio.Future[RecognitionResult]] = []
         self.most_outstanding = 0
 
     async def submit(self, request: RecognitionRequest) -> asyncio.Future[RecognitionResult]:
         future = await super().submit(request)
-        self.outstanding += 1
-        self.most_outstanding = max(self.most_outstanding, self.outstanding)
-
-        def settled(_: asyncio.Future[RecognitionResult]) -> None:
-            self.outstanding -= 1
-
-        future.add_done_callback(settled)
+        self.futures.append(future)
+        # Count futures not yet done (a done-callback would run a loop turn late).
+        outstanding = sum(not f.done() for f in self.futures)
+        self.most_outstanding = max(self.most_outstanding, outstanding)
         return future
 
 
