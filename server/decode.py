@@ -123,6 +123,8 @@ async def decode_file(src: Path, dst: Path, limits: DecodeLimits) -> DecodedAudi
             decode_seconds=elapsed,
         )
     if process.returncode == decode_worker.EXIT_REFUSED and report is not None:
+        if int(report["status"]) >= 500:  # the decoder's own failure, not the file's
+            logger.error("decoder could not run: %s", report["message"])
         raise DecodeError(int(report["status"]), str(report["code"]), str(report["message"]))
     code = process.returncode or 0
     if code < 0:

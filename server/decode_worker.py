@@ -285,6 +285,14 @@ def main(argv: list[str] | None = None) -> None:
     output_bytes = int((args.max_seconds + 60) * OUTPUT_BYTES_PER_SECOND)
     limit_self(args.cpu_seconds, args.memory_bytes, output_bytes)
     try:
+        import av  # noqa: F401 - fails here, not on the file, if the limits leave no room
+    except (ImportError, MemoryError) as exc:
+        _answer(
+            {"ok": False, "status": 500, "code": "internal",
+             "message": f"the decoder could not start: {type(exc).__name__}"},
+            EXIT_REFUSED,
+        )  # fmt: skip
+    try:
         facts = decode(args.src, args.dst, args.max_seconds)
     except Refusal as refusal:
         _answer(

@@ -191,8 +191,8 @@ class Settings:
             raise ValueError("upload duration, time and CPU limits must be positive")
         if not 0.05 <= self.upload_live_share <= 1:
             raise ValueError(f"{ENV_PREFIX}UPLOAD_LIVE_SHARE must lie in [0.05, 1]")
-        if self.upload_decode_memory_mb < 128:
-            raise ValueError(f"{ENV_PREFIX}UPLOAD_DECODE_MEMORY_MB must be at least 128")
+        if self.upload_decode_memory_mb < 256:  # the decoder itself needs ~150 MiB to start
+            raise ValueError(f"{ENV_PREFIX}UPLOAD_DECODE_MEMORY_MB must be at least 256")
         if self.log_format not in {"json", "text"}:
             raise ValueError(f"{ENV_PREFIX}LOG_FORMAT must be json or text")
         positive = (

@@ -10,10 +10,11 @@ takes only `model_share()` of the model's time, pausing after each result, so a 
 final often finds the model idle. Results are committed in utterance order.
 
 VAD runs on the event loop in slices of SLICE_WINDOWS windows with a yield between
-them. bench/upload_vad.py on the 2-core box: ~0.6 ms a slice, ~230x real time,
+them. bench/upload_vad.py on the 2-core box (quiet): ~0.6 ms a slice, ~230x real time,
 event-loop lag p99 ~1.6 ms; in a thread the GIL's 5 ms switch interval gave p99
-~3.3 ms at the same throughput; through the live VadBatcher (one step per 10 ms tick)
-only 11-51x real time.
+~3.3 ms at the same throughput. It scores through its own DirectScorer, not the live
+rooms' VadBatcher: a file's many windows would lengthen every batched turn (with the
+batcher's first, 10 ms-tick version a file crawled at 11-51x real time).
 
 Attached to a meeting (as a source the caller registered with `Store.create_source`),
 each final is also appended to the meeting's log (its `seq` comes from the store,

@@ -113,3 +113,13 @@ async def test_decoder_follows_a_rate_change_midway(tmp_path: Path) -> None:
     )
     audio = await decode_bytes(tmp_path, joined)
     assert abs(audio.seconds - 22.0) < 0.2, audio
+
+
+async def test_decoder_that_cannot_start_is_a_server_error(
+    tmp_path: Path, jfk: dict[str, bytes]
+) -> None:
+    """Limits too tight for the decoder to even start are the server's fault: 500."""
+    limits = DecodeLimits(max_seconds=60, cpu_seconds=30, memory_bytes=48 << 20, wall_seconds=30)
+    with pytest.raises(DecodeError) as caught:
+        await decode_bytes(tmp_path, jfk["wav"], limits)
+    assert (caught.value.status, caught.value.code) == (500, "internal")
