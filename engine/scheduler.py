@@ -22,6 +22,7 @@ import enum
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from dataclasses import dataclass, field
 from engine.recognizer import Recognizer, Transcription, Utterance
 
 logger = logging.getLogger(__name__)
+
+LOAD_WINDOW = 2.0  # seconds over which the model's utilization is measured
 
 
 class Priority(enum.IntEnum):
@@ -145,6 +148,8 @@ class BatchScheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parley-model")
         self._task: asyncio.Task[None] | None = None
         self._running_batch: list[_Entry] = []
+        self._batch_started: float | None = None
+        self._busy: deque[tuple[float, float]] = deque()  # recent (start, end) of batches
         self._observers: list[BatchObserver] = []
         self.state = SchedulerState.CREATED
         self.stats = SchedulerStats()
@@ -199,9 +204,22 @@ class BatchScheduler:
         return depth
 
     @property
+    def utilization(self) -> float:
+        """Fraction of the last `LOAD_WINDOW` seconds the model worker spent on batches."""
+        now = self._clock()
+        horizon = now - LOAD_WINDOW
+        while self._busy and self._busy[0][1] <= horizon:
+            self._busy.popleft()
+        busy = sum(end - max(start, horizon) for start, end in self._busy)
+        if self._batch_started is not None:
+            busy += now - max(self._batch_started, horizon)
+        return min(1.0, busy / LOAD_WINDOW)
+
+    @property
     def load(self) -> float:
-        """Queued requests per batch slot: 0 idle, 1 a full batch waiting, more is backlog."""
-        return len(self._queue) / self._max_batch_size
+        """How busy the model is: its recent utilization (0..1) plus the queued requests
+        per batch slot. Below 1 there is spare capacity; above it, a backlog."""
+        return self.utilization + len(self._queue) / self._max_batch_size
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._queue or self._running_batch)
@@ -292,6 +310,7 @@ class BatchScheduler:
                 continue
             self._running_batch = live
             started = self._clock()
+            self._batch_started = started
             try:
                 transcriptions = await loop.run_in_executor(
                     self._executor,
@@ -317,6 +336,8 @@ class BatchScheduler:
                 continue
             finally:
                 self._running_batch = []
+                self._batch_started = None
+                self._busy.append((started, self._clock()))
             inference = self._clock() - started
             self.stats.record_batch(live)
             results = [

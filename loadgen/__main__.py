@@ -12,6 +12,7 @@ import orjson
 
 from loadgen.cli import (
     add_connection_arguments,
+    language,
     non_negative_float,
     positive_float,
     positive_int,
@@ -76,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="skip corpus clips longer than this (default 30)",
     )
+    load.add_argument(
+        "--corpus-language",
+        type=language,
+        default=None,
+        metavar="CODE",
+        help="play and score the corpus clips of this language (default: --language, "
+        "or en with --language auto)",
+    )
     load.add_argument("--seed", type=int, default=0, help="seed for the silences (default 0)")
     add_connection_arguments(parser)
     out = parser.add_argument_group("report")
@@ -138,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         duration_s=args.duration,
         ramp_s=args.ramp,
         max_clip_s=args.max_clip_seconds,
+        corpus_language=args.corpus_language,
         seed=args.seed,
         stream=stream_options(args),
         progress=not args.no_progress,

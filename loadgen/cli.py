@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 from loadgen.client import DEFAULT_SERVER, StreamOptions, websocket_base
 
@@ -35,6 +36,13 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
     return value
+
+
+def language(text: str) -> str:
+    """An ISO 639-1 code such as 'es', or 'auto' (the server detects it per source)."""
+    if not re.fullmatch(r"[a-z]{2,3}|auto", text):
+        raise argparse.ArgumentTypeError(f"not a language code or 'auto': {text!r}")
+    return text
 
 
 def server_url(text: str) -> str:
@@ -72,7 +80,13 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"server base URL, ws:// or http:// (default {DEFAULT_SERVER})",
     )
     group.add_argument("--token", help="bearer token sent as 'Authorization: Bearer TOKEN'")
-    group.add_argument("--language", default="en", help="stream language (default en)")
+    group.add_argument(
+        "--language",
+        type=language,
+        default="en",
+        help="stream language: an ISO 639-1 code, or 'auto' for the server to detect it once "
+        "per source (other languages than en need a multilingual server model; default en)",
+    )
     group.add_argument(
         "--speed",
         type=parse_speed,

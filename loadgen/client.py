@@ -32,6 +32,7 @@ from session.protocol import (
     Encoding,
     ErrorMessage,
     SessionEnded,
+    SessionLanguage,
     SessionStarted,
     TranscriptFinal,
     TranscriptPartial,
@@ -178,6 +179,7 @@ class SourceLog:
     participant: str
     clock: SendClock = field(default_factory=SendClock)
     started: SessionStarted | None = None
+    language: SessionLanguage | None = None  # what a language=auto stream was pinned to
     finals: list[FinalEvent] = field(default_factory=list)
     partials: list[PartialEvent] = field(default_factory=list)
     send_lags: list[float] = field(default_factory=list)  # per paced frame: sent - due
@@ -238,6 +240,8 @@ def _handle(log: SourceLog, raw: str, now: float, on_event: OnEvent | None) -> b
             log.partials.append(event)
     elif kind == "session.started":
         log.started = cast(SessionStarted, message)
+    elif kind == "session.language":
+        log.language = cast(SessionLanguage, message)
     elif kind == "error":
         log.server_errors.append(cast(ErrorMessage, message))
     elif kind == "session.ended":

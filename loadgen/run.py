@@ -63,6 +63,7 @@ class LoadSettings:
     duration_s: float = 60.0
     ramp_s: float | None = None  # room starts spread over this; None: min(10, duration / 4)
     max_clip_s: float = 30.0
+    corpus_language: str | None = None  # clips to play and score; None: the stream's language
     seed: int = 0
     stream: StreamOptions = field(default_factory=StreamOptions)  # speed, language, timeouts
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
@@ -76,6 +77,15 @@ class LoadSettings:
             raise ValueError("duration must be positive")
         if self.ramp_s is not None and self.ramp_s < 0:
             raise ValueError("ramp must not be negative")
+        if self.corpus_language == "auto":
+            raise ValueError("the corpus language must be a language code, not auto")
+
+    @property
+    def clip_language(self) -> str:
+        """The language of the clips played (and of the WER normaliser)."""
+        if self.corpus_language is not None:
+            return self.corpus_language
+        return "en" if self.stream.language == "auto" else self.stream.language
 
     @property
     def ramp(self) -> float:
@@ -98,7 +108,7 @@ class PreparedCorpus:
 def prepare_corpus(settings: LoadSettings) -> PreparedCorpus:
     """Read the manifest and decode the clips the run will play (once per process)."""
     clips = select_clips(
-        load_manifest(settings.corpus), settings.stream.language, settings.max_clip_s
+        load_manifest(settings.corpus), settings.clip_language, settings.max_clip_s
     )
     return PreparedCorpus(clips, decode_clips(clips))
 
@@ -240,7 +250,7 @@ async def run_load(
         await asyncio.gather(*monitors)
         bar.close()
     health = ClientHealth(loop_lags, time.process_time() - cpu_start, clock())
-    return build_report(settings.report_config(), rooms, health, limits, options.language)
+    return build_report(settings.report_config(), rooms, health, limits, settings.clip_language)
 
 
 def write_report(

@@ -8,8 +8,10 @@ its last finals and `session.ended`, then closes 1012), then lets uvicorn shut d
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
+from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
@@ -24,6 +26,13 @@ class ParleyServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
         super().__init__(config)
         self.app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        # uvicorn re-raises a captured SIGTERM after shutdown, so the process would report
+        # "killed by SIGTERM". A drained shutdown is an orderly exit: status 0.
+        if sig == signal.SIGTERM:
+            self._captured_signals.remove(sig)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:  # stop accepting before the drain

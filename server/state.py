@@ -10,12 +10,14 @@ from starlette.requests import HTTPConnection
 
 from engine.scheduler import BatchScheduler
 from server.auth import Authenticator
+from server.jobs import JobRegistry
 from server.limits import CapacityMonitor, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
 from session.actor import SessionServices
 from session.store import Store
+from session.vad import VadScorer
 
 
 class ModelState(enum.Enum):
@@ -32,6 +34,7 @@ class AppState:
     store: Store
     registry: SessionRegistry
     metrics: Metrics
+    jobs: JobRegistry
     auth: Authenticator
     capacity: CapacityMonitor
     stream_slots: Slots  # per tenant
@@ -40,6 +43,7 @@ class AppState:
     model_error: str | None = None
     scheduler: BatchScheduler | None = None
     services: SessionServices | None = None
+    file_vad: VadScorer | None = None  # uploads' VAD: unbatched, over the same model
     recognizer_name: str = ""
     loader: asyncio.Task[None] | None = field(default=None, repr=False)
 

@@ -98,6 +98,7 @@ async def _serve_stream(
 ) -> None:
     try:
         opened = await _open_source(state.store, config, query, principal)
+        _check_language(opened.config.language, services.languages, state.recognizer_name)
     except ProtocolError as exc:
         await _refuse(state, handshake, exc)
         return
@@ -120,6 +121,7 @@ async def _serve_stream(
         source=opened.source,
         resume_token=opened.token,
         replay=opened.replay,
+        resumed=opened.resumed,
     )
     try:
         state.registry.admit(actor)
@@ -142,6 +144,21 @@ async def _serve_stream(
         )
     finally:
         state.registry.release(actor)
+
+
+def _check_language(language: str, known: frozenset[str], model: str) -> None:
+    """Refuse a stream in a language the loaded model does not transcribe."""
+    if language == "auto" or language in known:
+        return
+    if known == {"en"}:
+        hint = "it is English-only; start the server with PARLEY_MODEL=base or small"
+    else:
+        hint = "use another code, or language=auto"
+    raise ProtocolError(
+        ErrorCode.BAD_CONFIG,
+        CloseCode.BAD_REQUEST,
+        f"model {model} does not transcribe language {language!r}: {hint}",
+    )
 
 
 async def _refuse(state: AppState, handshake: Handshake, error: ProtocolError) -> None:
@@ -219,6 +236,8 @@ async def _open_source(
         if f.session_id == source.session_id
     ]
     config = dataclasses.replace(config, participant=source.participant)
+    if "language" not in query and source.language is not None:
+        config = dataclasses.replace(config, language=source.language)  # keep its language
     return _OpenedSource(config, source, token, replay, resumed=True)
 
 
@@ -313,6 +332,8 @@ async def _forward(
     # Subscribed first, then read the log: nothing falls between the two; finals seen in
     # the log are skipped when they come again live. Nothing is sent before the meeting's
     # owner is confirmed; a listener that does not take a message in time is dropped.
+    if after_seq > await state.store.last_seq(meeting_id):
+        after_seq = 0  # the log is younger than the client's view (an in-memory store restarted)
     timeout = state.settings.listener_send_timeout_s
     sent = after_seq
     for record in await state.store.finals(meeting_id, after_seq):

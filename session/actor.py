@@ -10,6 +10,14 @@ Three tasks run under the actor:
 How a stream ends decides what is flushed: `stop`, a clean client close and server
 shutdown finalize the utterance in progress; a dropped connection does not (the client
 resumes and re-sends that audio). Finals already cut are always committed.
+
+A `language=auto` stream detects its language once: its first final goes to the model
+without a language, and the finals cut while that one is being recognized are held back.
+The committer feeds the detected language to a `LanguageDetector`; once it pins one,
+the held finals (and every request after them) carry it, it is stored with the source (a
+resume keeps it), and the client gets one `session.language` message. While it is unsure,
+the next held final is the next to detect on: one detection at a time per source. A
+model that knows one language pins it at the start.
 """
 
 from __future__ import annotations
@@ -38,7 +46,9 @@ from engine.scheduler import (
     SchedulerFull,
 )
 from session.audio import FrameDecoder
+from session.language import LanguageDetector, LanguagePinned
 from session.outbox import Outbox, OutboxState, SlowConsumer
+from session.partials import PartialPolicy, PartialPolicyConfig
 from session.protocol import (
     PROTOCOL_VERSION,
     SAMPLE_RATE,
@@ -47,6 +57,7 @@ from session.protocol import (
     ErrorCode,
     ProtocolError,
     ServerMessage,
+    SessionLanguage,
     StreamConfig,
     TranscriptPartial,
     encode,
@@ -71,7 +82,7 @@ from session.store import (
     StoreError,
 )
 from session.telemetry import NullTelemetry, Telemetry
-from session.vad import SileroVad, VadStream
+from session.vad import VadScorer, VadStream
 
 logger = logging.getLogger(__name__)
 
@@ -132,10 +143,12 @@ class SessionServices:
 
     scheduler: BatchScheduler
     store: Store
-    vad: SileroVad
+    vad: VadScorer
     segmenter: SegmenterConfig
     max_frame_bytes: int
     outbox_limit: int
+    languages: frozenset[str]  # what the recognizer transcribes (`{'en'}`: English only)
+    partials: PartialPolicyConfig = field(default_factory=PartialPolicyConfig)
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
 
@@ -145,7 +158,8 @@ class _PendingFinal:
     index: int
     start: int
     end: int
-    future: asyncio.Future[RecognitionResult]
+    # None while held back until the source's language is known (language=auto only).
+    future: asyncio.Future[RecognitionResult] | None
     closed_at: float  # when the segmenter closed the utterance
     audio: Utterance
 
@@ -172,6 +186,7 @@ class SessionActor:
     source: SourceState
     resume_token: str
     replay: list[FinalRecord] = field(default_factory=list)
+    resumed: bool = False
     state: SessionState = SessionState.CONNECTING
     totals: SessionTotals = field(default_factory=SessionTotals)
 
@@ -197,8 +212,11 @@ class SessionActor:
         self._shutdown_requested = False
         self._receiving = False
         self._reader: asyncio.Task[Ending] | None = None
-        self._language = None if self.config.language == "auto" else self.config.language
+        self._language, self._detector = self._initial_language()
+        self._detecting = False  # a final without a language is with the model
+        self._held: list[_PendingFinal] = []  # finals cut meanwhile, in order
         self._telemetry = self.services.telemetry
+        self._partial_policy = PartialPolicy(self.services.partials)
         self._last_partial: tuple[int, float] | None = None  # (utterance index, sent at)
 
     # ------------------------------------------------------------------ public
@@ -228,10 +246,13 @@ class SessionActor:
                     "config": self.config.as_dict(),
                     "resume_token": self.resume_token,
                     "resume_from": self.start_sample / SAMPLE_RATE,
+                    "resumed": self.resumed,
                     "last_seq": last_seq,
                 }
             )
         )
+        if self.config.language == "auto" and self._language is not None:
+            self._put(_language_message(self._language, None, 0))
         for record in self.replay:
             self._outbox.put(encode(record.message()), utterance_id=record.utterance_id)
         writer = asyncio.create_task(self._write(), name=f"writer-{self.session_id}")
@@ -245,7 +266,7 @@ class SessionActor:
             ending = await self._ending(done, writer, committer)
             self._transition(SessionState.DRAINING)
             if ending.flush:  # the stream is over: drain the resampler too
-                await self._handle(self._audio_events(self._decoder.flush()))
+                await self._handle(await self._audio_events(self._decoder.flush()))
                 await self._handle(self._flush_events())
             await self._finals.put(None)
             await asyncio.wait({committer}, timeout=COMMIT_TIMEOUT)
@@ -363,7 +384,7 @@ class SessionActor:
                 f"frame of {size} bytes exceeds the limit of {self.services.max_frame_bytes}",
             )
         if data is not None:
-            await self._handle(self._audio_events(self._decoder.decode(data)))
+            await self._handle(await self._audio_events(self._decoder.decode(data)))
             return None
         control = parse_control(text or "")
         if control is ControlType.STOP:
@@ -372,11 +393,11 @@ class SessionActor:
             await self._handle(self._flush_events())
         return None  # keepalive: receiving it was the point
 
-    def _audio_events(self, samples: np.ndarray[Any, Any]) -> list[SegmentEvent]:
+    async def _audio_events(self, samples: np.ndarray[Any, Any]) -> list[SegmentEvent]:
         self.totals.audio_samples += len(samples)
         started = time.perf_counter()
         events: list[SegmentEvent] = []
-        scored = self._vad.process(samples)
+        scored = await self._vad.process(samples)
         for window, probability in scored:
             events.extend(self._segmenter.push(window, probability))
         self._telemetry.vad_processed(time.perf_counter() - started, len(scored))
@@ -397,6 +418,10 @@ class SessionActor:
                 await self._submit_final(event)
 
     async def _submit_partial(self, event: PartialDue) -> None:
+        load = self.services.scheduler.load
+        if not self._partial_policy.admit(event.index, event.end / SAMPLE_RATE, load):
+            self._drop_partial("load")
+            return
         request = RecognitionRequest(
             self.session_id, Priority.PARTIAL, Utterance(event.audio, self._language)
         )
@@ -452,12 +477,20 @@ class SessionActor:
         # A queued partial would never run before this final (finals outrank partials).
         self.services.scheduler.cancel(self.session_id, partials_only=True)
         utterance = Utterance(event.audio, self._language)
-        request = RecognitionRequest(self.session_id, Priority.FINAL, utterance)
-        future = await self.services.scheduler.submit(request)
-        closed_at = self.services.clock()
-        await self._finals.put(
-            _PendingFinal(event.index, event.start, event.end, future, closed_at, utterance)
+        pending = _PendingFinal(
+            event.index, event.start, event.end, None, self.services.clock(), utterance
         )
+        if self._language is None and self._detecting:
+            self._held.append(pending)  # its language comes from the detection under way
+        else:
+            self._detecting = self._language is None
+            await self._submit(pending)
+            pending.closed_at = self.services.clock()
+        await self._finals.put(pending)
+
+    async def _submit(self, pending: _PendingFinal) -> None:
+        request = RecognitionRequest(self.session_id, Priority.FINAL, pending.audio)
+        pending.future = await self.services.scheduler.submit(request)
 
     # ------------------------------------------------------------------ committer
 
@@ -465,6 +498,8 @@ class SessionActor:
         while (pending := await self._finals.get()) is not None:
             result = await self._result(pending)
             self._committed_index = pending.index  # its partials are stale from now on
+            if pending.audio.language is None and self._detector is not None:
+                await self._detected(result)
             if result is None:
                 continue
             text = result.transcription.text.strip()
@@ -478,6 +513,7 @@ class SessionActor:
                 acked_until=pending.end / SAMPLE_RATE,  # exact: resume re-sends from here
                 next_utterance=pending.index + 1,
                 context=(self.source.context + " " + text)[-CONTEXT_CHARS:].strip(),
+                language=self._language,
             )
             record = await self.services.store.append_final(
                 self.meeting_id,
@@ -506,9 +542,66 @@ class SessionActor:
             if self._outbox.state is OutboxState.OPEN:
                 self._outbox.put(payload, utterance_id=utterance_id)
             await self.services.store.publish(self.meeting_id, payload.encode())
+        # A stream that ended before its detection was sure reports the best it heard.
+        if (
+            self._detector is not None
+            and self._language is None
+            and (pinned := self._detector.decide()) is not None
+        ):
+            self._pin(pinned)
+
+    # ------------------------------------------------------------------ language
+
+    def _initial_language(self) -> tuple[str | None, LanguageDetector | None]:
+        """The language to pin from the start, or None and a detector (`language=auto`)."""
+        if self.config.language != "auto":
+            return self.config.language, None
+        if self.source.language is not None:  # a resumed source detected it before
+            return self.source.language, None
+        if len(self.services.languages) == 1:  # an English-only model
+            return next(iter(self.services.languages)), None
+        return None, LanguageDetector()
+
+    async def _detected(self, result: RecognitionResult | None) -> None:
+        """A final sent without a language came back: feed its language to the detector
+        (when it is speech), then release the finals held behind it."""
+        assert self._detector is not None
+        if (
+            self._language is None
+            and result is not None
+            and result.transcription.text.strip()
+            and (probability := result.transcription.language_probability) is not None
+        ):
+            pinned = self._detector.observe(result.transcription.language, probability)
+            if pinned is not None:
+                self._pin(pinned)
+        if self._language is None:  # still unsure: the next final detects
+            released, self._held = self._held[:1], self._held[1:]
+            self._detecting = bool(released)
+        else:
+            released, self._held = self._held, []
+        for pending in released:
+            pending.audio = Utterance(pending.audio.audio, self._language)
+            await self._submit(pending)
+
+    def _pin(self, pinned: LanguagePinned) -> None:
+        self._language = pinned.language
+        logger.info(
+            "session %s: language %s (p=%.2f over %d utterances)",
+            self.session_id,
+            pinned.language,
+            pinned.probability,
+            pinned.utterances,
+        )
+        if self._outbox.state is OutboxState.OPEN:
+            self._put(
+                _language_message(pinned.language, round(pinned.probability, 4), pinned.utterances)
+            )
 
     async def _result(self, pending: _PendingFinal) -> RecognitionResult | None:
         """Await a final's result; a failed batch is retried once before the final is lost."""
+        if pending.future is None:
+            raise RuntimeError(f"final {pending.index} reached the committer unsubmitted")
         try:
             return await pending.future
         except BatchFailed:
@@ -575,6 +668,15 @@ def _committer_ending(error: BaseException) -> Ending:
             ),
         )
     raise RuntimeError("committer failed") from error
+
+
+def _language_message(language: str, probability: float | None, utterances: int) -> SessionLanguage:
+    return {
+        "type": "session.language",
+        "language": language,
+        "probability": probability,
+        "utterances": utterances,
+    }
 
 
 def _seconds(sample: int) -> float:

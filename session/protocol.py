@@ -100,7 +100,19 @@ class SessionStarted(TypedDict):
     config: dict[str, Any]
     resume_token: str
     resume_from: float  # seconds of audio the client must (re)send from; 0.0 on a new stream
+    resumed: bool  # this connection continues an earlier one of the same source
     last_seq: int  # highest `seq` of the meeting when the session started
+
+
+class SessionLanguage(TypedDict):
+    """A `language=auto` stream's language, pinned once (v1 extension)."""
+
+    type: Literal["session.language"]
+    language: str
+    # The model's probability of `language` over the utterances it was detected from;
+    # None when it was not detected on this connection (an English-only model, a resume).
+    probability: float | None
+    utterances: int  # how many of the source's utterances it was detected from
 
 
 class SpeechStarted(TypedDict):
@@ -152,6 +164,7 @@ class SessionEnded(TypedDict):
 
 ServerMessage = (
     SessionStarted
+    | SessionLanguage
     | SpeechStarted
     | SpeechStopped
     | TranscriptPartial

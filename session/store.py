@@ -157,6 +157,7 @@ class SourceState:
     acked_until: float = 0.0  # end (s, this source's audio) of its last logged final
     next_utterance: int = 0  # index of this source's next utterance
     context: str = ""  # rolling text context: the model's prompt
+    language: str | None = None  # the stream's language once pinned (given or detected)
 
     def stored(self) -> dict[str, Any]:
         """The fields persisted as the source's state (generation is kept apart)."""
@@ -165,6 +166,7 @@ class SourceState:
             "acked_until": self.acked_until,
             "next_utterance": self.next_utterance,
             "context": self.context,
+            "language": self.language,
         }
 
     @classmethod
@@ -179,6 +181,7 @@ class SourceState:
             acked_until=float(data["acked_until"]),
             next_utterance=int(data["next_utterance"]),
             context=data["context"],
+            language=data.get("language"),  # absent in state written before it was kept
         )
 
 

@@ -27,14 +27,17 @@ class TranscriptFormat(enum.StrEnum):
         }[self]
 
 
-def render(meeting_id: str, finals: Sequence[FinalRecord], fmt: TranscriptFormat) -> str:
+def render(
+    meeting_id: str, finals: Sequence[FinalRecord], fmt: TranscriptFormat, *, labels: bool = True
+) -> str:
+    """`labels=False` leaves the participant out of TXT, SRT and VTT (a single-speaker file)."""
     if fmt is TranscriptFormat.JSON:
         return render_json(meeting_id, finals)
     if fmt is TranscriptFormat.TXT:
-        return render_txt(finals)
+        return render_txt(finals, labels=labels)
     if fmt is TranscriptFormat.SRT:
-        return render_srt(finals)
-    return render_vtt(finals)
+        return render_srt(finals, labels=labels)
+    return render_vtt(finals, labels=labels)
 
 
 def render_json(meeting_id: str, finals: Sequence[FinalRecord]) -> str:
@@ -45,28 +48,45 @@ def render_json(meeting_id: str, finals: Sequence[FinalRecord]) -> str:
     return orjson.dumps(body).decode()
 
 
-def render_txt(finals: Sequence[FinalRecord]) -> str:
+def utterances(finals: Sequence[FinalRecord]) -> list[dict[str, Any]]:
+    """The finals as plain utterances (`start`, `end`, `text`, `words` when known): the
+    transcript of one uploaded file, without the meeting's bookkeeping."""
+    out: list[dict[str, Any]] = []
+    for f in finals:
+        item: dict[str, Any] = {"start": f.start, "end": f.end, "text": f.text}
+        if f.words:
+            item["words"] = f.words
+        out.append(item)
+    return out
+
+
+def render_txt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
     return "".join(
-        f"[{_clock(f.start, '.')}] {f.participant}: {_one_line(f.text)}\n" for f in finals
+        f"[{_clock(f.start, '.')}] {_label(f, labels)}{_one_line(f.text)}\n" for f in finals
     )
 
 
-def render_srt(finals: Sequence[FinalRecord]) -> str:
+def render_srt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
     cues = [
         f"{i}\n{_clock(f.start, ',')} --> {_clock(_cue_end(f), ',')}\n"
-        f"{f.participant}: {_one_line(f.text)}\n"
+        f"{_label(f, labels)}{_one_line(f.text)}\n"
         for i, f in enumerate(finals, start=1)
     ]
     return "\n".join(cues)
 
 
-def render_vtt(finals: Sequence[FinalRecord]) -> str:
+def render_vtt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
     cues = [
-        f"{_clock(f.start, '.')} --> {_clock(_cue_end(f), '.')}\n<v {_escape(f.participant)}>"
-        f"{_escape(f.text)}\n"
+        f"{_clock(f.start, '.')} --> {_clock(_cue_end(f), '.')}\n"
+        + (f"<v {_escape(f.participant)}>" if labels else "")
+        + f"{_escape(f.text)}\n"
         for f in finals
     ]
     return "WEBVTT\n\n" + "\n".join(cues)
+
+
+def _label(final: FinalRecord, labels: bool) -> str:
+    return f"{final.participant}: " if labels else ""
 
 
 def _cue_end(final: FinalRecord) -> float:

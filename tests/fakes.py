@@ -13,11 +13,23 @@ class FakeRecognizer:
 
     `gate` (when set) makes each batch wait until the test releases it, so a test can
     queue requests while a batch is in flight. `fail_on` makes a batch containing an
-    utterance of that length raise.
+    utterance of that length raise. Given `languages` beyond English it is multilingual:
+    an utterance that pins no language is "detected" as `detects` (code, probability).
+    `asked` records every utterance's `language` (None: detection asked for).
     """
 
-    def __init__(self, max_batch_size: int = 8, *, gated: bool = False) -> None:
+    def __init__(
+        self,
+        max_batch_size: int = 8,
+        *,
+        gated: bool = False,
+        languages: frozenset[str] = frozenset({"en"}),
+        detects: tuple[str, float] = ("en", 1.0),
+    ) -> None:
         self._max_batch_size = max_batch_size
+        self._languages = languages
+        self.detects = detects
+        self.asked: list[str | None] = []
         self.batches: list[list[int]] = []
         self.fail_on: int | None = None
         self.wrong_length = False
@@ -32,19 +44,37 @@ class FakeRecognizer:
     def max_batch_size(self) -> int:
         return self._max_batch_size
 
+    @property
+    def languages(self) -> frozenset[str]:
+        return self._languages
+
     def warmup(self) -> None:
         return None
 
     def transcribe(self, batch: Sequence[Utterance]) -> list[Transcription]:
         sizes = [len(u.audio) for u in batch]
         self.batches.append(sizes)
+        self.asked.extend(u.language for u in batch)
         self.entered.set()
         if self.gate is not None:
             self.gate.acquire(timeout=10)
         if self.fail_on is not None and self.fail_on in sizes:
             raise RuntimeError(f"fake failure on n={self.fail_on}")
-        results = [
-            Transcription(text=f"n={n}", language="en", avg_logprob=-0.1, no_speech_prob=0.0)
-            for n in sizes
-        ]
+        results = [self._result(u) for u in batch]
         return results[:-1] if self.wrong_length else results
+
+    def _result(self, utterance: Utterance) -> Transcription:
+        text = f"n={len(utterance.audio)}"
+        if len(self._languages) == 1:
+            language, probability = next(iter(self._languages)), None
+        elif utterance.language is None:
+            language, probability = self.detects
+        else:
+            language, probability = utterance.language, None
+        return Transcription(
+            text=text,
+            language=language,
+            avg_logprob=-0.1,
+            no_speech_prob=0.0,
+            language_probability=probability,
+        )

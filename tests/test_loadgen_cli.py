@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
+from loadgen.__main__ import build_parser
 from loadgen.client import StreamOptions
 from loadgen.html_report import cdf_points, nice_ticks, render_html
 from loadgen.replay import default_participants, format_for, transcript
 from loadgen.report import Limits
-from loadgen.run import LoadSettings, SearchSettings, find_max_rooms, run_load
+from loadgen.run import LoadSettings, SearchSettings, find_max_rooms, prepare_corpus, run_load
 from session.protocol import TranscriptFinal
 from session.transcript import TranscriptFormat
 from tests.corpus import clip
@@ -229,3 +231,17 @@ def test_replay_names_and_formats() -> None:
     assert format_for(Path("t.VTT"), None) is TranscriptFormat.VTT
     assert format_for(Path("t.out"), None) is TranscriptFormat.TXT
     assert format_for(None, "json") is TranscriptFormat.JSON
+
+
+def test_language_options_pick_the_clips() -> None:
+    """--language takes a code or auto; with auto, --corpus-language picks (and scores) clips."""
+    args = build_parser().parse_args(["--language", "auto", "--corpus-language", "es"])
+    assert (args.language, args.corpus_language) == ("auto", "es")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--language", "Spanish"])
+    auto = LoadSettings(stream=StreamOptions(language="auto"), progress=False)
+    assert auto.clip_language == "en"
+    assert LoadSettings(stream=StreamOptions(language="de")).clip_language == "de"
+    spanish = replace(auto, corpus_language="es")
+    assert spanish.clip_language == "es"
+    assert {c.language for c in prepare_corpus(spanish).clips} == {"es"}

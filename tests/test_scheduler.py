@@ -196,3 +196,26 @@ async def test_stop_fails_queued_requests_and_refuses_new_ones(
     assert fake.batches == [[1]]
     with pytest.raises(SchedulerStopped):
         await scheduler.submit(request("s", 3))
+
+
+async def test_load_counts_recent_model_time_and_backlog() -> None:
+    """load = the worker's utilization over the last window + queued requests per slot."""
+    now = [100.0]
+    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    scheduler = BatchScheduler(
+        fake, max_batch_size=4, max_wait=0.0, max_queue=8, clock=lambda: now[0]
+    )
+    scheduler.start()
+    assert scheduler.load == 0.0
+    busy = await scheduler.submit(request("a", 1))
+    await wait_entered(fake)
+    now[0] += 1.0  # one second into a running batch: half of the 2 s window
+    queued = [await scheduler.submit(request("b", 2)), await scheduler.submit(request("c", 3))]
+    assert scheduler.utilization == pytest.approx(0.5)
+    assert scheduler.load == pytest.approx(0.5 + 2 / 4)
+    fake.gate.release()  # type: ignore[union-attr]
+    fake.gate.release()  # type: ignore[union-attr]
+    await asyncio.wait_for(asyncio.gather(busy, *queued), TIMEOUT)
+    now[0] += 3.0  # both batches ended more than a window ago
+    assert scheduler.utilization == 0.0 and scheduler.load == 0.0
+    await scheduler.stop()

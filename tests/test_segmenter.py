@@ -16,7 +16,7 @@ from session.segmenter import (
     SpeechStopped,
     UtteranceEnded,
 )
-from session.vad import WINDOW, SileroVad, VadStream
+from session.vad import WINDOW, DirectScorer, SileroVad, VadStream
 from tests.corpus import clip
 
 WINDOW_S = WINDOW / 16_000
@@ -132,14 +132,14 @@ def test_config_is_validated() -> None:
         SegmenterConfig(max_utterance=60)
 
 
-def test_real_vad_segments_jfk_into_phrases() -> None:
+async def test_real_vad_segments_jfk_into_phrases() -> None:
     """Silero VAD + segmenter cut the JFK clip into its 4 phrases, none lost."""
     audio = clip("en_jfk").samples()
-    stream = VadStream(SileroVad())
+    stream = VadStream(DirectScorer(SileroVad()))
     seg = Segmenter(SegmenterConfig())
     events: list[SegmentEvent] = []
     for i in range(0, len(audio), 333):  # odd frame sizes on purpose
-        for window, p in stream.process(audio[i : i + 333]):
+        for window, p in await stream.process(audio[i : i + 333]):
             events.extend(seg.push(window, p))
     events.extend(seg.flush())
     ended = [e for e in events if isinstance(e, UtteranceEnded)]
@@ -149,14 +149,15 @@ def test_real_vad_segments_jfk_into_phrases() -> None:
     assert all(b.start >= a.end for a, b in itertools.pairwise(ended))
 
 
-def test_real_vad_finds_no_speech_in_silence_and_noise() -> None:
+async def test_real_vad_finds_no_speech_in_silence_and_noise() -> None:
     """Digital silence and low noise produce no utterance."""
     rng = np.random.default_rng(0)
     for audio in (
         np.zeros(16_000 * 5, np.float32),
         (rng.standard_normal(16_000 * 5) * 10 ** (-50 / 20)).astype(np.float32),
     ):
-        stream = VadStream(SileroVad())
+        stream = VadStream(DirectScorer(SileroVad()))
         seg = Segmenter(SegmenterConfig())
-        events = [e for w, p in stream.process(audio) for e in seg.push(w, p)] + seg.flush()
+        events = [e for w, p in await stream.process(audio) for e in seg.push(w, p)]
+        events += seg.flush()
         assert not any(isinstance(e, UtteranceEnded) for e in events)

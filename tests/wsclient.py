@@ -64,16 +64,20 @@ async def stream_pcm(
     meeting: str,
     pcm: bytes,
     *,
-    participant: str = "speaker",
+    participant: str | None = "speaker",
     speed: float = 1.0,
     frame_ms: int = 20,
     trailing_silence: float = 0.0,
+    drain_timeout: float = 120.0,
     **params: Any,
 ) -> StreamResult:
-    """Stream 16 kHz s16 audio paced at `speed` × real time, then `stop`; collect replies."""
+    """Stream 16 kHz s16 audio paced at `speed` × real time, then `stop`; collect replies
+    (for up to `drain_timeout` seconds after `stop`)."""
     result = StreamResult()
     pcm = pcm + bytes(int(trailing_silence * BYTES_PER_SECOND) // 2 * 2)
-    url = stream_url(base, meeting, participant=participant, **params)
+    if participant is not None:
+        params["participant"] = participant
+    url = stream_url(base, meeting, **params)
     async with connect(url, max_size=None) as ws:
         receiver = asyncio.create_task(receive_all(ws, result))
         frame = BYTES_PER_SECOND * frame_ms // 1000
@@ -85,7 +89,7 @@ async def stream_pcm(
                 if delay > 0:
                     await asyncio.sleep(delay)
         await ws.send(orjson.dumps({"type": "stop"}).decode())
-        await asyncio.wait_for(receiver, 120)
+        await asyncio.wait_for(receiver, drain_timeout)
     return result
 
 

@@ -1,0 +1,246 @@
+"""HTTP routes for transcribing uploaded recordings (see docs/protocol.md, "Transcribe a file").
+
+- `POST /v1/transcriptions` streams the multipart upload to the job's temp folder
+  (counted: 413 past `max_upload_bytes`), decodes it in a sandboxed subprocess (415
+  for formats we do not take, 422 for damaged, truncated or too-long audio), then
+  answers `202 Accepted` with `Location: /v1/transcriptions/{id}`; with `wait=true`
+  it answers `200` with the transcript when the job finishes within `upload_wait_s`.
+- `GET /v1/transcriptions/{id}` is the job resource: status, progress, and the result
+  when done; `?format=txt|srt|vtt` renders the finished transcript.
+- `DELETE /v1/transcriptions/{id}` cancels the job and forgets it.
+
+Everything wrong with the file itself is answered on the POST: a 202 means the file is
+good audio and will be transcribed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from server.auth import ANONYMOUS, OWNER_FIELD, Principal, bearer, meeting_access
+from server.decode import DecodeError
+from server.jobs import Job, JobOptions, JobsFull, JobStatus
+from server.settings import Settings
+from server.state import app_state
+from server.upload_form import FORM_OVERHEAD, FormRefused, receive_form, too_large
+from session.protocol import ProtocolError, validate_id
+from session.store import StoreError
+from session.transcript import TranscriptFormat
+
+logger = logging.getLogger(__name__)
+
+OPTION_FIELDS = frozenset({"language", "format", "participant", "meeting_id", "wait"})
+DEFAULT_PARTICIPANT = "speaker"
+RETRY_AFTER_S = "5"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _problem(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> Response:
+    return JSONResponse(
+        {"error": {"code": code, "message": message}}, status_code=status, headers=headers
+    )
+
+
+def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions, bool]:
+    """Validate the options (query string, then form fields); raise FormRefused (400)."""
+
+    def bad(code: str, message: str) -> FormRefused:
+        return FormRefused(400, code, message)
+
+    try:
+        fmt = TranscriptFormat(raw.get("format", "json"))
+    except ValueError:
+        known = ", ".join(f.value for f in TranscriptFormat)
+        raise bad("bad_format", f"format must be one of: {known}") from None
+    language = raw.get("language", settings.default_language)
+    if not re.fullmatch(r"[a-z]{2,3}|auto", language):
+        raise bad("bad_config", f"language must be an ISO 639-1 code or 'auto', not {language!r}")
+    wait = raw.get("wait", "false").lower()
+    if wait not in _TRUE | _FALSE:
+        raise bad("bad_config", "wait must be true or false")
+    try:
+        participant = validate_id("participant", raw.get("participant", DEFAULT_PARTICIPANT))
+        meeting_id = raw.get("meeting_id")
+        if meeting_id is not None:
+            validate_id("meeting_id", meeting_id)
+    except ProtocolError as exc:
+        raise bad(exc.code.value, exc.message) from None
+    options = JobOptions(
+        language=None if language == "auto" else language,
+        participant=participant,
+        labelled="participant" in raw,
+        meeting_id=meeting_id,
+        format=fmt,
+    )
+    return options, wait in _TRUE
+
+
+def _check_language(language: str | None, known: frozenset[str], model: str) -> None:
+    """Refuse (400) a language the loaded model does not transcribe, as streams do."""
+    if language is None or language in known:
+        return
+    hint = (
+        "it is English-only; start the server with PARLEY_MODEL=base or small"
+        if known == {"en"}
+        else "use another code, or language=auto"
+    )
+    raise FormRefused(
+        400, "bad_config", f"model {model} does not transcribe language {language!r}: {hint}"
+    )
+
+
+async def create_transcription(request: Request) -> Response:
+    """POST /v1/transcriptions — upload a recording; 202 + Location, or 200 with `wait=true`."""
+    state = app_state(request)
+    settings = state.settings
+    tenant = _tenant(request)
+    if isinstance(tenant, Response):
+        return tenant
+    query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
+    unknown = set(request.query_params) - OPTION_FIELDS
+    if unknown:
+        return _problem(400, "bad_request", f"unknown query parameter {sorted(unknown)[0]!r}")
+    try:
+        options, wait = _parse_options(query, settings)
+    except FormRefused as exc:
+        return _problem(exc.status, exc.code, exc.message)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > settings.max_upload_bytes + FORM_OVERHEAD:
+        refused = too_large(settings.max_upload_bytes)  # say so before a byte is sent
+        return _problem(refused.status, refused.code, refused.message)
+    services, file_vad = state.services, state.file_vad
+    if services is None or file_vad is None:
+        return _problem(
+            503, "overloaded", f"model is {state.model_state.value}; retry when /readyz says ready",
+            {"Retry-After": RETRY_AFTER_S},
+        )  # fmt: skip
+    try:
+        _check_language(options.language, services.languages, state.recognizer_name)
+    except FormRefused as exc:
+        return _problem(exc.status, exc.code, exc.message)
+    try:
+        job = state.jobs.admit(options)
+    except JobsFull as exc:
+        return _problem(503, "overloaded", str(exc), {"Retry-After": RETRY_AFTER_S})
+    job.tenant = tenant
+    try:
+        form = await receive_form(
+            request.stream(),
+            request.headers.get("content-type", ""),
+            job.workdir / "upload",
+            max_file_bytes=settings.max_upload_bytes,
+            fields=OPTION_FIELDS,
+        )
+        options, wait = _parse_options({**query, **form.fields}, settings)
+        _check_language(options.language, services.languages, state.recognizer_name)
+        job.options = options
+        job.filename = form.filename[:256]
+        job.upload_bytes = form.size
+        audio = await state.jobs.decode(job, form.path)
+        source = None
+        if options.meeting_id is not None:  # the file becomes a source of the meeting
+            principal = ANONYMOUS if tenant is None else Principal(tenant, fast_replay=True)
+            await meeting_access(state.store, options.meeting_id, principal)  # 4403 → 403
+            owner = None if tenant is None else {OWNER_FIELD: tenant}
+            source, _ = await state.store.create_source(
+                options.meeting_id, options.participant, owner
+            )
+        state.jobs.start(job, audio, services, file_vad, source)
+    except (FormRefused, DecodeError) as exc:
+        await state.jobs.discard(job)
+        logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)
+        return _problem(exc.status, exc.code, exc.message)
+    except ProtocolError as exc:  # the meeting belongs to another tenant
+        await state.jobs.discard(job)
+        return _problem(403, exc.code.value, exc.message)
+    except (JobsFull, StoreError) as exc:
+        await state.jobs.discard(job)
+        return _problem(503, "overloaded", str(exc), {"Retry-After": RETRY_AFTER_S})
+    except ClientDisconnect:
+        await state.jobs.discard(job)
+        logger.info("upload abandoned: the client disconnected")
+        return Response(status_code=400)
+    except BaseException:
+        await state.jobs.discard(job)
+        raise
+    if wait:
+        return await _answer_when_done(job, settings.upload_wait_s)
+    return _accepted(job)
+
+
+def _accepted(job: Job) -> Response:
+    return JSONResponse(job.describe(), status_code=202, headers={"Location": job.location})
+
+
+async def _answer_when_done(job: Job, timeout: float) -> Response:
+    try:
+        await asyncio.wait_for(job.finished.wait(), timeout)
+    except TimeoutError:
+        return _accepted(job)  # still running: poll the Location
+    headers = {"Content-Location": job.location}
+    if job.status is JobStatus.DONE:
+        fmt = job.options.format
+        return Response(job.render(fmt), media_type=fmt.media_type, headers=headers)
+    error = job.error or {"code": "cancelled", "message": "the job was cancelled"}
+    status = 500 if error["code"] == "internal" else 503
+    return _problem(status, error["code"], error["message"], headers)
+
+
+def _tenant(request: Request) -> str | Response | None:
+    """With authentication on, uploads take an API key (`Authorization: Bearer`); its
+    tenant owns the job. None while authentication is off."""
+    auth = app_state(request).auth
+    if not auth.enabled:
+        return None
+    credential = bearer(request.headers.get("authorization", ""))
+    tenant = None if credential is None else auth.key_tenant(credential)
+    if tenant is None:
+        return _problem(401, "unauthorized", "authentication required: Bearer <api key>")
+    return tenant
+
+
+def _job(request: Request) -> Job | Response:
+    tenant = _tenant(request)
+    if isinstance(tenant, Response):
+        return tenant
+    job = app_state(request).jobs.get(request.path_params["job_id"])
+    if job is None or job.tenant != tenant:  # another tenant's job does not exist for you
+        return _problem(404, "not_found", "no such transcription job (it may have expired)")
+    return job
+
+
+async def get_transcription(request: Request) -> Response:
+    """GET /v1/transcriptions/{id}[?format=json|txt|srt|vtt] — status, progress, result."""
+    job = _job(request)
+    if isinstance(job, Response):
+        return job
+    try:
+        fmt = TranscriptFormat(request.query_params.get("format", "json"))
+    except ValueError:
+        known = ", ".join(f.value for f in TranscriptFormat)
+        return _problem(400, "bad_format", f"format must be one of: {known}")
+    if fmt is TranscriptFormat.JSON:
+        return JSONResponse(job.describe())
+    if job.status is not JobStatus.DONE:
+        return _problem(
+            409, "not_done", f"the job is {job.status.value}; its transcript is not ready",
+            {"Retry-After": RETRY_AFTER_S},
+        )  # fmt: skip
+    return Response(job.render(fmt), media_type=fmt.media_type)
+
+
+async def delete_transcription(request: Request) -> Response:
+    """DELETE /v1/transcriptions/{id} — cancel the job if it runs, drop it and its files."""
+    job = _job(request)
+    if isinstance(job, Response):
+        return job
+    await app_state(request).jobs.cancel(job)
+    return Response(status_code=204)

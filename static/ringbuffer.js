@@ -1,0 +1,47 @@
+// A fixed-size ring of PCM16 samples addressed by absolute sample index.
+//
+// The stream keeps the last couple of minutes of what it captured here, so that after
+// a reconnect it can re-send audio from wherever the server says it lost track
+// (`session.started.resume_from`). Pure: no DOM.
+
+export class PcmRing {
+  /** @param {number} capacity samples kept (e.g. 120 s × 16 000) */
+  constructor(capacity) {
+    this.buf = new Int16Array(capacity);
+    this.capacity = capacity;
+    this.end = 0; // absolute index one past the newest sample
+  }
+
+  /** Absolute index of the oldest sample still held. */
+  get start() {
+    return Math.max(0, this.end - this.capacity);
+  }
+
+  /** Append samples (an Int16Array). */
+  write(samples) {
+    let src = samples;
+    if (src.length > this.capacity) src = src.subarray(src.length - this.capacity);
+    const skipped = samples.length - src.length;
+    const at = (this.end + skipped) % this.capacity;
+    const first = Math.min(src.length, this.capacity - at);
+    this.buf.set(src.subarray(0, first), at);
+    if (first < src.length) this.buf.set(src.subarray(first), 0);
+    this.end += samples.length;
+  }
+
+  /**
+   * Copy of samples [from, to), clamped to what is held.
+   * @returns {Int16Array}
+   */
+  read(from, to = this.end) {
+    const a = Math.max(from, this.start);
+    const b = Math.min(to, this.end);
+    if (b <= a) return new Int16Array(0);
+    const out = new Int16Array(b - a);
+    const i = a % this.capacity;
+    const first = Math.min(out.length, this.capacity - i);
+    out.set(this.buf.subarray(i, i + first));
+    if (first < out.length) out.set(this.buf.subarray(0, out.length - first), first);
+    return out;
+  }
+}

@@ -1,0 +1,176 @@
+// node --test static/tests/ : protocol helpers, ring buffer, transcript model, exports.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { onMeetingClock, timestamp, toJson, toSrt, toTxt, toVtt } from '../export.js';
+import {
+  backoffDelay, closeAction, eventsUrl, isValidId, newMeetingId, participantId, streamUrl,
+} from '../protocol.js';
+import { PcmRing } from '../ringbuffer.js';
+import { TranscriptModel } from '../transcript-model.js';
+
+const BASE = 'http://host:8000/';
+
+test('stream URL carries protocol v1 query parameters, and resume ones when resuming', () => {
+  const u = new URL(streamUrl(BASE, { meetingId: 'm-1', participant: 'Ada' }));
+  assert.equal(u.protocol, 'ws:');
+  assert.equal(u.pathname, '/v1/meetings/m-1/stream');
+  assert.equal(u.searchParams.get('sample_rate'), '16000');
+  assert.equal(u.searchParams.get('encoding'), 'pcm_s16le');
+  assert.equal(u.searchParams.get('interim_results'), 'true');
+  assert.equal(u.searchParams.get('resume_token'), null);
+  const r = new URL(streamUrl('https://h/app/', {
+    meetingId: 'm', participant: 'p', resume: { token: 'tok', lastSeq: 7 },
+  }));
+  assert.equal(r.protocol, 'wss:');
+  assert.equal(r.pathname, '/app/v1/meetings/m/stream');
+  assert.equal(r.searchParams.get('resume_token'), 'tok');
+  assert.equal(r.searchParams.get('last_seq'), '7');
+  const none = new URL(streamUrl(BASE, { meetingId: 'm', participant: 'p', resume: { token: 't', lastSeq: -1 } }));
+  assert.equal(none.searchParams.get('last_seq'), '0');
+  const ev = new URL(eventsUrl(BASE, { meetingId: 'm', afterSeq: -1 }));
+  assert.equal(ev.pathname, '/v1/meetings/m/events');
+  assert.equal(ev.search, '');
+  assert.equal(new URL(eventsUrl(BASE, { meetingId: 'm', afterSeq: 12 })).searchParams.get('after_seq'), '12');
+});
+
+test('participant ids and meeting ids fit the server alphabet', () => {
+  assert.equal(participantId('  Ada  Lovelace '), 'Ada_Lovelace');
+  assert.equal(participantId('José Núñez!'), 'Jose_Nunez');
+  assert.equal(participantId('__x'), 'x');
+  for (let i = 0; i < 50; i++) assert.ok(isValidId(newMeetingId()));
+  assert.ok(!isValidId('-bad'));
+  assert.ok(!isValidId('has space'));
+});
+
+test('close codes map to reconnect decisions', () => {
+  assert.equal(closeAction(1000), 'done');
+  assert.equal(closeAction(1006), 'resume');
+  assert.equal(closeAction(1012), 'resume');
+  assert.equal(closeAction(1013), 'resume');
+  assert.equal(closeAction(4400), 'fatal');
+  assert.equal(closeAction(1011), 'fresh');
+  assert.equal(closeAction(4409), 'fatal'); // resumed elsewhere: do not take it back
+  assert.equal(closeAction(4404, { resuming: true }), 'fresh');
+  assert.equal(closeAction(4404, { kind: 'events' }), 'wait');
+  assert.equal(closeAction(1006, { stopping: true }), 'done');
+  assert.equal(closeAction(1000, { kind: 'events' }), 'resume');
+  assert.equal(closeAction(1008, { kind: 'events' }), 'resume'); // slow listener catches up
+  assert.equal(closeAction(1008), 'fatal');
+  assert.equal(closeAction(1008, { errorCode: 'slow_consumer' }), 'resume');
+  assert.equal(closeAction(1013, { errorCode: 'overloaded' }), 'resume');
+});
+
+test('backoff grows, is capped, and is jittered', () => {
+  assert.equal(backoffDelay(0, {}, () => 1), 500);
+  assert.equal(backoffDelay(0, {}, () => 0), 250);
+  assert.equal(backoffDelay(3, {}, () => 1), 4000);
+  assert.equal(backoffDelay(30, {}, () => 1), 15000);
+});
+
+test('ring buffer keeps the newest samples by absolute index', () => {
+  const ring = new PcmRing(10);
+  ring.write(Int16Array.from([0, 1, 2, 3, 4, 5]));
+  ring.write(Int16Array.from([6, 7, 8, 9, 10, 11, 12]));
+  assert.equal(ring.end, 13);
+  assert.equal(ring.start, 3);
+  assert.deepEqual(Array.from(ring.read(0)), [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+  assert.deepEqual(Array.from(ring.read(8, 11)), [8, 9, 10]);
+  ring.write(Int16Array.from(Array.from({ length: 25 }, (_, i) => 100 + i)));
+  assert.equal(ring.end, 38);
+  assert.deepEqual(Array.from(ring.read(35)), [122, 123, 124]);
+  assert.deepEqual(Array.from(ring.read(0, 2)), []);
+});
+
+const final = (seq, participant, text, start, end, extra = {}) => ({
+  type: 'transcript.final', seq, utterance_id: `u${seq}`, participant, text, start, end,
+  language: 'en', ...extra,
+});
+
+test('transcript model orders by seq, dedupes, and retires partials', () => {
+  const m = new TranscriptModel();
+  m.setPartial({ utterance_id: 'u1', participant: 'a', text: 'hel', start: 0, end: 1 });
+  assert.equal(m.partials.size, 1);
+  assert.equal(m.addFinal(final(1, 'a', 'hello', 0, 1)).isNew, true);
+  assert.equal(m.partials.size, 0);
+  assert.equal(m.setPartial({ utterance_id: 'u1', participant: 'a', text: 'late' }), null);
+  m.addFinal(final(0, 'b', 'first', 0, 0.5));
+  assert.equal(m.addFinal(final(1, 'a', 'hello', 0, 1), { latency: 0.7 }).isNew, false);
+  assert.deepEqual(m.finals.map((f) => f.seq), [0, 1]);
+  assert.equal(m.byKey.get('0:1').latency, 0.7);
+  assert.equal(m.lastSeq, 1);
+  assert.deepEqual(m.latencyStats(), { n: 1, last: 0.7, median: 0.7, p95: 0.7, max: 0.7 });
+});
+
+test('partials whose final never comes are retired by the next utterance', () => {
+  const m = new TranscriptModel();
+  m.setPartial({ utterance_id: 's-0', participant: 'a', text: 'uh', start: 0, end: 0.9 });
+  m.setPartial({ utterance_id: 'x-0', participant: 'b', text: 'hi', start: 0, end: 0.9 });
+  assert.deepEqual(m.supersededBy({ utterance_id: 's-0', participant: 'a', start: 0 }), []);
+  // s-0's final was empty (never sent); s-1 starts later: s-0 is done. b is untouched.
+  assert.deepEqual(m.supersededBy({ utterance_id: 's-1', participant: 'a', start: 1.5 }), ['s-0']);
+  assert.deepEqual([...m.partials.keys()], ['x-0']);
+});
+
+test('a restarted server log (seq from 1 again, new utterances) is not taken for duplicates', () => {
+  const m = new TranscriptModel();
+  m.addFinal(final(1, 'a', 'one', 0, 1));
+  m.addFinal(final(2, 'a', 'two', 1, 2));
+  assert.equal(m.addFinal(final(1, 'a', 'one', 0, 1)).isNew, false); // replayed: duplicate
+  const r = m.addFinal({ ...final(1, 'a', 'three', 0, 1), utterance_id: 'new-session-0' });
+  assert.equal(r.isNew, true);
+  assert.deepEqual(m.finals.map((f) => f.text), ['one', 'two', 'three']);
+  assert.equal(m.lastSeq, 1);
+});
+
+test('timestamps format as SRT and VTT want them', () => {
+  assert.equal(timestamp(3725.5), '01:02:05,500');
+  assert.equal(timestamp(0.0004, '.'), '00:00:00.000');
+  assert.equal(timestamp(59.9996), '00:01:00,000');
+});
+
+const SRT_BLOCK = /^(\d+)\n(\d{2}):(\d{2}):(\d{2}),(\d{3}) --> (\d{2}):(\d{2}):(\d{2}),(\d{3})\n(.+)$/;
+
+test('SRT export is valid SubRip', () => {
+  const finals = [
+    final(0, 'Ada_L', 'Hello there.', 0.32, 1.9),
+    final(1, 'Ada_L', 'Second line.', 2.5, 2.5),
+    final(2, 'Ada_L', '  ', 3, 4),
+  ].map((f) => new TranscriptModel().addFinal(f).final);
+  const srt = toSrt(finals);
+  const blocks = srt.trimEnd().split('\n\n');
+  assert.equal(blocks.length, 2);
+  blocks.forEach((b, i) => {
+    const m = SRT_BLOCK.exec(b);
+    assert.ok(m, `block ${i}: ${JSON.stringify(b)}`);
+    assert.equal(Number(m[1]), i + 1);
+    const t = (h, mi, s, ms) => Number(h) * 3600 + Number(mi) * 60 + Number(s) + Number(ms) / 1000;
+    assert.ok(t(m[6], m[7], m[8], m[9]) > t(m[2], m[3], m[4], m[5]));
+  });
+  assert.match(blocks[0], /Ada L: Hello there\.$/);
+  assert.match(blocks[0], /00:00:00,320 --> 00:00:01,900/);
+});
+
+test('VTT export has a header, voice spans and escapes markup', () => {
+  const m = new TranscriptModel();
+  m.addFinal(final(0, 'Bo', 'a < b & c', 1, 2));
+  const vtt = toVtt(m.finals, { meetingId: 'x' });
+  assert.ok(vtt.startsWith('WEBVTT'));
+  assert.match(vtt, /00:00:01\.000 --> 00:00:02\.000\n<v Bo>a &lt; b &amp; c\n/);
+});
+
+test('several sources are placed on one meeting clock by arrival', () => {
+  const m = new TranscriptModel();
+  // Ada started at wall 100 s; Bo joined 30 s later (his clock restarts at 0).
+  m.addFinal(final(0, 'Ada', 'one', 1, 3), { receivedAt: 103_800 });
+  m.addFinal(final(1, 'Bo', 'two', 2, 4), { receivedAt: 134_600 });
+  m.addFinal(final(2, 'Ada', 'three', 40, 42), { receivedAt: 142_900 });
+  const placed = onMeetingClock(m.finals);
+  assert.deepEqual(placed.map((f) => f.seq), [0, 1, 2]);
+  assert.equal(placed[1].meetingStart.toFixed(1), '31.8'); // 2 + (130.6 − 100.8)
+  const txt = toTxt(m.finals);
+  assert.match(txt, /\[0:31\] Bo: two/);
+  const json = JSON.parse(toJson(m.finals, { meetingId: 'm' }));
+  assert.equal(json.finals.length, 3);
+  assert.equal(json.finals[0].meeting_start, 1);
+});
