@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args, get_type_hints
 from urllib.parse import urlencode
 
 import numpy as np
@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loadgen.wer import error_rate
+from session.protocol import ServerMessage
 from tests.appserver import AppServer, serve_app
 from tests.conftest import ServerProcess
 from tests.corpus import clip
@@ -34,15 +35,8 @@ MAX_FRAME = 1 << 20  # PARLEY_MAX_FRAME_BYTES default (the session server's)
 CASES_PER_EXAMPLE = 4  # run concurrently, each on its own connection
 EXAMPLES = int(os.environ.get("PARLEY_FUZZ_EXAMPLES", "500"))  # x4 cases: about a minute
 CONTROL_TYPES = ["finalize", "keepalive", "stop", "auth"]
-SERVER_TYPES = {
-    "session.started",
-    "vad.speech_started",
-    "vad.speech_stopped",
-    "transcript.partial",
-    "transcript.final",
-    "error",
-    "session.ended",
-}
+# Every server message type the protocol module declares (its TypedDicts' `type`).
+SERVER_TYPES = {get_args(get_type_hints(message)["type"])[0] for message in get_args(ServerMessage)}
 DEEP = "[" * 5000 + "]" * 5000
 HUGE_JSON = orjson.dumps({"type": "keepalive", "pad": "x" * 900_000}).decode()
 ODD_TEXTS = [
