@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from session.protocol import CloseCode, ErrorCode, ProtocolError
 
 RETRY_AFTER_S = 5.0  # what a refused client is told to wait
 CAPACITY_WINDOW_S = 10.0  # how far back the capacity monitor looks
+MIN_SAMPLES = 4  # finals in the window before their wait is a signal
 
 
 class RealtimeBudget:
@@ -175,13 +175,15 @@ class CapacityMonitor:
             while samples and samples[0][0] < now - self._window:
                 samples.popleft()
 
-    def final_wait_p90(self) -> float:
-        """90th percentile of the queue wait of finals run in the window (0 if none)."""
+    def final_wait(self) -> float | None:
+        """Median queue wait of the finals run in the window; None with too few of them.
+        The median, not a high percentile: one final that landed behind a long batch of
+        partials is not overload; half of them waiting that long is."""
         self._forget(self._clock())
-        if not self._waits:
-            return 0.0
+        if len(self._waits) < MIN_SAMPLES:
+            return None
         waits = sorted(w for _, w in self._waits)
-        return waits[min(len(waits) - 1, math.ceil(0.9 * len(waits)) - 1)]
+        return waits[len(waits) // 2]
 
     def utilisation(self) -> float:
         """Share of the window the model spent running batches (partials included)."""
@@ -195,10 +197,10 @@ class CapacityMonitor:
         queued = scheduler.depth_by_priority()[Priority.FINAL] if scheduler else 0
         if queued >= self._max_batch_size:
             return f"model is behind: {queued} finals queued; retry later"
-        p90 = self.final_wait_p90()
-        if p90 > self._max_wait:
+        wait = self.final_wait()
+        if wait is not None and wait > self._max_wait:
             return (
-                f"model is at capacity: finals waited {p90 * 1000:.0f} ms for it "
-                f"(limit {self._max_wait * 1000:.0f} ms); retry later"
+                f"model is at capacity: finals waited {wait * 1000:.0f} ms for it "
+                f"(median; limit {self._max_wait * 1000:.0f} ms); retry later"
             )
         return None

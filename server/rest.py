@@ -110,18 +110,18 @@ async def transcript(request: Request) -> Response:
         meeting_id = validate_id("meeting_id", request.path_params["meeting_id"])
     except ProtocolError as exc:
         return _problem(400, exc.code.value, exc.message)
-    try:
-        principal = await _reader(request, meeting_id)
-        if not await meeting_access(state.store, meeting_id, principal):
-            return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")
-    except ProtocolError as exc:
-        return _refusal(exc)
     raw_format = request.query_params.get("format", "json")
     try:
         fmt = TranscriptFormat(raw_format)
     except ValueError:
         known = ", ".join(f.value for f in TranscriptFormat)
         return _problem(400, "bad_format", f"format must be one of: {known}")
+    try:  # after the cheap checks: a meeting token is spent here
+        principal = await _reader(request, meeting_id)
+        if not await meeting_access(state.store, meeting_id, principal):
+            return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")
+    except ProtocolError as exc:
+        return _refusal(exc)
     finals = await state.store.finals(meeting_id)
     if not finals and await state.store.last_seq(meeting_id) == 0:
         return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")

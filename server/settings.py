@@ -65,9 +65,10 @@ class Settings:
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
     max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")
     admit_max_queue_wait_ms: float = setting(
-        2000.0,
-        "New streams get close 1013 while finals recently waited longer than this for the "
-        "model (90th percentile over 10 s), or a full batch of finals is queued; 0: off.",
+        3000.0,
+        "New streams get close 1013 while finals waited longer than this for the model "
+        "(median of the last 10 s, 4 finals or more), or a full batch of finals is queued; "
+        "0: off.",
     )
     max_streams_per_key: int = setting(
         16, "Concurrent audio streams per tenant (authenticated only); more get close 4429."

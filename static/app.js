@@ -6,7 +6,9 @@
 import { decodeFile, openMicrophone, playBuffer } from './audio.js';
 import { FORMATS } from './export.js';
 import { FeedPhase, MeetingFeed } from './feed.js';
-import { displayName, isValidId, MessageType, newMeetingId, participantId } from './protocol.js';
+import {
+  displayName, fetchToken, isValidId, MessageType, newMeetingId, participantId, socketProtocols,
+} from './protocol.js';
 import { AudioStream, StreamPhase } from './streamer.js';
 import { TranscriptModel } from './transcript-model.js';
 import { TranscriptView } from './transcript-view.js';
@@ -14,6 +16,9 @@ import { TranscriptView } from './transcript-view.js';
 const $ = (id) => document.getElementById(id);
 const BASE = document.baseURI;
 const NAME_KEY = 'parley.name';
+// With authentication on, every connection needs a fresh single-use meeting token. The
+// embedding application's backend mints them; `?token_url=` says where (docs/browser.md).
+const TOKEN_URL = new URLSearchParams(location.search).get('token_url');
 
 const ui = {
   join: $('join'), joinForm: $('join-form'), meetingId: $('meeting-id'), newMeeting: $('new-meeting'),
@@ -170,7 +175,12 @@ function onStreamPhase(phase, d) {
 function shareLink(meetingId) {
   const url = new URL(location.pathname, location.href);
   url.searchParams.set('meeting', meetingId);
+  if (TOKEN_URL) url.searchParams.set('token_url', TOKEN_URL);
   return url.toString();
+}
+
+function meetingToken(scope) {
+  return fetchToken(TOKEN_URL, state.meetingId, scope);
 }
 
 function enterMeeting(meetingId, { language }) {
@@ -188,6 +198,7 @@ function enterMeeting(meetingId, { language }) {
     base: BASE, meetingId,
     getLastSeq: () => state.model.lastSeq,
     onTranscript, onPhase: onFeedPhase, onNotice: notice,
+    token: TOKEN_URL ? meetingToken : null,
   });
   state.feed.start();
   $('transcript-title').focus({ preventScroll: true }); // the join form just vanished
@@ -227,6 +238,7 @@ function newStream(participant) {
     onPhase: onStreamPhase,
     onTranscript: (msg, meta) => onTranscript(msg, meta),
     onNotice: notice,
+    protocols: TOKEN_URL ? async () => socketProtocols(await meetingToken('stream')) : null,
   });
 }
 

@@ -3,7 +3,9 @@
 // `after_seq` (all of them the first time), so a late joiner sees the whole meeting
 // and a reconnect fills the gap.
 
-import { closeAction, describeClose, eventsUrl, MessageType, transcriptUrl } from './protocol.js';
+import {
+  closeAction, describeClose, eventsUrl, MessageType, socketProtocols, transcriptUrl,
+} from './protocol.js';
 import { ReconnectingSocket, SocketState } from './socket.js';
 
 export const FeedPhase = Object.freeze({
@@ -24,9 +26,11 @@ export class MeetingFeed {
    * @param {(msg: object, meta: {receivedAt: number}) => void} o.onTranscript
    * @param {(phase: string, detail: object) => void} o.onPhase
    * @param {(notice: object) => void} o.onNotice
+   * @param {(scope: string) => Promise<string>} [o.token]  a meeting token per connection
+   *        or transcript read, when the server requires authentication
    */
-  constructor({ base, meetingId, getLastSeq, onTranscript, onPhase, onNotice }) {
-    Object.assign(this, { base, meetingId, getLastSeq, onTranscript, onPhase, onNotice });
+  constructor({ base, meetingId, getLastSeq, onTranscript, onPhase, onNotice, token = null }) {
+    Object.assign(this, { base, meetingId, getLastSeq, onTranscript, onPhase, onNotice, token });
     this.everOpen = false;
     this.droppedAt = null;
     this.lastErrorCode = null;
@@ -45,6 +49,7 @@ export class MeetingFeed {
       },
       onState: (s) => this.#onState(s),
       backoff: { base: 500, max: 10000 },
+      protocols: token ? async () => socketProtocols(await token('events')) : null,
     });
   }
 
@@ -81,7 +86,9 @@ export class MeetingFeed {
     if (shown <= 0) return;
     let logged = 0;
     try {
-      const res = await fetch(transcriptUrl(this.base, this.meetingId, 'json'));
+      const url = new URL(transcriptUrl(this.base, this.meetingId, 'json'));
+      if (this.token) url.searchParams.set('access_token', await this.token('transcript'));
+      const res = await fetch(url);
       if (res.ok) {
         const body = await res.json();
         for (const f of body.finals ?? []) logged = Math.max(logged, Number(f.seq) || 0);

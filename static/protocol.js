@@ -23,6 +23,8 @@ export const CloseCode = Object.freeze({
   NOT_FOUND: 4404,
   TIMEOUT: 4408,
   CONFLICT: 4409,
+  MAX_DURATION: 4413, // the stream reached the server's time limit: reconnect to go on
+  TOO_MANY_REQUESTS: 4429, // a quota (streams per key, listeners per meeting): retry later
 });
 
 export const MessageType = Object.freeze({
@@ -36,6 +38,32 @@ export const MessageType = Object.freeze({
 });
 
 export const Control = Object.freeze({ FINALIZE: 'finalize', STOP: 'stop', KEEPALIVE: 'keepalive' });
+
+/** Offered with a meeting token; the server selects it (browsers need one selected). */
+export const SUBPROTOCOL = 'parley.v1';
+
+/** WebSocket subprotocols carrying a meeting token (none without a token). */
+export function socketProtocols(token) {
+  return token ? [SUBPROTOCOL, `parley.token.${token}`] : undefined;
+}
+
+/**
+ * A fresh single-use meeting token from the embedding application's backend, which
+ * holds the API key and calls POST /v1/meetings/{id}/tokens for us. Its endpoint takes
+ * `{meeting_id, scope}` (scope: stream | events | transcript) and answers `{token}`.
+ */
+export async function fetchToken(tokenUrl, meetingId, scope, fetchImpl = globalThis.fetch) {
+  const res = await fetchImpl(tokenUrl, {
+    method: 'POST',
+    credentials: 'include',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ meeting_id: meetingId, scope }),
+  });
+  if (!res.ok) throw new Error(`token endpoint answered ${res.status}`);
+  const { token } = await res.json();
+  if (typeof token !== 'string' || !token) throw new Error('token endpoint gave no token');
+  return token;
+}
 
 const ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
 
@@ -130,7 +158,8 @@ export function transcriptUrl(base, meetingId, format = 'json') {
 export function closeAction(code, { kind = 'stream', resuming = false, stopping = false, errorCode = null } = {}) {
   // The `error` message before the close says more than the code: a slow reader
   // (1008 slow_consumer) or a full / restarting server can simply come back.
-  if (['slow_consumer', 'overloaded', 'shutting_down', 'timeout'].includes(errorCode)) {
+  if (['slow_consumer', 'overloaded', 'shutting_down', 'timeout', 'quota_exceeded',
+    'max_duration'].includes(errorCode)) {
     return stopping && code === CloseCode.NORMAL ? 'done' : 'resume';
   }
   switch (code) {
@@ -169,6 +198,7 @@ export function describeClose(code, reason) {
     1011: 'server error', 1012: 'server restarting', 1013: 'server is full',
     4400: 'bad request', 4401: 'not authorised', 4403: 'forbidden', 4404: 'not found',
     4408: 'idle timeout', 4409: 'resumed on another connection',
+    4413: 'session time limit', 4429: 'too many connections',
   };
   const name = names[code] ?? `closed (${code})`;
   return reason ? `${name}: ${reason}` : name;

@@ -24,10 +24,12 @@ export class ReconnectingSocket {
    *              reason?: string, action?: string}) => void} [o.onState]
    * @param {object} [o.backoff]  {base, max, factor} in ms
    * @param {number} [o.healthyAfterMs]  an open socket this old resets the backoff
+   * @param {() => Promise<string[]|undefined>} [o.protocols]  subprotocols for the next
+   *        attempt (a fresh meeting token each time); a failure counts as a failed attempt
    */
   constructor({ url, onClose, onMessage, onOpen = () => {}, onState = () => {},
-    backoff = {}, healthyAfterMs = 10000, WebSocketImpl = globalThis.WebSocket }) {
-    Object.assign(this, { url, onClose, onMessage, onOpen, onState, backoff, healthyAfterMs });
+    backoff = {}, healthyAfterMs = 10000, WebSocketImpl = globalThis.WebSocket, protocols = null }) {
+    Object.assign(this, { url, onClose, onMessage, onOpen, onState, backoff, healthyAfterMs, protocols });
     this.WebSocketImpl = WebSocketImpl;
     this.ws = null;
     this.state = SocketState.IDLE;
@@ -88,9 +90,20 @@ export class ReconnectingSocket {
 
   #connect() {
     this.#setState({ state: SocketState.CONNECTING });
+    if (!this.protocols) {
+      this.#open(undefined);
+      return;
+    }
+    Promise.resolve().then(() => this.protocols()).then(
+      (protocols) => { if (this.state === SocketState.CONNECTING && !this.ws) this.#open(protocols); },
+      (err) => { if (this.state === SocketState.CONNECTING && !this.ws) this.#retry(0, String(err), 'resume'); },
+    );
+  }
+
+  #open(protocols) {
     let ws;
     try {
-      ws = new this.WebSocketImpl(this.url());
+      ws = protocols ? new this.WebSocketImpl(this.url(), protocols) : new this.WebSocketImpl(this.url());
     } catch (err) {
       // A malformed URL is not going to get better.
       this.#setState({ state: SocketState.CLOSED, code: 0, reason: String(err), action: 'fatal' });
@@ -116,11 +129,15 @@ export class ReconnectingSocket {
         this.#setState({ state: SocketState.CLOSED, code: ev.code, reason: ev.reason, action });
         return;
       }
-      const slow = action === 'wait' ? { base: 2000, max: 30000 } : {};
-      const delayMs = backoffDelay(this.attempt, { ...this.backoff, ...slow });
-      this.attempt += 1;
-      this.#setState({ state: SocketState.WAITING, delayMs, code: ev.code, reason: ev.reason, action });
-      this.timer = setTimeout(() => this.#connect(), delayMs);
+      this.#retry(ev.code, ev.reason, action);
     };
+  }
+
+  #retry(code, reason, action) {
+    const slow = action === 'wait' ? { base: 2000, max: 30000 } : {};
+    const delayMs = backoffDelay(this.attempt, { ...this.backoff, ...slow });
+    this.attempt += 1;
+    this.#setState({ state: SocketState.WAITING, delayMs, code, reason, action });
+    this.timer = setTimeout(() => this.#connect(), delayMs);
   }
 }

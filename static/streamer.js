@@ -37,9 +37,11 @@ export class AudioStream {
    * @param {(phase: string, detail: object) => void} o.onPhase
    * @param {(msg: object, meta: {receivedAt: number, latency: number|null}) => void} o.onTranscript
    * @param {(notice: object) => void} o.onNotice
+   * @param {() => Promise<string[]|undefined>} [o.protocols]  per connection: the meeting
+   *        token's subprotocols when the server requires authentication
    */
   constructor({ base, meetingId, participant, language = 'en', ringSeconds = 120,
-    onPhase, onTranscript, onNotice, getLastSeq = () => -1 }) {
+    onPhase, onTranscript, onNotice, getLastSeq = () => -1, protocols = null }) {
     Object.assign(this, { base, meetingId, participant, language, onPhase, onTranscript, onNotice, getLastSeq });
     this.ring = new PcmRing(ringSeconds * SAMPLE_RATE);
     this.phase = StreamPhase.CONNECTING;
@@ -65,6 +67,7 @@ export class AudioStream {
       onMessage: (data) => this.#onMessage(data),
       onClose: (code, reason) => this.#onClose(code, reason),
       onState: (s) => this.#onSocketState(s),
+      protocols,
     });
     this.keepalive = setInterval(() => {
       if (this.socket.isOpen && this.sentTo !== null && wallNow() - this.lastSendAt > KEEPALIVE_MS) {

@@ -234,13 +234,17 @@ def _request(priority: Priority) -> RecognitionRequest:
 
 
 def test_capacity_monitor_refuses_while_finals_wait_too_long() -> None:
-    """Slow finals in the window refuse new streams; slow partials do not; the refusal
-    lifts once the slow finals leave the window."""
+    """Slow finals in the window refuse new streams, one slow outlier and slow partials
+    do not; the refusal lifts once the slow finals leave the window."""
     clock = Clock(0.0)
     monitor = CapacityMonitor(0.5, max_batch_size=4, window_s=10.0, clock=clock)
-    monitor.observe_batch([_request(Priority.PARTIAL)] * 3, [_result(5.0)] * 3)
+    monitor.observe_batch([_request(Priority.PARTIAL)] * 6, [_result(5.0)] * 6)
     assert monitor.refusal(None) is None
-    monitor.observe_batch([_request(Priority.FINAL)] * 10, [_result(0.1)] * 8 + [_result(0.9)] * 2)
+    monitor.observe_batch([_request(Priority.FINAL)] * 3, [_result(9.0)] * 3)
+    assert monitor.refusal(None) is None  # too few finals to judge
+    monitor.observe_batch([_request(Priority.FINAL)] * 4, [_result(0.1)] * 4)
+    assert monitor.refusal(None) is None  # median 0.1 s: outliers
+    monitor.observe_batch([_request(Priority.FINAL)] * 4, [_result(0.9)] * 4)
     reason = monitor.refusal(None)
     assert reason is not None and "900 ms" in reason
     assert 0 < monitor.utilisation() <= 1

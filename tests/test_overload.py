@@ -56,7 +56,7 @@ async def test_past_capacity_new_streams_are_refused_and_admitted_rooms_finish()
 
     async with serve_app(slow, max_sessions=3, admit_max_queue_wait_ms=1.0) as server:
         base = f"{server.ws_url}/v1/meetings"
-        pcm = clip("en_jfk").pcm16()
+        speech = clip("en_jfk").pcm16() + bytes(32000)  # a second of silence closes the last
         rooms = [StreamResult() for _ in range(3)]
         async with (
             connect(f"{base}/room-0/stream") as a,
@@ -75,9 +75,9 @@ async def test_past_capacity_new_streams_are_refused_and_admitted_rooms_finish()
             assert error is not None and error["code"] == "overloaded"
             assert "at capacity (3 streams)" in error["message"] and error["retry_after"] > 0
 
-            await send_speech(a, pcm[: 32000 * 4])  # the first utterance ends at 2.5 s
-            await rooms[0].wait_for(lambda r: bool(r.finals))
-            await send_speech(b, pcm[: 32000 * 3])
+            await send_speech(a, speech)  # four utterances: enough finals to measure
+            await rooms[0].wait_for(lambda r: len(r.finals) >= 4)
+            await send_speech(b, speech[: 32000 * 3])
             b.transport.abort()  # a dropped connection: its slot frees
             await receivers[1]
             while len(server.state.registry) > 2:  # noqa: ASYNC110 - the server saw the drop
@@ -95,9 +95,7 @@ async def test_past_capacity_new_streams_are_refused_and_admitted_rooms_finish()
                 assert resumed.messages[0]["type"] == "session.started"
                 offset = round(resumed.messages[0]["resume_from"] * 16000) * 2
                 await asyncio.gather(
-                    send_speech(a, pcm[32000 * 4 :]),
-                    send_speech(resumed_ws, pcm[offset:]),
-                    send_speech(c, pcm),
+                    send_speech(resumed_ws, speech[offset:]), send_speech(c, speech)
                 )
                 for ws in (a, resumed_ws, c):
                     await ws.send(STOP)

@@ -4,9 +4,11 @@ import { test } from 'node:test';
 
 import { onMeetingClock, timestamp, toJson, toSrt, toTxt, toVtt } from '../export.js';
 import {
-  backoffDelay, closeAction, eventsUrl, isValidId, newMeetingId, participantId, streamUrl,
+  backoffDelay, closeAction, eventsUrl, fetchToken, isValidId, newMeetingId, participantId,
+  socketProtocols, streamUrl,
 } from '../protocol.js';
 import { PcmRing } from '../ringbuffer.js';
+import { ReconnectingSocket } from '../socket.js';
 import { TranscriptModel } from '../transcript-model.js';
 
 const BASE = 'http://host:8000/';
@@ -173,4 +175,49 @@ test('several sources are placed on one meeting clock by arrival', () => {
   const json = JSON.parse(toJson(m.finals, { meetingId: 'm' }));
   assert.equal(json.finals.length, 3);
   assert.equal(json.finals[0].meeting_start, 1);
+});
+
+test('limits and quotas reconnect; meeting tokens ride as a subprotocol', async () => {
+  assert.equal(closeAction(4413, { errorCode: 'max_duration' }), 'resume');
+  assert.equal(closeAction(4429, { errorCode: 'quota_exceeded' }), 'resume');
+  assert.equal(closeAction(4401, { errorCode: 'unauthorized' }), 'fatal');
+  assert.equal(socketProtocols(null), undefined);
+  assert.deepEqual(socketProtocols('pmt_abc'), ['parley.v1', 'parley.token.pmt_abc']);
+  const calls = [];
+  const fakeFetch = async (url, init) => {
+    calls.push([url, JSON.parse(init.body)]);
+    return { ok: true, json: async () => ({ token: 'pmt_xyz' }) };
+  };
+  assert.equal(await fetchToken('/t', 'standup', 'events', fakeFetch), 'pmt_xyz');
+  assert.deepEqual(calls, [['/t', { meeting_id: 'standup', scope: 'events' }]]);
+  const refused = async () => ({ ok: false, status: 403 });
+  await assert.rejects(fetchToken('/t', 'standup', 'stream', refused), /403/);
+});
+
+test('a socket asks for fresh subprotocols on every attempt, and backs off when it cannot', async () => {
+  const opened = [];
+  class FakeWs {
+    constructor(url, protocols) { opened.push([url, protocols]); this.readyState = 0; }
+    close() {}
+  }
+  let n = 0;
+  const states = [];
+  const socket = new ReconnectingSocket({
+    url: () => 'ws://x/v1/meetings/m/events',
+    onClose: () => 'resume',
+    onMessage: () => {},
+    onState: (s) => states.push(s.state),
+    WebSocketImpl: FakeWs,
+    protocols: async () => {
+      n += 1;
+      if (n === 1) throw new Error('token endpoint down');
+      return socketProtocols(`pmt_${n}`);
+    },
+    backoff: { base: 1, max: 2 },
+  });
+  socket.start();
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  assert.deepEqual(opened, [['ws://x/v1/meetings/m/events', ['parley.v1', 'parley.token.pmt_2']]]);
+  assert.deepEqual(states.slice(0, 3), ['connecting', 'waiting', 'connecting']);
+  socket.stop();
 });
