@@ -303,11 +303,11 @@ class SessionActor:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if ending is not None:  # counted before the close, which the client sees
+                self._telemetry.session_closed(ending.reason.value, ending.close_code)
             if ending is not None and ending.reason not in _CLIENT_GONE:
                 with contextlib.suppress(Exception):
                     await self.websocket.close(ending.close_code, ending.reason.value)
-            if ending is not None:
-                self._telemetry.session_closed(ending.reason.value, ending.close_code)
             self._transition(SessionState.CLOSED)
 
     # ------------------------------------------------------------------ how it ends
