@@ -10,16 +10,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-import uvicorn
 
 from loadgen.client import StreamOptions
 from loadgen.report import Limits
 from loadgen.run import LoadSettings, run_load
-from server.app import create_app
-from server.settings import Settings
-from tests.conftest import free_port
+from tests.appserver import serve_app
 from tests.corpus import clip
-from tests.fakes import FakeRecognizer
 from tests.loadgen_checks import parse_srt, run_module
 
 TIMEOUT = 120.0
@@ -28,30 +24,8 @@ TIMEOUT = 120.0
 @pytest.fixture(scope="module")
 async def fake_engine_server() -> AsyncIterator[str]:
     """The real app under uvicorn on a free loopback port, FakeRecognizer as its engine."""
-    port = free_port()
-    settings = Settings.from_env({}, port=port, static_dir="/nonexistent", max_sessions=64)
-    app = create_app(settings, lambda s: FakeRecognizer())
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        ws="websockets-sansio",
-        lifespan="on",
-        log_config=None,
-        ws_per_message_deflate=False,
-    )
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            # uvicorn has no started event; its own tests/utils.py run_server polls this flag
-            while not server.started:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
-            await app.state.parley.loader  # the model (here: the fake) is loaded
-        yield f"ws://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await serving
+    async with serve_app(max_sessions=64) as server:
+        yield server.ws_url
 
 
 async def test_rooms_against_the_real_app_lose_nothing(fake_engine_server: str) -> None:
