@@ -9,12 +9,13 @@ transformers' `WhisperEncoder.forward` refuses inputs other than
 `2 * config.max_source_positions` mel frames and adds the whole position table, so each
 window gets its own `WhisperEncoder` built for a config with a smaller
 `max_source_positions`. It is built on the meta device (no memory, no init) and then given
-the full encoder's tensors with `load_state_dict(assign=True)`: every parameter is the same
-storage as the model's, and the position table a view of its first N rows. The alternatives
-were worse: mutating `config.max_source_positions` per call races with any other reader of
-the shared config, and re-implementing `forward` would fork transformers' attention code
-paths (SDPA, flash, fp16 clamping) that this way stay theirs. Build the windows after the
-model has its final device and dtype: `.to()` on the model does not move them.
+the full encoder's own submodules (convolutions, layers, final norm) and a position table
+that is a view of the full one's first N rows: every weight is the same memory as the
+model's, and layers swapped for int8 ones (`engine.int8`) before the windows are built are
+shared too. The alternatives were worse: mutating `config.max_source_positions` per call
+races with any other reader of the shared config, and re-implementing `forward` would fork
+transformers' attention code paths (SDPA, flash, fp16 clamping) that this way stay theirs.
+Build the windows after the model has its final device, dtype and layers.
 """
 
 from __future__ import annotations
@@ -78,9 +79,15 @@ def _sliced(encoder: WhisperEncoder, positions: int) -> WhisperEncoder:
     config.max_source_positions = positions
     with torch.device("meta"):
         windowed = WhisperEncoder(config)
-    state = encoder.state_dict()
-    state["embed_positions.weight"] = state["embed_positions.weight"][:positions]
-    windowed.load_state_dict(state, strict=True, assign=True)
+    for name, child in encoder.named_children():
+        if name != "embed_positions":
+            setattr(windowed, name, child)
+    table = encoder.embed_positions.weight[:positions]
+    windowed.embed_positions = torch.nn.Embedding.from_pretrained(  # type: ignore[no-untyped-call]
+        table, freeze=True
+    )
+    if any(t.is_meta for t in (*windowed.parameters(), *windowed.buffers())):
+        raise RuntimeError("a windowed encoder kept a tensor the full encoder does not share")
     windowed.requires_grad_(False)
     torch.nn.Module.eval(windowed)
     return windowed

@@ -34,6 +34,12 @@ def full_window(tiny_en: Path) -> WhisperRecognizer:
 
 
 @pytest.fixture(scope="module")
+def int8(tiny_en: Path) -> WhisperRecognizer:
+    """The CPU default of the server: buckets and int8 linear layers."""
+    return WhisperRecognizer(tiny_en, WhisperRecognizerConfig(int8=True))
+
+
+@pytest.fixture(scope="module")
 def english() -> list[Clip]:
     selected = clips(ENGLISH)
     assert len(selected) == 16
@@ -71,8 +77,26 @@ def test_windows_cost_no_accuracy(
     assert errors.rate <= full_window_errors.rate + 0.01, (errors, full_window_errors)
 
 
-def test_silence_and_noise_give_empty_text(bucketed: WhisperRecognizer) -> None:
+def test_int8_costs_no_accuracy(
+    int8: WhisperRecognizer, bucketed: WhisperRecognizer, english: list[Clip]
+) -> None:
+    """Int8 linear layers stay within 0.005 WER of float32 (the issue's half a point)."""
+    float_errors = transcribe_corpus(bucketed, english)
+    int8_errors = transcribe_corpus(int8, english)
+    assert int8_errors.rate <= float_errors.rate + 0.005, (int8_errors, float_errors)
+
+
+def test_int8_is_refused_where_it_cannot_run(tiny_en: Path) -> None:
+    with pytest.raises(ValueError, match="CPU in float32"):
+        WhisperRecognizerConfig(int8=True, dtype="bfloat16")
+    with pytest.raises(ValueError, match="CPU in float32"):
+        WhisperRecognizerConfig(int8=True, device="cuda")
+
+
+@pytest.mark.parametrize("name", ["bucketed", "int8"])
+def test_silence_and_noise_give_empty_text(name: str, request: pytest.FixtureRequest) -> None:
     """10 s of digital silence and of Gaussian noise at -50 and -35 dBFS: no words."""
+    bucketed: WhisperRecognizer = request.getfixturevalue(name)
     rng = np.random.default_rng(7)
     samples = 10 * SAMPLE_RATE
     silence = np.zeros(samples, dtype=np.float32)

@@ -1,0 +1,60 @@
+"""Int8 linear layers: close to the float layer they replace, and swapped in place."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.int8 import Int8Linear, int8_available, quantize_linears
+
+pytestmark = pytest.mark.skipif(not int8_available(), reason="no fbgemm/x86 int8 kernels")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 64), (5, 64), (2, 3, 64)])
+def test_int8_linear_matches_the_float_layer(bias: bool, shape: tuple[int, ...]) -> None:
+    """Outputs agree with the float layer to ~1 % of their spread, in the same shape."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96, bias=bias)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        expected = linear(x)
+        got = Int8Linear(linear)(x)
+    assert got.shape == expected.shape == (*shape[:-1], 96)
+    error = (got - expected).abs().max().item()
+    assert error < 0.02 * expected.abs().max().item(), error
+    assert not torch.equal(got, expected)  # it really is another kernel
+
+
+def test_int8_keeps_the_argmax_of_a_vocabulary_projection() -> None:
+    """A Whisper-sized vocabulary projection picks the same token for 32 hidden states."""
+    torch.manual_seed(1)
+    projection = torch.nn.Linear(384, 51_864, bias=False)
+    hidden = torch.randn(32, 384) * 4
+    with torch.inference_mode():
+        logits = projection(hidden)
+        quantized = Int8Linear(projection)(hidden)
+    top2 = logits.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.05  # ties within the rounding may flip
+    assert clear.sum() >= 24
+    assert torch.equal(logits.argmax(-1)[clear], quantized.argmax(-1)[clear])
+
+
+def test_quantize_linears_swaps_nested_layers_and_shares_the_rest() -> None:
+    """Every nn.Linear at any depth becomes an Int8Linear; other modules stay as they were."""
+    norm = torch.nn.LayerNorm(8)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), norm, torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.GELU())
+    )
+    assert quantize_linears(model) == 2
+    assert isinstance(model[0], Int8Linear) and isinstance(model[2][0], Int8Linear)
+    assert model[1] is norm
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    with torch.inference_mode():
+        assert model(torch.randn(3, 8)).shape == (3, 4)
+
+
+def test_int8_refuses_other_dtypes() -> None:
+    layer = Int8Linear(torch.nn.Linear(4, 4))
+    with pytest.raises(TypeError, match="float32"), torch.inference_mode():
+        layer(torch.randn(2, 4, dtype=torch.float64))
