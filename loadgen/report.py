@@ -77,12 +77,17 @@ def first_copies(finals: Sequence[FinalEvent]) -> list[FinalEvent]:
     return unique
 
 
+# Fewer finals than this say nothing about a backlog: with two finals a third, one long
+# utterance late in a one-room run reads as growth (seen: 7 finals, "grew by 0.32 s").
+TREND_MIN_POINTS = 12
+
+
 def latency_trend(points: Sequence[tuple[float, float]]) -> float | None:
     """How much latency grew: median of the last third - median of the first third.
 
-    `points` are (receive time, latency); None with fewer than 6 points.
+    `points` are (receive time, latency); None with fewer than `TREND_MIN_POINTS`.
     """
-    if len(points) < 6:
+    if len(points) < TREND_MIN_POINTS:
         return None
     ordered = [latency for _, latency in sorted(points)]
     third = len(ordered) // 3

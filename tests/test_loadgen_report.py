@@ -100,10 +100,11 @@ def test_overlaps_excludes_touching_spans() -> None:
 
 
 def test_latency_trend() -> None:
-    """Median of the last third minus median of the first; None below six points."""
-    points = [(float(t), lat) for t, lat in enumerate([1, 1, 2, 2, 3, 5])]
-    assert latency_trend(points) == 3.0
-    assert latency_trend(points[:5]) is None
+    """Median of the last third minus median of the first; None below twelve points."""
+    latencies = [1, 1, 1, 1, 2, 2, 2, 2, 3, 5, 5, 5]
+    points = [(float(t), float(lat)) for t, lat in enumerate(latencies)]
+    assert latency_trend(points) == 4.0
+    assert latency_trend(points[:11]) is None
 
 
 def test_source_figures_account_lost_spurious_duplicates_and_wer() -> None:
