@@ -15,10 +15,19 @@ One batch decodes in two calls:
 - `start(hidden)`: the decoder at <|startoftranscript|> alone. The `Started` batch it
   returns holds the logits there (where Whisper reads the no-speech probability and
   detects the language) and the batch's cache; the decoder object itself holds no batch.
-- `decode(started, prompts, budgets)`: the rest of each row's prompt (language, task,
-  <|notimestamps|>: the same length in every row) in one pass, then one token per step,
-  greedy, with Whisper's suppressed tokens, until every row has its <|endoftext|> or has
-  used its token budget. Returns the tokens and each one's log-probability.
+- `decode(started, prompts, budgets, drafts)`: the rest of each row's prompt (language,
+  task, <|notimestamps|>: the same length in every row) in one pass, then greedy tokens,
+  with Whisper's suppressed tokens, until every row has its <|endoftext|> or has used its
+  token budget. Returns the tokens and each one's log-probability.
+
+Drafts (speculative decoding without a second model): a live utterance is transcribed
+again every fraction of a second as it grows, and each transcription mostly repeats the
+previous one's text. Given that text as a row's draft, one decoder pass over all drafts
+tells which of their tokens greedy decoding would pick anyway; each row keeps that prefix
+and decodes on from there. The tokens are greedy decoding's (up to float rounding between a
+many-token pass and single steps, which changed no token on the corpus); the steps drop from
+one per token to about one per token the draft got wrong or lacked. Rows then sit at
+different positions, so the cache tracks a length per row and attention masks per row.
 
 What it does not do: beam search, temperature fallback, timestamps, prompts of previous
 text. Whisper's attention uses no padding mask in the decoder (every row's prompt has the
@@ -51,8 +60,9 @@ class Greedy:
 
 
 class _Cache:
-    """Self-attention keys/values per layer, (batch, heads, positions, head_dim), filled
-    from the left; cross-attention keys/values per layer, computed once."""
+    """Self-attention keys/values per layer, (batch, heads, positions, head_dim), each row
+    filled from the left to its own `lengths[row]`; cross-attention keys/values per layer,
+    computed once."""
 
     def __init__(
         self,
@@ -64,7 +74,7 @@ class _Cache:
         shape = (len(cross), batch, heads, positions, head_dim)
         self.keys = like.new_empty(shape)
         self.values = like.new_empty(shape)
-        self.length = 0
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=like.device)
         self.cross = cross
 
 
@@ -124,61 +134,132 @@ class GreedyDecoder:
         ]
         cache = _Cache(cross, self._max_positions, hidden)
         ids = torch.full((hidden.shape[0], 1), self._start, dtype=torch.long, device=hidden.device)
-        return Started(self._logits(self._step(cache, ids)), cache)
+        return Started(self._project(self._step(cache, ids)[:, -1]), cache)
 
-    def decode(self, started: Started, prompts: torch.Tensor, budgets: list[int]) -> Greedy:
+    def decode(
+        self,
+        started: Started,
+        prompts: torch.Tensor,
+        budgets: list[int],
+        drafts: list[list[int]] | None = None,
+    ) -> Greedy:
         """Greedy tokens after the prompt (batch, n) that follows <|startoftranscript|>;
-        row i decodes at most `budgets[i]` tokens."""
+        row i decodes at most `budgets[i]` tokens.
+
+        `drafts[i]`, if given, is a guess at row i's first tokens (the text of an earlier,
+        shorter transcription of the same utterance). All drafts are checked in one decoder
+        pass: row i keeps the longest prefix of its draft that greedy decoding would have
+        produced anyway, plus the token greedy picks after it, and decodes on from there,
+        one token per step. The result is greedy decoding's, whatever the drafts hold; a
+        good draft saves most of the steps.
+        """
         cache = started.take_cache()
         batch = prompts.shape[0]
         if batch != cache.keys.shape[1] or len(budgets) != batch or min(budgets) < 1:
             raise ValueError("one prompt and one budget of at least 1 token per row")
-        limit = min(max(budgets), self._max_positions - 1 - prompts.shape[1])
-        if limit < 1:
+        if drafts is not None and len(drafts) != batch:
+            raise ValueError("one draft (maybe empty) per row")
+        room = self._max_positions - 1 - prompts.shape[1]
+        budgets = [min(budget, room) for budget in budgets]
+        if min(budgets) < 1:
             raise ValueError("the prompt leaves no room to decode")
-        device = prompts.device
-        budget = torch.tensor(budgets, device=device)
-        done = torch.zeros(batch, dtype=torch.bool, device=device)
-        tokens: list[torch.Tensor] = []
-        logprobs: list[torch.Tensor] = []
-        logits = self._logits(self._step(cache, prompts))
+        logits = self._project(self._step(cache, prompts)[:, -1])
         logits[:, self._begin_suppress] = -torch.inf
-        for step in range(limit):
+        logits[:, self._suppress] = -torch.inf
+        # A draft token may only be kept where the next would still fit the budget.
+        guesses = [
+            [t for t in (drafts[i] if drafts else [])[: budgets[i] - 1] if t < self._end]
+            for i in range(batch)
+        ]
+        if any(guesses):
+            tokens, logprobs = self._check_drafts(cache, logits, guesses)
+        else:
+            picked = logits.argmax(dim=-1)
+            chosen = logits.log_softmax(dim=-1).gather(1, picked[:, None])[:, 0]
+            tokens = [[t] for t in picked.tolist()]
+            logprobs = [[p] for p in chosen.tolist()]
+        done = [row[-1] == self._end or len(row) >= budgets[i] for i, row in enumerate(tokens)]
+        while not all(done):
+            pending = [self._end if done[i] else row[-1] for i, row in enumerate(tokens)]
+            ids = torch.tensor(pending, dtype=torch.long, device=prompts.device)[:, None]
+            logits = self._project(self._step(cache, ids)[:, -1])
             logits[:, self._suppress] = -torch.inf
-            token = logits.argmax(dim=-1)
-            logprob = logits.log_softmax(dim=-1).gather(1, token[:, None])[:, 0]
-            token = torch.where(done, self._end, token)
-            tokens.append(token)
-            logprobs.append(logprob)
-            done = done | (token == self._end) | (budget <= step + 1)
-            if step + 1 == limit or bool(done.all()):
-                break
-            logits = self._logits(self._step(cache, token[:, None]))
-        return Greedy(torch.stack(tokens, dim=1).cpu(), torch.stack(logprobs, dim=1).cpu())
+            picked = logits.argmax(dim=-1)
+            chosen = logits.log_softmax(dim=-1).gather(1, picked[:, None])[:, 0]
+            for i, (token, logprob) in enumerate(
+                zip(picked.tolist(), chosen.tolist(), strict=True)
+            ):
+                if not done[i]:
+                    tokens[i].append(token)
+                    logprobs[i].append(logprob)
+                    done[i] = token == self._end or len(tokens[i]) >= budgets[i]
+        width = max(len(row) for row in tokens)
+        return Greedy(
+            torch.tensor([row + [self._end] * (width - len(row)) for row in tokens]),
+            torch.tensor([row + [0.0] * (width - len(row)) for row in logprobs]),
+        )
 
-    def _logits(self, states: torch.Tensor) -> torch.Tensor:
-        last = self._decoder.layer_norm(states[:, -1])
-        logits: torch.Tensor = self._projection(last)
+    def _check_drafts(
+        self, cache: _Cache, logits: torch.Tensor, drafts: list[list[int]]
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Feed every row's draft at once; keep each row's agreeing prefix and the greedy
+        token after it. `logits` are the suppressed ones at the first generated position.
+        Returns each row's tokens and log-probabilities; the cache then holds, per row, the
+        prompt and the kept draft tokens (the last token of each row is not fed yet)."""
+        width = max(len(draft) for draft in drafts)
+        padded = [draft + [self._end] * (width - len(draft)) for draft in drafts]
+        base = cache.lengths.clone()
+        ids = torch.tensor(padded, dtype=torch.long, device=logits.device)
+        states = self._step(cache, ids)
+        tokens: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        for i, draft in enumerate(drafts):
+            # Position k's logits pick token k: the first from the prompt, then one per
+            # draft token fed.
+            row = torch.cat([logits[i : i + 1], self._project(states[i, : len(draft)])])
+            row[1:, self._suppress] = -torch.inf
+            picked = row.argmax(dim=-1)
+            chosen = row.log_softmax(dim=-1).gather(1, picked[:, None])[:, 0]
+            agree = picked[: len(draft)].eq(torch.tensor(draft, device=picked.device))
+            kept = len(draft) if bool(agree.all()) else int(agree.long().argmin())
+            tokens.append(picked[: kept + 1].tolist())
+            logprobs.append(chosen[: kept + 1].tolist())
+            cache.lengths[i] = base[i] + kept
+        return tokens, logprobs
+
+    def _project(self, states: torch.Tensor) -> torch.Tensor:
+        """Float32 logits for decoder states (..., d_model)."""
+        logits: torch.Tensor = self._projection(self._decoder.layer_norm(states))
         return logits.float()
 
     def _step(self, cache: _Cache, ids: torch.Tensor) -> torch.Tensor:
-        """Decoder states (batch, n, d_model) for `ids` (batch, n) after the cached ones."""
-        begin, n = cache.length, ids.shape[1]
-        if begin + n > self._max_positions:
+        """Decoder states (batch, n, d_model) for `ids` (batch, n), each row's placed after
+        its own cached tokens."""
+        batch, n = ids.shape
+        positions = cache.lengths[:, None] + torch.arange(n, device=ids.device)  # (batch, n)
+        span = int(cache.lengths.max()) + n
+        if span > self._max_positions:
             raise ValueError("decoding ran past the decoder's positions")
+        # Query i of row b sees the keys at positions up to its own; none where all rows
+        # are at the same length and one token is new (it sees every key there is).
+        uniform = bool((cache.lengths == cache.lengths[0]).all())
+        mask = None
+        if n > 1 or not uniform:
+            keys_at = torch.arange(span, device=ids.device)
+            mask = (keys_at[None, None, :] <= positions[:, :, None])[:, None]
+        rows = torch.arange(batch, device=ids.device)[:, None]
         decoder = self._decoder
-        x: torch.Tensor = (
-            decoder.embed_tokens(ids) + decoder.embed_positions.weight[begin : begin + n]
-        )
+        x: torch.Tensor = decoder.embed_tokens(ids) + decoder.embed_positions.weight[positions]
         for index, layer in enumerate(self._layers):
             attention = layer.self_attn
             h = layer.self_attn_layer_norm(x)
-            cache.keys[index, :, :, begin : begin + n] = self._split(attention.k_proj(h))
-            cache.values[index, :, :, begin : begin + n] = self._split(attention.v_proj(h))
-            keys = cache.keys[index, :, :, : begin + n]
-            values = cache.values[index, :, :, : begin + n]
-            # Causal within the new tokens; a single token sees every earlier one anyway.
-            mask = None if n == 1 else _causal(n, begin, x.device)
+            # (batch, heads, n, head_dim) written at [row, :, its positions]
+            cache.keys[index][rows, :, positions] = self._split(attention.k_proj(h)).transpose(1, 2)
+            cache.values[index][rows, :, positions] = self._split(attention.v_proj(h)).transpose(
+                1, 2
+            )
+            keys = cache.keys[index, :, :, :span]
+            values = cache.values[index, :, :, :span]
             x = x + attention.out_proj(self._attend(attention, h, keys, values, mask))
             cross = layer.encoder_attn
             h = layer.encoder_attn_layer_norm(x)
@@ -186,7 +267,7 @@ class GreedyDecoder:
             x = x + cross.out_proj(self._attend(cross, h, keys, values, None))
             h = layer.final_layer_norm(x)
             x = x + layer.fc2(layer.activation_fn(layer.fc1(h)))
-        cache.length = begin + n
+        cache.lengths += n
         return x
 
     def _attend(
@@ -207,10 +288,3 @@ class GreedyDecoder:
         """(batch, n, heads * head_dim) to (batch, heads, n, head_dim)."""
         batch, n, _ = states.shape
         return states.view(batch, n, self._heads, self._head_dim).transpose(1, 2)
-
-
-def _causal(n: int, begin: int, device: torch.device) -> torch.Tensor:
-    """Boolean mask (n, begin + n): new token i sees the cached ones and new ones up to i."""
-    allowed = torch.ones(n, begin + n, dtype=torch.bool, device=device)
-    mask: torch.Tensor = allowed.tril(diagonal=begin)
-    return mask

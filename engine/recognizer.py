@@ -24,10 +24,13 @@ class Utterance:
 
     `language` is an ISO 639-1 code to pin, or None to let a multilingual model detect it
     (an English-only model ignores it). A session detects once, then pins what it found.
+    `draft` is what an earlier transcription of this utterance's beginning said (its
+    latest partial): a recognizer may use it to decode faster, never to change the result.
     """
 
     audio: AudioArray
     language: str | None = None
+    draft: str = ""
 
     @property
     def duration(self) -> float:

@@ -354,7 +354,8 @@ class WhisperRecognizer:
             for language in languages
         ]
         prompts = torch.tensor(rows, dtype=torch.long, device=self._device)
-        greedy = self._greedy.decode(started, prompts, budgets)
+        drafts = [self._draft_tokens(utterance.draft) for utterance in batch]
+        greedy = self._greedy.decode(started, prompts, budgets, drafts)
         decoded = []
         for i, tokens in enumerate(greedy.tokens.tolist()):
             row = read_row(tokens, greedy.logprobs[i], end_token=self._eot, budget=budgets[i])
@@ -369,6 +370,13 @@ class WhisperRecognizer:
                 )
             )
         return decoded
+
+    def _draft_tokens(self, text: str) -> list[int]:
+        """A draft's tokens as the model would write them (text after a space)."""
+        if not text:
+            return []
+        ids: list[int] = self._tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+        return ids
 
     def _postprocess(self, decoded: _Decoded) -> Transcription:
         verdict = judge(

@@ -218,6 +218,8 @@ class SessionActor:
         self._telemetry = self.services.telemetry
         self._partial_policy = PartialPolicy(self.services.partials)
         self._last_partial: tuple[int, float] | None = None  # (utterance index, sent at)
+        # The latest partial text per utterance index: the next request's decoding draft.
+        self._draft: tuple[int, str] = (-1, "")
 
     # ------------------------------------------------------------------ public
 
@@ -423,7 +425,9 @@ class SessionActor:
             self._drop_partial("load")
             return
         request = RecognitionRequest(
-            self.session_id, Priority.PARTIAL, Utterance(event.audio, self._language)
+            self.session_id,
+            Priority.PARTIAL,
+            Utterance(event.audio, self._language, self._draft_for(event.index)),
         )
         try:
             future = await self.services.scheduler.submit(request)
@@ -453,6 +457,7 @@ class SessionActor:
         if event.index <= self._committed_index or not text:
             self._drop_partial("stale")
             return
+        self._draft = (event.index, text)
         message: TranscriptPartial = {
             "type": "transcript.partial",
             "utterance_id": self._utterance_id(event.index),
@@ -476,7 +481,7 @@ class SessionActor:
         self.totals.utterances += 1
         # A queued partial would never run before this final (finals outrank partials).
         self.services.scheduler.cancel(self.session_id, partials_only=True)
-        utterance = Utterance(event.audio, self._language)
+        utterance = Utterance(event.audio, self._language, self._draft_for(event.index))
         pending = _PendingFinal(
             event.index, event.start, event.end, None, self.services.clock(), utterance
         )
@@ -487,6 +492,11 @@ class SessionActor:
             await self._submit(pending)
             pending.closed_at = self.services.clock()
         await self._finals.put(pending)
+
+    def _draft_for(self, index: int) -> str:
+        """The latest partial text of utterance `index`, or nothing."""
+        drafted, text = self._draft
+        return text if drafted == index else ""
 
     async def _submit(self, pending: _PendingFinal) -> None:
         request = RecognitionRequest(self.session_id, Priority.FINAL, pending.audio)
@@ -581,7 +591,7 @@ class SessionActor:
         else:
             released, self._held = self._held, []
         for pending in released:
-            pending.audio = Utterance(pending.audio.audio, self._language)
+            pending.audio = dataclasses.replace(pending.audio, language=self._language)
             await self._submit(pending)
 
     def _pin(self, pinned: LanguagePinned) -> None:

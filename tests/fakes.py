@@ -15,7 +15,8 @@ class FakeRecognizer:
     queue requests while a batch is in flight. `fail_on` makes a batch containing an
     utterance of that length raise. Given `languages` beyond English it is multilingual:
     an utterance that pins no language is "detected" as `detects` (code, probability).
-    `asked` records every utterance's `language` (None: detection asked for).
+    `asked` records every utterance's `language` (None: detection asked for), `drafts`
+    every utterance's (sample count, draft).
     """
 
     def __init__(
@@ -30,6 +31,7 @@ class FakeRecognizer:
         self._languages = languages
         self.detects = detects
         self.asked: list[str | None] = []
+        self.drafts: list[tuple[int, str]] = []
         self.batches: list[list[int]] = []
         self.fail_on: int | None = None
         self.wrong_length = False
@@ -55,6 +57,7 @@ class FakeRecognizer:
         sizes = [len(u.audio) for u in batch]
         self.batches.append(sizes)
         self.asked.extend(u.language for u in batch)
+        self.drafts.extend((len(u.audio), u.draft) for u in batch)
         self.entered.set()
         if self.gate is not None:
             self.gate.acquire(timeout=10)

@@ -56,6 +56,58 @@ def test_greedy_tokens_equal_generate_on_a_mixed_batch(recognizer: WhisperRecogn
     assert torch.allclose(started.logits, logits, atol=1e-4)
 
 
+def test_drafts_change_nothing_but_the_work(recognizer: WhisperRecognizer) -> None:
+    """Right, half-right, wrong, empty and over-long drafts in one batch: every row decodes
+    to exactly the tokens it decodes to without drafts, and a right draft takes a couple of
+    decoder steps instead of one per token."""
+    selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:5]
+    batch = [Utterance(clip.audio()) for clip in selected]
+    greedy = recognizer._greedy
+    prompts = torch.tensor([recognizer._prompt_tail] * len(batch))
+    budgets = [60] * len(batch)
+    with torch.inference_mode():
+        hidden = recognizer._encoders.encode(30.0, recognizer._preprocess(batch, 30.0))
+        plain = greedy.decode(greedy.start(hidden), prompts, budgets)
+        truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
+        drafts = [
+            truth[0],  # right
+            [*truth[1][: len(truth[1]) // 2], 11, 11, 11],  # right, then wrong
+            [400, 401, 402],  # wrong from the start
+            [],  # none
+            truth[4] + [13, 13, 13, 13],  # right, then more than there is
+        ]
+        calls = 0
+        step = greedy._step
+
+        def counted(*args: object) -> torch.Tensor:
+            nonlocal calls
+            calls += 1
+            return step(*args)  # type: ignore[arg-type]
+
+        greedy._step = counted  # type: ignore[method-assign]
+        try:
+            checked = greedy.decode(greedy.start(hidden), prompts, budgets, drafts)
+        finally:
+            del greedy._step
+    for i in range(len(batch)):
+        assert [t for t in checked.tokens[i].tolist() if t < 50256] == truth[i], selected[i].id
+        n = len(truth[i]) + 1
+        assert torch.allclose(checked.logprobs[i, :n], plain.logprobs[i, :n], atol=1e-3)
+    # start, prompt, drafts, then one step per token the worst row (the draftless one,
+    # or the wrong one) still needs; far fewer than without drafts only if every row had
+    # a good draft, so check a batch of right drafts alone too.
+    assert calls <= 3 + max(len(row) for row in truth)
+    with torch.inference_mode():
+        calls = 0
+        greedy._step = counted  # type: ignore[method-assign]
+        try:
+            again = greedy.decode(greedy.start(hidden), prompts, budgets, truth)
+        finally:
+            del greedy._step
+    assert again.tokens.tolist() == plain.tokens[:, : again.tokens.shape[1]].tolist()
+    assert calls == 3  # start, prompt, drafts: the draft pass already picks <|endoftext|>
+
+
 def test_a_started_batch_decodes_once(recognizer: WhisperRecognizer) -> None:
     with torch.inference_mode():
         hidden = recognizer._encoders.encode(
@@ -66,3 +118,21 @@ def test_a_started_batch_decodes_once(recognizer: WhisperRecognizer) -> None:
         recognizer._greedy.decode(started, prompts, [5])
         with pytest.raises(RuntimeError, match="decoded already"):
             recognizer._greedy.decode(started, prompts, [5])
+
+
+def test_a_partials_text_as_draft_leaves_the_final_as_it_was(
+    recognizer: WhisperRecognizer,
+) -> None:
+    """As a session uses it: the text of the first 60 % of each clip, as the draft of the
+    whole clip, gives the same text and average log-probability as no draft."""
+    selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:6]
+    audio = [clip.audio() for clip in selected]
+    partials = recognizer.transcribe([Utterance(a[: int(len(a) * 0.6)]) for a in audio])
+    plain = recognizer.transcribe([Utterance(a) for a in audio])
+    drafted = recognizer.transcribe(
+        [Utterance(a, draft=p.text) for a, p in zip(audio, partials, strict=True)]
+    )
+    assert any(p.text for p in partials)
+    for clip, want, got in zip(selected, plain, drafted, strict=True):
+        assert got.text == want.text, clip.id
+        assert got.avg_logprob == pytest.approx(want.avg_logprob, abs=1e-3), clip.id
