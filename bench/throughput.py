@@ -1,8 +1,11 @@
 """Recognizer throughput: audio seconds transcribed per wall second, by batch size.
 
 Runs the same batches of short corpus utterances (about 5 s each) through the recognizer
-twice: padded to Whisper's 30 s window, and with the default window buckets. Prints a
-markdown table of the median wall time per batch and the real-time factor.
+padded to Whisper's 30 s window, with the default window buckets, and (on CPU) with
+int8 linear layers too; last, the int8 recognizer again with each utterance's draft
+(`Utterance.draft`) set to the text of its first 80 %, as a live session's last partial
+would give it. Prints a markdown table of the median wall time per batch and the
+real-time factor.
 
     python -m bench.throughput --threads 2
 """
@@ -10,6 +13,7 @@ markdown table of the median wall time per batch and the real-time factor.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import statistics
 import time
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.corpus import Clip, clips
+from engine.int8 import int8_available
 from engine.recognizer import Utterance
 from engine.weights import DEFAULT_MODEL
 from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig, load_recognizer
@@ -86,6 +91,13 @@ def select_clips(settings: Settings) -> list[Clip]:
     return selected
 
 
+def with_drafts(recognizer: WhisperRecognizer, utterances: Sequence[Utterance]) -> list[Utterance]:
+    """Each utterance with the text of its first 80 % as its draft."""
+    heads = [Utterance(u.audio[: len(u.audio) * 4 // 5], u.language) for u in utterances]
+    texts = [result.text for result in recognizer.transcribe(heads)]
+    return [dataclasses.replace(u, draft=text) for u, text in zip(utterances, texts, strict=True)]
+
+
 def measure(
     recognizer: WhisperRecognizer, utterances: Sequence[Utterance], batch_size: int, repeats: int
 ) -> Measurement:
@@ -105,19 +117,24 @@ def run(settings: Settings) -> str:
     selected = select_clips(settings)
     utterances = [Utterance(clip.audio()) for clip in selected]
     mean = sum(clip.duration for clip in selected) / len(selected)
-    modes = {
-        "30 s window": WhisperRecognizerConfig(device=settings.device, windows=(30.0,)),
-        "window buckets": WhisperRecognizerConfig(device=settings.device),
+    cpu = torch.device(settings.device).type == "cpu"
+    modes: dict[str, tuple[WhisperRecognizerConfig, bool]] = {
+        "30 s window": (WhisperRecognizerConfig(device=settings.device, windows=(30.0,)), False),
+        "window buckets": (WhisperRecognizerConfig(device=settings.device), False),
     }
+    if cpu and int8_available():
+        modes["buckets, int8"] = (WhisperRecognizerConfig(int8=True), False)
+        modes["buckets, int8, drafts"] = (WhisperRecognizerConfig(int8=True), True)
     columns: dict[str, list[Measurement]] = {}
     headers = []
-    for label, config in modes.items():
+    for label, (config, drafted) in modes.items():
         recognizer = load_recognizer(settings.model, config)
         recognizer.warmup()
+        batch = with_drafts(recognizer, utterances) if drafted else utterances
         headers.append(f"{label} ({'/'.join(f'{w:g}' for w in recognizer.windows)} s)")
         columns[label] = []
         for size in settings.batch_sizes:
-            result = measure(recognizer, utterances, size, settings.repeats)
+            result = measure(recognizer, batch, size, settings.repeats)
             logger.info("%s batch %d: %.2f s", label, size, result.wall_seconds)
             columns[label].append(result)
     lines = [

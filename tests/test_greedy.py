@@ -105,7 +105,7 @@ def test_drafts_change_nothing_but_the_work(recognizer: WhisperRecognizer) -> No
         finally:
             del greedy._step
     assert again.tokens.tolist() == plain.tokens[:, : again.tokens.shape[1]].tolist()
-    assert calls == 3  # start, prompt, drafts: the draft pass already picks <|endoftext|>
+    assert calls == 4  # start, prompt, drafts, and the step after the kept prefix
 
 
 def test_a_started_batch_decodes_once(recognizer: WhisperRecognizer) -> None:
