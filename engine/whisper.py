@@ -81,8 +81,9 @@ class WhisperRecognizerConfig:
     a looping utterance stops early and does not hold up the rest of its batch.
     `retry_loops_on_full_window` decodes looping utterances again on the full window.
     `int8` stores every linear layer's weights as int8 and multiplies in integers
-    (`engine.int8`; CPU and float32 only): on CPU, 1.7x faster over the corpus at equal
-    accuracy (docs/performance.md).
+    (`engine.int8`; CPU and float32 only): faster on CPU at equal offline accuracy, but
+    streaming accuracy suffered in our runs (docs/performance.md). `drafts` lets each
+    utterance's `draft` seed its decoding (`engine.greedy`); off, drafts are ignored.
     """
 
     device: str = "cpu"
@@ -93,6 +94,7 @@ class WhisperRecognizerConfig:
     max_tokens_per_second: float = 8.0
     retry_loops_on_full_window: bool = True
     int8: bool = False
+    drafts: bool = True
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
@@ -354,7 +356,9 @@ class WhisperRecognizer:
             for language in languages
         ]
         prompts = torch.tensor(rows, dtype=torch.long, device=self._device)
-        drafts = [self._draft_tokens(utterance.draft) for utterance in batch]
+        drafts = [
+            self._draft_tokens(utterance.draft) if self.config.drafts else [] for utterance in batch
+        ]
         greedy = self._greedy.decode(started, prompts, budgets, drafts)
         decoded = []
         for i, tokens in enumerate(greedy.tokens.tolist()):

@@ -45,7 +45,6 @@ def load_whisper(settings: Settings) -> Recognizer:
     """Build the default recognizer: Whisper through transformers (blocking)."""
     import torch
 
-    from engine.int8 import int8_available
     from engine.whisper import WhisperRecognizerConfig, load_recognizer
 
     # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
@@ -54,17 +53,12 @@ def load_whisper(settings: Settings) -> Recognizer:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = None if settings.dtype == "auto" else settings.dtype
-    int8 = settings.quantize == "int8" or (
-        settings.quantize == "auto"
-        and device == "cpu"
-        and dtype in (None, "float32")
-        and int8_available()
-    )
     config = WhisperRecognizerConfig(
         device=device,
         dtype=dtype,  # type: ignore[arg-type]
         max_batch_size=settings.max_batch_size,
-        int8=int8,
+        int8=settings.quantize == "int8",
+        drafts=settings.drafts,
     )
     return load_recognizer(settings.model, config)
 

@@ -37,9 +37,14 @@ class Settings:
         "auto", "`auto`, `float32`, `float16` or `bfloat16` (`auto`: fp32 on CPU, fp16 on CUDA)."
     )
     quantize: str = setting(
-        "auto",
-        "`auto`, `int8` or `none`: int8 weights for the model's linear layers, CPU and "
-        "float32 only (`auto`: int8 on CPU, none on CUDA).",
+        "none",
+        "`none` or `int8`: int8 weights for the model's linear layers (CPU and float32 "
+        "only): faster, but it raised streaming WER in our runs (docs/performance.md).",
+    )
+    drafts: bool = setting(
+        True,
+        "Seed each decoding of a live utterance with its latest partial's text (faster; "
+        "same text in float32).",
     )
     torch_threads: int = setting(0, "Threads for the model's CPU kernels; 0 = all cores.")
     max_batch_size: int = setting(16, "Most utterances the model runs in one batch.")
@@ -184,8 +189,8 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}DEVICE must be auto, cpu or cuda, not {self.device!r}")
         if self.dtype not in {"auto", "float32", "float16", "bfloat16"}:
             raise ValueError(f"{ENV_PREFIX}DTYPE must be auto, float32, float16 or bfloat16")
-        if self.quantize not in {"auto", "int8", "none"}:
-            raise ValueError(f"{ENV_PREFIX}QUANTIZE must be auto, int8 or none")
+        if self.quantize not in {"int8", "none"}:
+            raise ValueError(f"{ENV_PREFIX}QUANTIZE must be none or int8")
         if self.max_batch_size < 1 or self.max_queue < self.max_batch_size:
             raise ValueError("need MAX_BATCH_SIZE >= 1 and MAX_QUEUE >= MAX_BATCH_SIZE")
         if min(self.max_upload_bytes, self.upload_decoders, self.upload_max_jobs) < 1:
