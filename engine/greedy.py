@@ -128,8 +128,13 @@ class GreedyDecoder:
     def max_positions(self) -> int:
         return self._max_positions
 
-    def start(self, hidden: torch.Tensor) -> Started:
-        """The decoder at <|startoftranscript|> over encoder states `hidden`."""
+    def start(self, hidden: torch.Tensor, positions: int | None = None) -> Started:
+        """The decoder at <|startoftranscript|> over encoder states `hidden`, with a cache of
+        `positions` tokens (default: the decoder's maximum; <|startoftranscript|>, the
+        prompt and every token to decode must fit)."""
+        positions = self._max_positions if positions is None else positions
+        if not 2 <= positions <= self._max_positions:
+            raise ValueError(f"positions must be in [2, {self._max_positions}], got {positions}")
         cross = [
             (
                 self._split(layer.encoder_attn.k_proj(hidden)),
@@ -137,7 +142,7 @@ class GreedyDecoder:
             )
             for layer in self._layers
         ]
-        cache = _Cache(cross, self._max_positions, hidden)
+        cache = _Cache(cross, positions, hidden)
         ids = torch.full((hidden.shape[0], 1), self._start, dtype=torch.long, device=hidden.device)
         return Started(self._project(self._step(cache, ids)[:, -1]), cache)
 
@@ -154,9 +159,9 @@ class GreedyDecoder:
         `drafts[i]`, if given, is a guess at row i's first tokens (the text of an earlier,
         shorter transcription of the same utterance). All drafts are checked in one decoder
         pass: row i keeps the longest prefix of its draft that greedy decoding would have
-        produced anyway, plus the token greedy picks after it, and decodes on from there,
-        one token per step. The result is greedy decoding's, whatever the drafts hold; a
-        good draft saves most of the steps.
+        produced anyway and decodes on from there, one token per step. In float32 the
+        result is greedy decoding's whatever the drafts hold (see the module doc for
+        int8); a good draft saves most of the steps.
         """
         cache = started.take_cache()
         batch = prompts.shape[0]
@@ -164,7 +169,7 @@ class GreedyDecoder:
             raise ValueError("one prompt and one budget of at least 1 token per row")
         if drafts is not None and len(drafts) != batch:
             raise ValueError("one draft (maybe empty) per row")
-        room = self._max_positions - 1 - prompts.shape[1]
+        room = cache.keys.shape[3] - 1 - prompts.shape[1]
         budgets = [min(budget, room) for budget in budgets]
         if min(budgets) < 1:
             raise ValueError("the prompt leaves no room to decode")
@@ -187,7 +192,12 @@ class GreedyDecoder:
         while not all(done):
             pending = [self._end if done[i] else row[-1] for i, row in enumerate(tokens)]
             ids = torch.tensor(pending, dtype=torch.long, device=prompts.device)[:, None]
+            before = cache.lengths.clone()
             logits = self._project(self._step(cache, ids)[:, -1])
+            # A finished row stays where it is (it only rewrites its next, unused slot), so
+            # rows that finished far ahead, on a long draft, cannot outgrow the cache.
+            finished = torch.tensor(done, device=before.device)
+            cache.lengths = torch.where(finished, before, cache.lengths)
             logits[:, self._suppress] = -torch.inf
             picked = logits.argmax(dim=-1)
             chosen = logits.log_softmax(dim=-1).gather(1, picked[:, None])[:, 0]
@@ -249,8 +259,8 @@ class GreedyDecoder:
         batch, n = ids.shape
         positions = cache.lengths[:, None] + torch.arange(n, device=ids.device)  # (batch, n)
         span = int(cache.lengths.max()) + n
-        if span > self._max_positions:
-            raise ValueError("decoding ran past the decoder's positions")
+        if span > cache.keys.shape[3]:
+            raise ValueError("decoding ran past the cache's positions")
         # Query i of row b sees the keys at positions up to its own; none where all rows
         # are at the same length and one token is new (it sees every key there is).
         uniform = bool((cache.lengths == cache.lengths[0]).all())

@@ -283,9 +283,15 @@ class WhisperRecognizer:
         """Features, encoder and greedy decoding for one window; no guard."""
         features = self._preprocess(batch, window)
         hidden = self._encoders.encode(window, features)
-        started = self._greedy.start(hidden)
+        budgets = [
+            token_budget(u.duration, self.config.max_tokens_per_second, self._max_new_tokens_cap)
+            for u in batch
+        ]
+        # <|startoftranscript|>, [language,] the prompt tail, then the tokens to decode.
+        positions = 2 + len(self._prompt_tail) + max(budgets)
+        started = self._greedy.start(hidden, min(positions, self._greedy.max_positions))
         no_speech, languages, probabilities = self._read_first_step(started.logits, batch)
-        return self._decode(started, batch, no_speech.tolist(), languages, probabilities)
+        return self._decode(started, batch, budgets, no_speech.tolist(), languages, probabilities)
 
     def _preprocess(self, batch: Sequence[Utterance], window: float) -> torch.Tensor:
         samples = round(window * SAMPLE_RATE)
@@ -341,14 +347,11 @@ class WhisperRecognizer:
         self,
         started: Started,
         batch: Sequence[Utterance],
+        budgets: list[int],
         no_speech: list[float],
         languages: list[str],
         probabilities: list[float | None],
     ) -> list[_Decoded]:
-        budgets = [
-            token_budget(u.duration, self.config.max_tokens_per_second, self._max_new_tokens_cap)
-            for u in batch
-        ]
         rows = [
             [self._lang_to_id[language], *self._prompt_tail]
             if self._multilingual

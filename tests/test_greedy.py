@@ -136,3 +136,23 @@ def test_a_partials_text_as_draft_leaves_the_final_as_it_was(
     for clip, want, got in zip(selected, plain, drafted, strict=True):
         assert got.text == want.text, clip.id
         assert got.avg_logprob == pytest.approx(want.avg_logprob, abs=1e-3), clip.id
+
+
+def test_a_long_kept_draft_beside_a_long_decoding_fits_a_tight_cache(
+    recognizer: WhisperRecognizer,
+) -> None:
+    """Row 0 keeps its whole (right) draft at once; row 1 has none and decodes token by
+    token. With a cache just big enough for the budget, row 0 must not grow past it while
+    row 1 finishes."""
+    selected = clips(("en_jfk", "en_ls_1221-135766-0001"))
+    batch = [Utterance(clip.audio()) for clip in selected]
+    greedy = recognizer._greedy
+    prompts = torch.tensor([recognizer._prompt_tail] * 2)
+    budgets = [60, 60]  # row 1 needs 55 tokens; row 0 keeps 24 at once
+    positions = 1 + prompts.shape[1] + max(budgets)
+    with torch.inference_mode():
+        hidden = recognizer._encoders.encode(30.0, recognizer._preprocess(batch, 30.0))
+        plain = greedy.decode(greedy.start(hidden, positions), prompts, budgets)
+        truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
+        drafted = greedy.decode(greedy.start(hidden, positions), prompts, budgets, [truth[0], []])
+    assert [[t for t in row if t < 50256] for row in drafted.tokens.tolist()] == truth
