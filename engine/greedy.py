@@ -77,8 +77,10 @@ class _Cache:
     ) -> None:
         batch, heads, _, head_dim = cross[0][0].shape
         shape = (len(cross), batch, heads, positions, head_dim)
-        self.keys = like.new_empty(shape)
-        self.values = like.new_empty(shape)
+        # Zeroed, not left uninitialised: rows at different lengths mask each other's
+        # unwritten slots, and a masked NaN still poisons attention (0 x NaN = NaN).
+        self.keys = like.new_zeros(shape)
+        self.values = like.new_zeros(shape)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=like.device)
         self.cross = cross
 

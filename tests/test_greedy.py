@@ -156,3 +156,16 @@ def test_a_long_kept_draft_beside_a_long_decoding_fits_a_tight_cache(
         truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
         drafted = greedy.decode(greedy.start(hidden, positions), prompts, budgets, [truth[0], []])
     assert [[t for t in row if t < 50256] for row in drafted.tokens.tolist()] == truth
+
+
+def test_a_new_cache_holds_zeros_not_garbage(recognizer: WhisperRecognizer) -> None:
+    """Rows at different lengths mask each other's unwritten slots, and a masked NaN still
+    poisons attention (0 x NaN): seen once in CI as 'min should be less than or equal to
+    max' from the int8 kernel. So the slots start at zero."""
+    with torch.inference_mode():
+        started = recognizer._greedy.start(torch.zeros(2, 500, 384), 40)
+    cache = started.take_cache()
+    assert bool((cache.keys[:, :, :, 1:] == 0).all()) and bool(
+        (cache.values[:, :, :, 1:] == 0).all()
+    )
+    assert int(cache.lengths.max()) == 1
