@@ -186,8 +186,7 @@ class GreedyDecoder:
         if any(guesses):
             tokens, logprobs = self._check_drafts(cache, logits, guesses)
         else:
-            picked = logits.argmax(dim=-1)
-            chosen = logits.log_softmax(dim=-1).gather(1, picked[:, None])[:, 0]
+            picked, chosen = _pick(logits)
             tokens = [[t] for t in picked.tolist()]
             logprobs = [[p] for p in chosen.tolist()]
         done = [row[-1] == self._end or len(row) >= budgets[i] for i, row in enumerate(tokens)]
@@ -201,8 +200,7 @@ class GreedyDecoder:
             finished = torch.tensor(done, device=before.device)
             cache.lengths = torch.where(finished, before, cache.lengths)
             logits[:, self._suppress] = -torch.inf
-            picked = logits.argmax(dim=-1)
-            chosen = logits.log_softmax(dim=-1).gather(1, picked[:, None])[:, 0]
+            picked, chosen = _pick(logits)
             for i, (token, logprob) in enumerate(
                 zip(picked.tolist(), chosen.tolist(), strict=True)
             ):
@@ -236,8 +234,7 @@ class GreedyDecoder:
             # draft token fed.
             row = torch.cat([logits[i : i + 1], self._project(states[i, : len(draft)])])
             row[1:, self._suppress] = -torch.inf
-            picked = row.argmax(dim=-1)
-            chosen = row.log_softmax(dim=-1).gather(1, picked[:, None])[:, 0]
+            picked, chosen = _pick(row)
             agree = picked[: len(draft)].eq(torch.tensor(draft, device=picked.device))
             kept = len(draft) if bool(agree.all()) else int(agree.long().argmin())
             # The token after the kept prefix is left to a single step (the last kept token
@@ -311,3 +308,10 @@ class GreedyDecoder:
         """(batch, n, heads * head_dim) to (batch, heads, n, head_dim)."""
         batch, n, _ = states.shape
         return states.view(batch, n, self._heads, self._head_dim).transpose(1, 2)
+
+
+def _pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy choice per row of (rows, vocabulary) logits: the token and its log-probability."""
+    picked = logits.argmax(dim=-1)
+    chosen = logits.log_softmax(dim=-1).gather(1, picked[:, None])[:, 0]
+    return picked, chosen
