@@ -8,7 +8,7 @@ steps. This module runs the same arithmetic with none of that: the decoder's own
 submodules (embeddings, layer norms, projections, whichever kind `engine.int8` left them),
 a key/value cache preallocated once per batch, cross-attention keys and values computed
 once from the encoder states, and `scaled_dot_product_attention`. Its tokens equal
-`generate()`'s (tests/test_greedy.py checks them on corpus speech).
+`generate()`'s (tests/engine/test_greedy.py checks them on corpus speech).
 
 One batch decodes in two calls:
 

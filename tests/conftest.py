@@ -104,7 +104,7 @@ def start_server(
         "PARLEY_STATIC_DIR": str(REPO / "static"),
         "PYTHONUNBUFFERED": "1",
         # Functional tests stream faster than real time on a shared 2-core box: measured
-        # admission control would refuse them. tests/test_overload.py turns it on.
+        # admission control would refuse them. tests/server/test_overload.py turns it on.
         "PARLEY_ADMIT_MAX_QUEUE_WAIT_MS": "0",
         **(env or {}),
     }

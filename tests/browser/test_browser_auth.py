@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from tests.test_browser import CHROMIUM, MS, open_page, wait_for_pill  # noqa: E402
+from tests.browser.test_browser import CHROMIUM, MS, open_page, wait_for_pill  # noqa: E402
 
 KEY = "web-app-key-0123456789abcdef"
 REPLAY_CLIP = "en_ls_1272-128104-0000"  # 5.9 s

@@ -12,7 +12,7 @@ from websockets.asyncio.client import connect
 
 from tests.conftest import ServerProcess, start_server
 from tests.corpus import clip
-from tests.test_stream_e2e import scrape
+from tests.e2e.test_stream_e2e import scrape
 from tests.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_pcm, stream_url
 
 pytestmark = pytest.mark.slow

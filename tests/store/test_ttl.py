@@ -15,7 +15,7 @@ from session.redis_store import Keys, RedisStore
 from session.store import MemoryStore, UnknownResumeToken
 from session.ttl import MIN_TTL_MS, TTLSettings, draw_jitter, ttl_bounds_ms, ttl_ms
 from tests.redis_support import MS, ManualClock
-from tests.test_store import emit
+from tests.store.test_store import emit
 
 HOUR = 3600.0
 POLICY = TTLSettings()  # the defaults documented in docs/store.md

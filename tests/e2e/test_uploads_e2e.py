@@ -17,8 +17,8 @@ from loadgen.wer import error_rate
 from tests import audiofiles
 from tests.conftest import ServerProcess, start_server
 from tests.corpus import clip
+from tests.e2e.test_stream_e2e import parse_srt
 from tests.httpclient import endless_file, get, post_form, upload
-from tests.test_stream_e2e import parse_srt
 from tests.wsclient import BYTES_PER_SECOND, stream_url
 
 pytestmark = pytest.mark.slow

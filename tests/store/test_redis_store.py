@@ -24,7 +24,7 @@ from session.store import (
     open_store,
 )
 from tests.redis_support import MS, ManualClock, RedisServer, free_port
-from tests.test_store import emit, next_event
+from tests.store.test_store import emit, next_event
 
 
 @pytest.fixture
