@@ -118,7 +118,9 @@ class Settings:
     allowed_origins: str | None = setting(
         None,
         "Origins browsers may open WebSockets from, comma separated (`https://app.example`); "
-        "`*`: any. Unset: any while authentication is off, else this server's own origin.",
+        "`*`: any. Unset: this server's own origin; while authentication is off, also pages "
+        "on loopback hosts (`localhost`, `127.0.0.1`), and the own origin only by IP or "
+        "`localhost`.",
     )
     token_ttl_s: float = setting(
         60.0, "Lifetime of a meeting token (single use) minted by POST /v1/meetings/{id}/tokens."
