@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from engine.scheduler import SchedulerError
+from engine.api import SchedulerError
 from server.decode import DecodedAudio, DecodeLimits, decode_file
 from server.sandbox import UNCONFINED, Sandbox
 from server.settings import Settings

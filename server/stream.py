@@ -168,8 +168,9 @@ async def _refuse(state: AppState, handshake: Handshake, error: ProtocolError) -
 
 
 def _services_or_refuse(state: AppState) -> SessionServices:
-    if state.services is None:
-        raise overloaded(f"model is {state.model_state.value}; retry when /readyz says ready")
+    reason = state.unavailable()
+    if reason is not None or state.services is None:
+        raise overloaded(reason or "model is not ready")
     return state.services
 
 

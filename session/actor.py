@@ -34,16 +34,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.recognizer import Utterance
-from engine.scheduler import (
+from engine.api import (
+    SAMPLE_RATE,
     BatchFailed,
-    BatchScheduler,
     Priority,
+    Recognition,
     RecognitionRequest,
     RecognitionResult,
     RequestSuperseded,
     SchedulerError,
     SchedulerFull,
+    Utterance,
 )
 from session.audio import FrameDecoder
 from session.language import LanguageDetector, LanguagePinned
@@ -51,7 +52,6 @@ from session.outbox import Outbox, OutboxState, SlowConsumer
 from session.partials import PartialPolicy, PartialPolicyConfig
 from session.protocol import (
     PROTOCOL_VERSION,
-    SAMPLE_RATE,
     CloseCode,
     ControlType,
     ErrorCode,
@@ -141,7 +141,7 @@ class Ending:
 class SessionServices:
     """Shared by every session; owned by the server's lifespan."""
 
-    scheduler: BatchScheduler
+    scheduler: Recognition
     store: Store
     vad: VadScorer
     segmenter: SegmenterConfig

@@ -34,16 +34,17 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from engine.recognizer import Utterance
-from engine.scheduler import (
+from engine.api import (
+    SAMPLE_RATE,
     BatchFailed,
     Priority,
     RecognitionRequest,
     RecognitionResult,
+    Utterance,
 )
 from session.actor import SessionServices
 from session.language import LanguageDetector
-from session.protocol import SAMPLE_RATE, Word, encode
+from session.protocol import Word, encode
 from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
 from session.store import FinalRecord, NewFinal, SourceState
 from session.vad import WINDOW, VadScorer, VadStream

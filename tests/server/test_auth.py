@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.recognizer import Transcription, Utterance
-from engine.scheduler import Priority, RecognitionRequest, RecognitionResult
+from engine.api import Priority, RecognitionRequest, RecognitionResult, Transcription, Utterance
 from server.auth import (
     ANONYMOUS,
     Authenticator,
