@@ -18,7 +18,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine.scheduler import BatchScheduler, Priority, RecognitionRequest, RecognitionResult
+from engine.api import Priority, RecognitionRequest, RecognitionResult
+from engine.scheduler import BatchScheduler
 from session.actor import Connection
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError

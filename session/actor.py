@@ -34,16 +34,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.recognizer import SAMPLE_RATE, Utterance
-from engine.scheduler import (
+from engine.api import (
+    SAMPLE_RATE,
     BatchFailed,
-    BatchScheduler,
     Priority,
+    Recognition,
     RecognitionRequest,
     RecognitionResult,
     RequestSuperseded,
     SchedulerError,
     SchedulerFull,
+    Utterance,
 )
 from session.audio import FrameDecoder
 from session.language import LanguageDetector, LanguagePinned
@@ -132,7 +133,7 @@ class Ending:
 class SessionServices:
     """Shared by every session; owned by the server's lifespan."""
 
-    scheduler: BatchScheduler
+    scheduler: Recognition
     store: Store
     vad: VadScorer
     segmenter: SegmenterConfig

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from engine.recognizer import SAMPLE_RATE
+from engine.api import SAMPLE_RATE
 from wire.codes import DEFAULT_SAMPLE_RATE, CloseCode, Encoding, ErrorCode
 from wire.errors import ProtocolError
 

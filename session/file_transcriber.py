@@ -34,12 +34,13 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from engine.recognizer import SAMPLE_RATE, Utterance
-from engine.scheduler import (
+from engine.api import (
+    SAMPLE_RATE,
     BatchFailed,
     Priority,
     RecognitionRequest,
     RecognitionResult,
+    Utterance,
 )
 from session.actor import SessionServices
 from session.language import LanguageDetector

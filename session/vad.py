@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime
 
-from engine.recognizer import SAMPLE_RATE
+from engine.api import SAMPLE_RATE
 
 WINDOW = 512  # samples per VAD window at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous window the model sees before each window
