@@ -42,7 +42,7 @@ TOKEN_SUBPROTOCOL = "parley.token."  # + token
 OWNER_FIELD = "owner"  # key of the owning tenant in the meeting's stored config
 OWNER_RECHECK_S = 30.0  # how long a listener's confirmation of the owner holds
 MIN_KEY_LENGTH = 16
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # fullmatch: "$" takes a "\n"
 
 
 class Scope(enum.StrEnum):
@@ -94,7 +94,7 @@ def parse_api_keys(inline: str | None, path: str | None) -> dict[bytes, str]:
         if not item.strip():
             continue
         tenant, sep, key = (part.strip() for part in item.partition(":"))
-        if not sep or not _TENANT.match(tenant):
+        if not sep or not _TENANT.fullmatch(tenant):
             raise ValueError(f"{where}: expected tenant:key, the tenant of letters, digits, _.-")
         if len(key) < MIN_KEY_LENGTH:
             raise ValueError(f"{where}: the key of {tenant!r} is under {MIN_KEY_LENGTH} chars")
