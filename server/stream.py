@@ -16,9 +16,9 @@ from server.auth import (
     OwnerCheck,
     Principal,
     Scope,
+    create_owned_source,
     forbidden,
     meeting_access,
-    owned_config,
 )
 from server.gate import Handshake, authenticate, close_reason
 from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
@@ -210,14 +210,12 @@ async def _open_source(
     token = query.get("resume_token")
     meeting_id = config.meeting_id
     try:
-        exists = await meeting_access(store, meeting_id, principal)
         if token is None:
-            source, token = await store.create_source(
-                meeting_id, config.participant, owned_config(config.as_dict(), principal)
+            source, token = await create_owned_source(
+                store, meeting_id, config.participant, config.as_dict(), principal
             )
-            if not exists:  # created now: or by another tenant a moment before us
-                await meeting_access(store, meeting_id, principal)
             return _OpenedSource(config, source, token, [], resumed=False)
+        await meeting_access(store, meeting_id, principal)
         last_seq = _non_negative("last_seq", query.get("last_seq", "0"))
         participant = query.get("participant") or principal.participant
         source = await store.resume_source(meeting_id, token, participant)
