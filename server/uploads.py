@@ -28,13 +28,14 @@ from server.jobs import Job, JobOptions, JobsFull, JobStatus
 from server.settings import Settings
 from server.state import app_state
 from server.upload_form import FORM_OVERHEAD, FormRefused, receive_form, too_large
+from session.actor import SessionServices
 from session.protocol import ProtocolError, validate_id
 from session.store import StoreError
 from session.transcript import TranscriptFormat
 
 logger = logging.getLogger(__name__)
 
-OPTION_FIELDS = frozenset({"language", "format", "participant", "meeting_id", "wait"})
+OPTION_FIELDS = frozenset({"language", "format", "participant", "meeting_id", "wait", "diarize"})
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
 _TRUE = {"1", "true", "yes", "on"}
@@ -66,6 +67,9 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
     wait = raw.get("wait", "false").lower()
     if wait not in _TRUE | _FALSE:
         raise bad("bad_config", "wait must be true or false")
+    diarize = raw.get("diarize", "false").lower()
+    if diarize not in _TRUE | _FALSE:
+        raise bad("bad_config", "diarize must be true or false")
     try:
         participant = validate_id("participant", raw.get("participant", DEFAULT_PARTICIPANT))
         meeting_id = raw.get("meeting_id")
@@ -79,6 +83,7 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
         labelled="participant" in raw,
         meeting_id=meeting_id,
         format=fmt,
+        diarize=diarize in _TRUE,
     )
     return options, wait in _TRUE
 
@@ -95,6 +100,13 @@ def _check_language(language: str | None, known: frozenset[str], model: str) -> 
     raise FormRefused(
         400, "bad_config", f"model {model} does not transcribe language {language!r}: {hint}"
     )
+
+
+def _check_diarize(diarize: bool, services: SessionServices) -> None:
+    if diarize and services.speakers is None:
+        raise FormRefused(
+            400, "bad_config", "diarization is off on this server (PARLEY_DIARIZATION=false)"
+        )
 
 
 async def create_transcription(request: Request) -> Response:
@@ -124,6 +136,7 @@ async def create_transcription(request: Request) -> Response:
         )  # fmt: skip
     try:
         _check_language(options.language, services.languages, state.recognizer_name)
+        _check_diarize(options.diarize, services)
     except FormRefused as exc:
         return _problem(exc.status, exc.code, exc.message)
     try:
@@ -141,6 +154,7 @@ async def create_transcription(request: Request) -> Response:
         )
         options, wait = _parse_options({**query, **form.fields}, settings)
         _check_language(options.language, services.languages, state.recognizer_name)
+        _check_diarize(options.diarize, services)
         job.options = options
         job.filename = form.filename[:256]
         job.upload_bytes = form.size

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -145,6 +146,16 @@ class TranscriptFinal(TypedDict):
     language: str
     words: NotRequired[list[Word]]
     timing: NotRequired[Timing]
+    # `diarize=true` sources only: "S1", "S2", … stable within the source (v1 extension).
+    speaker: NotRequired[str]
+
+
+class TranscriptSpeaker(TypedDict):
+    """A logged final's speaker label changed after a re-clustering (v1 extension)."""
+
+    type: Literal["transcript.speaker"]
+    utterance_id: str
+    speaker: str
 
 
 class ErrorMessage(TypedDict):
@@ -169,6 +180,7 @@ ServerMessage = (
     | SpeechStopped
     | TranscriptPartial
     | TranscriptFinal
+    | TranscriptSpeaker
     | ErrorMessage
     | SessionEnded
 )
@@ -265,14 +277,18 @@ class StreamConfig:
     sample_rate: int
     encoding: Encoding
     interim_results: bool
+    diarize: bool = False  # label each final's speaker (a source carrying several voices)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "language": self.language,
             "sample_rate": self.sample_rate,
             "encoding": self.encoding.value,
             "interim_results": self.interim_results,
         }
+        if self.diarize:  # absent otherwise: nothing changes for streams without it
+            config["diarize"] = True
+        return config
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -305,6 +321,7 @@ def parse_stream_config(
     interim = query.get("interim_results", "true").lower()
     if interim not in _TRUE | _FALSE:
         raise bad("interim_results must be true or false")
+    diarize = parse_flag("diarize", query.get("diarize", "false"), bad)
     return StreamConfig(
         meeting_id=meeting_id,
         participant=participant,
@@ -312,4 +329,12 @@ def parse_stream_config(
         sample_rate=sample_rate,
         encoding=encoding,
         interim_results=interim in _TRUE,
+        diarize=diarize,
     )
+
+
+def parse_flag(name: str, value: str, bad: Callable[[str], ProtocolError]) -> bool:
+    """A boolean query parameter or form field: true/false, 1/0, yes/no, on/off."""
+    if value.lower() not in _TRUE | _FALSE:
+        raise bad(f"{name} must be true or false")
+    return value.lower() in _TRUE
