@@ -45,7 +45,8 @@ import numpy.typing as npt
 import torch
 
 from bench.corpus import Clip, clips, corpus_dir, read_wav
-from engine.speakers import SpeakerEncoder, SpeakerWindows
+from engine.api import SpeakerWindows
+from engine.speakers import SpeakerEncoder
 from session.diarizer import Diarizer, DiarizerConfig
 from session.segmenter import Segmenter, SegmenterConfig, UtteranceEnded
 from session.vad import WINDOW, SileroVad, VadState

@@ -34,6 +34,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from engine.api import EmbedderFull, SpeakerWindows
+
 logger = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16_000
@@ -120,20 +122,6 @@ def normalise_volume(audio: FloatArray) -> FloatArray:
 # ---------------------------------------------------------------- windows
 
 
-@dataclass(frozen=True, slots=True)
-class SpeakerWindows:
-    """The embeddings of one utterance's windows: `bounds[i]` is window i's (start, end) in
-    samples from the start of the utterance; `embeddings[i]` its unit vector."""
-
-    bounds: tuple[tuple[int, int], ...]
-    embeddings: FloatArray  # [len(bounds), EMBEDDING_SIZE]
-
-    def mean(self) -> FloatArray:
-        """The utterance's embedding: the windows' mean, weighted by length, normalised."""
-        weights = np.array([end - start for start, end in self.bounds], np.float32)
-        return unit(weights @ self.embeddings)
-
-
 def unit(vector: FloatArray) -> FloatArray:
     norm = float(np.linalg.norm(vector))
     return (vector / norm).astype(np.float32) if norm > 0 else vector
@@ -209,10 +197,6 @@ class SpeakerEncoder(torch.nn.Module):
 
 
 # ---------------------------------------------------------------- asyncio front
-
-
-class EmbedderFull(Exception):
-    """More windows are waiting than `max_pending_windows`: this utterance gets none."""
 
 
 @dataclass

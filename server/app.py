@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from engine.loading import ModelConfig, load_whisper
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
@@ -28,6 +28,7 @@ from server.jobs import JobRegistry
 from server.limits import CapacityMonitor, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
+from server.sandbox import SandboxMode, open_sandbox
 from server.settings import Settings
 from server.state import AppState, ModelState
 from server.tokens import open_tokens
@@ -43,26 +44,22 @@ logger = logging.getLogger(__name__)
 RecognizerFactory = Callable[[Settings], Recognizer]
 
 
-def load_whisper(settings: Settings) -> Recognizer:
-    """Build the default recognizer: Whisper through transformers (blocking)."""
-    import torch
-
-    from engine.whisper import WhisperRecognizerConfig, load_recognizer
-
-    # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
-    torch.set_num_threads(settings.torch_threads or os.cpu_count() or 1)
-    device = settings.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = None if settings.dtype == "auto" else settings.dtype
-    config = WhisperRecognizerConfig(
-        device=device,
-        dtype=dtype,  # type: ignore[arg-type]
-        max_batch_size=settings.max_batch_size,
+def model_config(settings: Settings) -> ModelConfig:
+    return ModelConfig(
+        model=settings.model,
+        cache=Path(settings.model_cache),
+        device=settings.device,
+        dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
         int8=settings.quantize == "int8",
         drafts=settings.drafts,
+        torch_threads=settings.torch_threads,
+        max_batch_size=settings.max_batch_size,
     )
-    return load_recognizer(settings.model, config)
+
+
+def whisper_recognizer(settings: Settings) -> Recognizer:
+    """The default recognizer (blocking): Whisper, as the settings say."""
+    return load_whisper(model_config(settings))
 
 
 def segmenter_config(settings: Settings) -> SegmenterConfig:
@@ -132,7 +129,7 @@ async def drain(state: AppState) -> None:
 
 
 def create_app(
-    settings: Settings | None = None, recognizer_factory: RecognizerFactory = load_whisper
+    settings: Settings | None = None, recognizer_factory: RecognizerFactory = whisper_recognizer
 ) -> Starlette:
     settings = settings or Settings.from_env()
     # Fails here, at start, on a bad key entry (ValueError), not on the first request.
@@ -146,6 +143,11 @@ def create_app(
     )
     if not auth.enabled:
         logger.warning("no API keys configured: authentication is OFF (development mode)")
+    # Fails here (SandboxUnavailable) when PARLEY_UPLOAD_SANDBOX=bwrap cannot be honoured.
+    sandbox = open_sandbox(
+        SandboxMode(settings.upload_sandbox),
+        hidden=[Path(settings.api_keys_file)] if settings.api_keys_file else [],
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
@@ -155,7 +157,7 @@ def create_app(
             store=open_store(settings.redis_url, prefix=settings.store_prefix),
             registry=registry,
             metrics=Metrics(),
-            jobs=JobRegistry(settings, live_streams=lambda: len(registry)),
+            jobs=JobRegistry(settings, live_streams=lambda: len(registry), sandbox=sandbox),
             auth=auth,
             capacity=CapacityMonitor(
                 settings.admit_max_queue_wait_ms / 1000, settings.max_batch_size
@@ -180,7 +182,7 @@ def create_app(
                 if not drained:
                     logger.warning("scheduler still busy at shutdown; failing what is left")
                 await state.scheduler.stop()
-            if state.services is not None and state.services.speakers is not None:
+            if state.services is not None and isinstance(state.services.speakers, SpeakerEmbedder):
                 await state.services.speakers.close()
             await state.store.close()
             await state.auth.close()

@@ -18,7 +18,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine.scheduler import BatchScheduler, Priority, RecognitionRequest, RecognitionResult
+from engine.api import Priority, RecognitionRequest, RecognitionResult
+from engine.scheduler import BatchScheduler
 from session.actor import Connection
 from session.protocol import CloseCode, ErrorCode, ProtocolError
 

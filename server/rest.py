@@ -152,7 +152,10 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready when the model is loaded and warmed, the scheduler runs, the store answers."""
+    """Ready when the model is loaded and warmed, the scheduler runs, the store answers.
+
+    A dead engine (the scheduler's loop died) is not ready, with its reason: nothing will
+    be transcribed again until the process restarts."""
     state = app_state(request)
     checks: dict[str, str] = {"model": state.model_state.value}
     reasons: list[str] = []
@@ -162,16 +165,24 @@ async def readyz(request: Request) -> Response:
         reasons.append("model is loading")
     scheduler = state.scheduler
     checks["scheduler"] = "stopped" if scheduler is None else scheduler.state.value
+    death = None if scheduler is None else scheduler.death
+    if death is not None:
+        reasons.append(str(death))
     health = await state.store.health()
     checks["store"] = "ok" if health.ok else "degraded"
     if not health.ok:
         reasons.append(f"store {health.backend}: {health.reason}")
     checks["draining"] = str(state.registry.state.value == "draining").lower()
+    checks["upload_sandbox"] = state.jobs.sandbox.describe()
     refusal = state.capacity.refusal(scheduler)
     checks["capacity"] = "ok" if refusal is None else "full"
     if refusal is not None:
         reasons.append(f"new streams refused: {refusal}")
-    ready = state.model_state is ModelState.READY and state.registry.state.value == "open"
+    ready = (
+        state.model_state is ModelState.READY
+        and state.registry.state.value == "open"
+        and death is None
+    )
     body = {
         "ready": ready,
         "status": "ready" if ready and not reasons else ("degraded" if ready else "not_ready"),

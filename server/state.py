@@ -47,6 +47,15 @@ class AppState:
     recognizer_name: str = ""
     loader: asyncio.Task[None] | None = field(default=None, repr=False)
 
+    def unavailable(self) -> str | None:
+        """Why streams and uploads cannot start now (the model is not loaded, or the engine
+        died), or None when they can."""
+        if self.scheduler is not None and self.scheduler.death is not None:
+            return f"{self.scheduler.death}; see /readyz"
+        if self.services is None:
+            return f"model is {self.model_state.value}; retry when /readyz says ready"
+        return None
+
 
 def app_state(connection: HTTPConnection) -> AppState:
     state: AppState = connection.state.parley

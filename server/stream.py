@@ -20,7 +20,7 @@ from server.auth import (
     meeting_access,
     owned_config,
 )
-from server.gate import Handshake, authenticate
+from server.gate import Handshake, authenticate, close_reason
 from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
@@ -173,8 +173,9 @@ async def _refuse(state: AppState, handshake: Handshake, error: ProtocolError) -
 
 
 def _services_or_refuse(state: AppState) -> SessionServices:
-    if state.services is None:
-        raise overloaded(f"model is {state.model_state.value}; retry when /readyz says ready")
+    reason = state.unavailable()
+    if reason is not None or state.services is None:
+        raise overloaded(reason or "model is not ready")
     return state.services
 
 
@@ -380,6 +381,6 @@ async def _close_with(websocket: WebSocket, error: ProtocolError, timeout: float
     try:
         async with asyncio.timeout(timeout):  # a listener that reads nothing gets no longer
             await websocket.send_text(encode(error.to_message()))
-            await websocket.close(error.close_code, error.message[:120])
+            await websocket.close(error.close_code, close_reason(error.message))
     except (RuntimeError, WebSocketDisconnect, OSError, TimeoutError):
         logger.debug("listener went away before its close", exc_info=True)

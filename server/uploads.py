@@ -129,11 +129,11 @@ async def create_transcription(request: Request) -> Response:
         refused = too_large(settings.max_upload_bytes)  # say so before a byte is sent
         return _problem(refused.status, refused.code, refused.message)
     services, file_vad = state.services, state.file_vad
-    if services is None or file_vad is None:
+    unavailable = state.unavailable()
+    if unavailable is not None or services is None or file_vad is None:
         return _problem(
-            503, "overloaded", f"model is {state.model_state.value}; retry when /readyz says ready",
-            {"Retry-After": RETRY_AFTER_S},
-        )  # fmt: skip
+            503, "overloaded", unavailable or "model is not ready", {"Retry-After": RETRY_AFTER_S}
+        )
     try:
         _check_language(options.language, services.languages, state.recognizer_name)
         _check_diarize(options.diarize, services)

@@ -34,18 +34,21 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.recognizer import Transcription, Utterance
-from engine.scheduler import (
+from engine.api import (
+    SAMPLE_RATE,
     BatchFailed,
-    BatchScheduler,
     Priority,
+    Recognition,
     RecognitionRequest,
     RecognitionResult,
     RequestSuperseded,
     SchedulerError,
     SchedulerFull,
+    SpeakerEmbedding,
+    SpeakerWindows,
+    Transcription,
+    Utterance,
 )
-from engine.speakers import SpeakerEmbedder, SpeakerWindows
 from session.audio import FrameDecoder
 from session.diarizer import DiarizerConfig, Relabel
 from session.language import LanguageDetector, LanguagePinned
@@ -53,7 +56,6 @@ from session.outbox import Outbox, OutboxState, SlowConsumer
 from session.partials import PartialPolicy, PartialPolicyConfig
 from session.protocol import (
     PROTOCOL_VERSION,
-    SAMPLE_RATE,
     CloseCode,
     ControlType,
     ErrorCode,
@@ -144,7 +146,7 @@ class Ending:
 class SessionServices:
     """Shared by every session; owned by the server's lifespan."""
 
-    scheduler: BatchScheduler
+    scheduler: Recognition
     store: Store
     vad: VadScorer
     segmenter: SegmenterConfig
@@ -155,7 +157,7 @@ class SessionServices:
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
     # Speaker embeddings for `diarize=true` sources; None: diarization is off.
-    speakers: SpeakerEmbedder | None = None
+    speakers: SpeakerEmbedding | None = None
     diarizer: DiarizerConfig = field(default_factory=DiarizerConfig)
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from session.protocol import SAMPLE_RATE, CloseCode, Encoding, ErrorCode, ProtocolError
+from engine.api import SAMPLE_RATE
+from session.protocol import CloseCode, Encoding, ErrorCode, ProtocolError
 
 FloatArray = npt.NDArray[np.float32]
 

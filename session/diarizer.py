@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from engine.speakers import SpeakerWindows, unit
+from engine.api import SpeakerWindows
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -122,7 +122,9 @@ class Diarizer:
             if not inside:  # a sliver: the window it lies in speaks for it
                 inside = [min(range(len(bounds)), key=lambda i: abs(sum(bounds[i]) / 2 - start))]
             weights = np.array([bounds[i][1] - bounds[i][0] for i in inside], np.float32)
-            out.append(Part(start, end, unit(weights @ windows.embeddings[inside])))
+            out.append(
+                Part(start, end, _unit(weights @ windows.embeddings[inside]).astype(np.float32))
+            )
         return out
 
     def split(

@@ -34,19 +34,21 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from engine.recognizer import Transcription, Utterance
-from engine.scheduler import (
+from engine.api import (
+    SAMPLE_RATE,
     BatchFailed,
     Priority,
     RecognitionRequest,
     RecognitionResult,
     SchedulerError,
+    SpeakerWindows,
+    Transcription,
+    Utterance,
 )
-from engine.speakers import SpeakerWindows
 from session.actor import SessionServices
 from session.diarizer import Relabel
 from session.language import LanguageDetector
-from session.protocol import SAMPLE_RATE, Word, encode
+from session.protocol import Word, encode
 from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
 from session.speakers import LabelledPart, SpeakerLabeller, relabel
 from session.store import FinalRecord, NewFinal, SourceState

