@@ -15,7 +15,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from server.app import load_whisper
+from server.app import whisper_recognizer
 from session.diarizer import DiarizerConfig
 from tests.appserver import AppServer, serve_app
 from tests.corpus import clips
@@ -83,7 +83,7 @@ def word_accuracy(finals: Sequence[dict[str, object]], turns: Turns) -> float:
 
 @pytest.fixture(scope="module")
 async def server() -> AsyncIterator[AppServer]:
-    async with serve_app(load_whisper, admit_max_queue_wait_ms=0) as app:
+    async with serve_app(whisper_recognizer, admit_max_queue_wait_ms=0) as app:
         yield app
 
 
