@@ -399,9 +399,10 @@ def run(
     return outcome, events
 
 
-def build(names: Sequence[str], vad: SileroVad) -> list[Mix]:
+def build(names: Sequence[str], vad: SileroVad, base_seed: int = 0) -> list[Mix]:
     mixes: list[Mix] = []
-    for seed, name in enumerate(names):
+    for index, name in enumerate(names):
+        seed = base_seed * 1000 + index
         if name in CORPUS_MIXES:
             mixes.append(corpus_mix(name, CORPUS_MIXES[name], vad, seed))
         elif name.startswith("espeak-"):
@@ -421,6 +422,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--only", nargs="*", default=list(ALL), help=f"mixes among {ALL}")
     parser.add_argument("--json", type=Path, help="write the outcomes here")
     parser.add_argument(
+        "--seed", type=int, default=0, help="another seed: other cuts, turn orders and gaps"
+    )
+    parser.add_argument(
         "--batch-rooms", type=int, default=8, help="rooms sharing an embedding call"
     )
     args = parser.parse_args(argv)
@@ -428,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     vad = SileroVad()
     encoder = SpeakerEncoder()
     config = DiarizerConfig()
-    mixes = build(args.only, vad)
+    mixes = build(args.only, vad, args.seed)
     outcomes: list[Outcome] = []
     all_events: list[list[UtteranceEnded]] = []
     for mix in mixes:
