@@ -25,7 +25,7 @@ from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from server import rest, stream, uploads
 from server.auth import build_authenticator
 from server.jobs import JobRegistry
-from server.limits import CapacityMonitor, Slots
+from server.limits import CapacityMonitor, ListenerQuota, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.sandbox import SandboxMode, open_sandbox
@@ -136,7 +136,9 @@ def create_app(
     auth = build_authenticator(
         api_keys=settings.api_keys,
         api_keys_file=settings.api_keys_file,
-        tokens=open_tokens(settings.redis_url, settings.store_prefix),
+        tokens=open_tokens(
+            settings.redis_url, settings.store_prefix, per_tenant=settings.max_tokens_per_tenant
+        ),
         allowed_origins=settings.allowed_origins,
         fast_replay_tenants=settings.fast_replay_tenants,
         token_ttl_s=settings.token_ttl_s,
@@ -163,7 +165,12 @@ def create_app(
                 settings.admit_max_queue_wait_ms / 1000, settings.max_batch_size
             ),
             stream_slots=Slots(settings.max_streams_per_key),
-            listener_slots=Slots(settings.max_listeners_per_meeting),
+            listener_slots=ListenerQuota(
+                settings.max_listeners_per_meeting,
+                settings.max_listeners_per_tenant,
+                settings.max_listeners,
+            ),
+            waiting_auth=Slots(settings.max_waiting_auth),
         )
         state.metrics.watch(
             lambda: state.scheduler, lambda: len(state.registry), lambda: state.registry.meetings

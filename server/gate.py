@@ -27,6 +27,7 @@ from server.auth import (
     forbidden,
     unauthorized,
 )
+from server.limits import ALL, Slots, overloaded
 from session.protocol import ProtocolError, encode
 
 logger = logging.getLogger(__name__)
@@ -78,11 +79,13 @@ async def authenticate(
     scope: Scope,
     *,
     timeout_s: float,
+    waiting: Slots,
 ) -> Principal:
     """Check the Origin, then find and resolve the socket's credentials: the
     Authorization header (API key or meeting token), the token subprotocol or the
     `access_token` query parameter (meeting tokens only), or else an `auth` message,
-    which must come first and within `timeout_s`. Raises ProtocolError (4401, 4403) or
+    which must come first and within `timeout_s` (while `waiting` has room: the sockets
+    waiting so are bounded). Raises ProtocolError (4401, 4403, 1013) or
     WebSocketDisconnect."""
     websocket = handshake.websocket
     if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
@@ -99,7 +102,12 @@ async def authenticate(
     if token is not None:
         return await auth.resolve(token, meeting_id, scope, keys_allowed=False)
     await handshake.accept()
-    credential = await _auth_message(websocket, timeout_s)
+    if not waiting.acquire(ALL):
+        raise overloaded(f"{waiting.limit} sockets are waiting to authenticate; retry later")
+    try:
+        credential = await _auth_message(websocket, timeout_s)
+    finally:
+        waiting.release(ALL)
     return await auth.resolve(credential, meeting_id, scope, keys_allowed=True)
 
 

@@ -59,6 +59,7 @@ async def stream_endpoint(websocket: WebSocket) -> None:
             meeting_id,
             Scope.STREAM,
             timeout_s=state.settings.auth_timeout_s,
+            waiting=state.waiting_auth,
         )
         config = _bind_participant(
             parse_stream_config(meeting_id, query, state.settings.default_language),
@@ -261,6 +262,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
             meeting_id,
             Scope.EVENTS,
             timeout_s=state.settings.auth_timeout_s,
+            waiting=state.waiting_auth,
         )
         validate_id("meeting_id", meeting_id)
         after_seq = _non_negative("after_seq", websocket.query_params.get("after_seq", "0"))
@@ -271,9 +273,10 @@ async def events_endpoint(websocket: WebSocket) -> None:
     except ProtocolError as exc:
         await _refuse(state, handshake, exc)
         return
-    if not state.listener_slots.acquire(meeting_id):
-        limit = state.listener_slots.limit
-        await _refuse(state, handshake, quota_exceeded(f"meeting has {limit} listeners already"))
+    try:
+        state.listener_slots.acquire(meeting_id, principal.tenant)
+    except ProtocolError as exc:
+        await _refuse(state, handshake, exc)
         return
     state.metrics.listeners.inc()
     try:
@@ -281,7 +284,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
         error = await _serve_listener(websocket, state, meeting_id, after_seq, owner)
     finally:
         state.metrics.listeners.dec()
-        state.listener_slots.release(meeting_id)
+        state.listener_slots.release(meeting_id, principal.tenant)
     timeout = state.settings.listener_send_timeout_s
     if isinstance(error, SubscriberLagged):
         await _close_with(

@@ -151,6 +151,8 @@ async def create_transcription(request: Request) -> Response:
             job.workdir / "upload",
             max_file_bytes=settings.max_upload_bytes,
             fields=OPTION_FIELDS,
+            idle_timeout_s=settings.upload_idle_timeout_s,
+            receive_timeout_s=settings.upload_receive_timeout_s,
         )
         options, wait = _parse_options({**query, **form.fields}, settings)
         _check_language(options.language, services.languages, state.recognizer_name)

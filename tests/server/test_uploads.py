@@ -20,7 +20,7 @@ from tests import audiofiles
 from tests.conftest import free_port
 from tests.corpus import REPO, clip
 from tests.fakes import FakeRecognizer
-from tests.httpclient import endless_file, get, post_form, request, upload
+from tests.httpclient import endless_file, get, multipart, post_form, request, upload
 from tests.wsclient import StreamResult, receive_all
 
 TIMEOUT = 30.0
@@ -227,3 +227,37 @@ async def test_too_many_jobs_get_503(tmp_path: Path, jfk: dict[str, bytes]) -> N
             fake.gate.release()  # type: ignore[union-attr]
         third = await upload(base, jfk["wav"], params={"wait": "true"})
         assert third.status == 200
+
+
+async def test_a_stalled_or_crawling_upload_gives_its_slot_back(
+    tmp_path: Path, jfk: dict[str, bytes]
+) -> None:
+    """An upload whose body stops (nothing for PARLEY_UPLOAD_IDLE_TIMEOUT_S) or crawls
+    (not done within PARLEY_UPLOAD_RECEIVE_TIMEOUT_S) is refused 408 `upload_timeout`
+    while the client still holds the connection open, and its job slot is free again."""
+    content_type, _ = multipart(b"", "slow.wav")
+    head = content_type.split("boundary=")[1]
+    part = f'--{head}\r\nContent-Disposition: form-data; name="file"; filename="s"\r\n\r\n'
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield part.encode() + b"RIFF"
+        await asyncio.Event().wait()  # the client goes silent, its connection stays open
+
+    async def crawling() -> AsyncIterator[bytes]:
+        yield part.encode()
+        while True:
+            yield b"\0" * 16
+            await asyncio.sleep(0.1)
+
+    async with serve(
+        tmp_path, upload_max_jobs=1, upload_idle_timeout_s=0.5, upload_receive_timeout_s=1.5
+    ) as base:
+        for body, least in ((stalled(), 0.5), (crawling(), 1.5)):
+            started = asyncio.get_running_loop().time()
+            refused = await post_form(base, content_type, body, chunked=True, timeout=10)
+            took = asyncio.get_running_loop().time() - started
+            assert refused.status == 408, refused.body
+            assert refused.json()["error"]["code"] == "upload_timeout"
+            assert least <= took < least + 3, took
+        good = await upload(base, jfk["wav"])
+        assert good.status == 202, good.body
