@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 
-import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server.auth import (
@@ -28,7 +27,9 @@ from server.auth import (
     unauthorized,
 )
 from server.limits import ALL, Slots, overloaded
-from session.protocol import ProtocolError, encode
+from wire.build import encode
+from wire.control import parse_auth
+from wire.errors import ProtocolError
 
 logger = logging.getLogger(__name__)
 
@@ -120,19 +121,10 @@ async def _auth_message(websocket: WebSocket, timeout_s: float) -> str:
         raise unauthorized(f"not authenticated within {timeout_s:g} s") from None
     if message["type"] == "websocket.disconnect":
         raise WebSocketDisconnect(message.get("code", 1000))
-    text = message.get("text")
-    try:
-        data = orjson.loads(text) if text is not None else None
-    except orjson.JSONDecodeError:
-        data = None
-    if (
-        not isinstance(data, dict)
-        or data.get("type") != "auth"
-        or not isinstance(data.get("token"), str)
-    ):
+    token = parse_auth(message.get("text"))
+    if token is None:
         raise unauthorized(
             'authenticate first: Authorization header, access_token, or {"type": "auth", '
             '"token": ...} as the first message'
         )
-    token: str = data["token"]
     return token

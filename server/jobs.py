@@ -36,8 +36,8 @@ from server.settings import Settings
 from session.actor import SessionServices
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.store import SourceState, StoreError
-from session.transcript import TranscriptFormat, render, utterances
 from session.vad import VadScorer
+from wire.transcript import TranscriptFormat, render, utterances
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from typing import Any
 from engine.api import Priority, RecognitionRequest, RecognitionResult
 from engine.scheduler import BatchScheduler
 from session.actor import Connection
-from session.protocol import CloseCode, ErrorCode, ProtocolError
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
 
 RETRY_AFTER_S = 5.0  # what a refused client is told to wait
 CAPACITY_WINDOW_S = 10.0  # how far back the capacity monitor looks

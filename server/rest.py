@@ -13,9 +13,11 @@ from server.limits import overloaded, quota_exceeded
 from server.metrics import CONTENT_TYPE
 from server.state import ModelState, app_state
 from server.tokens import TokenQuotaExceeded
-from session.protocol import CloseCode, ErrorCode, ProtocolError, validate_id
 from session.store import StoreError
-from session.transcript import TranscriptFormat, render
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
+from wire.query import validate_id
+from wire.transcript import TranscriptFormat, render
 
 logger = logging.getLogger(__name__)
 

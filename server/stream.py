@@ -25,15 +25,6 @@ from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_e
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
 from session.actor import SessionActor, SessionServices
-from session.protocol import (
-    CloseCode,
-    ErrorCode,
-    ProtocolError,
-    StreamConfig,
-    encode,
-    parse_stream_config,
-    validate_id,
-)
 from session.store import (
     FinalRecord,
     ResumeRefused,
@@ -43,6 +34,10 @@ from session.store import (
     SubscriberLagged,
     UnknownResumeToken,
 )
+from wire.build import encode, transcript_final
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
+from wire.query import StreamConfig, parse_stream_config, validate_id
 
 logger = logging.getLogger(__name__)
 
@@ -348,7 +343,7 @@ async def _forward(
     sent = after_seq
     for record in await state.store.finals(meeting_id, after_seq):
         await owner.confirm()
-        await _send(websocket, encode(record.message()), timeout)
+        await _send(websocket, encode(transcript_final(record)), timeout)
         sent = record.seq
     async for event in events:
         message = orjson.loads(event)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -29,17 +28,16 @@ from server.settings import Settings
 from server.state import app_state
 from server.upload_form import FORM_OVERHEAD, FormRefused, receive_form, too_large
 from session.actor import SessionServices
-from session.protocol import ProtocolError, validate_id
 from session.store import StoreError
-from session.transcript import TranscriptFormat
+from wire.errors import ProtocolError
+from wire.query import is_language, parse_flag, validate_id
+from wire.transcript import TranscriptFormat
 
 logger = logging.getLogger(__name__)
 
 OPTION_FIELDS = frozenset({"language", "format", "participant", "meeting_id", "wait", "diarize"})
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 
 def _problem(
@@ -62,13 +60,13 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
         known = ", ".join(f.value for f in TranscriptFormat)
         raise bad("bad_format", f"format must be one of: {known}") from None
     language = raw.get("language", settings.default_language)
-    if not re.fullmatch(r"[a-z]{2,3}|auto", language):
+    if not is_language(language):
         raise bad("bad_config", f"language must be an ISO 639-1 code or 'auto', not {language!r}")
-    wait = raw.get("wait", "false").lower()
-    if wait not in _TRUE | _FALSE:
+    wait = parse_flag(raw.get("wait", "false"))
+    if wait is None:
         raise bad("bad_config", "wait must be true or false")
-    diarize = raw.get("diarize", "false").lower()
-    if diarize not in _TRUE | _FALSE:
+    diarize = parse_flag(raw.get("diarize", "false"))
+    if diarize is None:
         raise bad("bad_config", "diarize must be true or false")
     try:
         participant = validate_id("participant", raw.get("participant", DEFAULT_PARTICIPANT))
@@ -83,9 +81,9 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
         labelled="participant" in raw,
         meeting_id=meeting_id,
         format=fmt,
-        diarize=diarize in _TRUE,
+        diarize=diarize,
     )
-    return options, wait in _TRUE
+    return options, wait
 
 
 def _check_language(language: str | None, known: frozenset[str], model: str) -> None:

@@ -48,11 +48,12 @@ from engine.api import (
 from session.actor import SessionServices
 from session.diarizer import Relabel
 from session.language import LanguageDetector
-from session.protocol import Word, encode
 from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
 from session.speakers import LabelledPart, SpeakerLabeller, relabel
 from session.store import FinalRecord, NewFinal, SourceState
 from session.vad import WINDOW, VadScorer, VadStream
+from wire import build
+from wire.messages import Word
 
 logger = logging.getLogger(__name__)
 
@@ -280,7 +281,9 @@ class FileTranscriber:
             )
             record = await store.append_final(source.meeting_id, final, source)
             self._source = source
-            await store.publish(source.meeting_id, encode(record.message()).encode())
+            await store.publish(
+                source.meeting_id, build.encode(build.transcript_final(record)).encode()
+            )
         self.progress.finals.append(record)
 
     async def _relabel(self, relabels: list[Relabel]) -> None:
@@ -298,7 +301,7 @@ class FileTranscriber:
             meeting_id = self._source.meeting_id
             store = self._services.store
             for message in await relabel(store, meeting_id, relabels):
-                await store.publish(meeting_id, encode(message).encode())
+                await store.publish(meeting_id, build.encode(message).encode())
 
     def _observe_language(self, result: RecognitionResult) -> None:
         detector = self._detector

@@ -36,8 +36,9 @@ from engine.api import (
     WordTiming,
 )
 from session.diarizer import Diarizer, DiarizerConfig, Part, Relabel
-from session.protocol import TranscriptSpeaker
 from session.store import Store, StoreError
+from wire import build
+from wire.messages import TranscriptSpeaker
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +161,4 @@ async def relabel(
         await store.set_speakers(meeting_id, {r.key: r.label for r in relabels})
     except StoreError:
         logger.warning("meeting %s: speaker labels not stored", meeting_id, exc_info=True)
-    return [
-        {"type": "transcript.speaker", "utterance_id": r.key, "speaker": r.label} for r in relabels
-    ]
+    return [build.transcript_speaker(r.key, r.label) for r in relabels]

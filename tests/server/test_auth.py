@@ -27,8 +27,9 @@ from server.limits import CapacityMonitor, LimitedConnection, RealtimeBudget, Sl
 from server.logs import RedactTokens
 from server.settings import Settings
 from server.tokens import MemoryTokens, RedisTokens, TokenGrant, TokenQuotaExceeded
-from session.protocol import CloseCode, ProtocolError
 from session.store import MemoryStore, StoreOverloaded
+from wire.codes import CloseCode
+from wire.errors import ProtocolError
 
 KEY_A = "key-of-tenant-a-0123456789"
 KEY_B = "key-of-tenant-b-0123456789"
