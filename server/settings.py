@@ -113,6 +113,12 @@ class Settings:
     max_session_s: float = setting(
         4 * 3600.0, "Longest a stream may last; then its finals are flushed and it closes 4413."
     )
+    ws_ping_interval_s: float = setting(
+        20.0,
+        "Seconds between WebSocket pings to a peer; one that has not answered within "
+        "WS_PING_TIMEOUT_S is dropped (a half-open connection).",
+    )
+    ws_ping_timeout_s: float = setting(20.0, "How long a WebSocket ping may go unanswered.")
     realtime_factor: float = setting(
         1.5,
         "Fastest a stream is read, in audio seconds per wall second, unless its tenant is "
@@ -256,6 +262,8 @@ class Settings:
             "auth_timeout_s",
             "upload_idle_timeout_s",
             "upload_receive_timeout_s",
+            "ws_ping_interval_s",
+            "ws_ping_timeout_s",
         )
         for name in positive:
             if not getattr(self, name) > 0:
