@@ -95,6 +95,12 @@ async def _serve_stream(
     try:
         opened = await _open_source(state.store, config, query, principal)
         _check_language(opened.config.language, services.languages, state.recognizer_name)
+        if opened.config.diarize and services.speakers is None:
+            raise ProtocolError(
+                ErrorCode.BAD_CONFIG,
+                CloseCode.BAD_REQUEST,
+                "diarization is off on this server (PARLEY_DIARIZATION=false)",
+            )
     except ProtocolError as exc:
         await _refuse(state, handshake, exc)
         return
