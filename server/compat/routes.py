@@ -123,9 +123,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
             if not await connection.prime():
                 return
         config = bind_participant(codec.stream_config(meeting_id, participant), principal, query)
-    except (WebSocketDisconnect, OSError):
-        return
-    except TimeoutError:
+    except TimeoutError:  # before OSError, its base class
         error = ProtocolError(
             ErrorCode.TIMEOUT,
             CloseCode.TIMEOUT,
@@ -135,6 +133,8 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         return
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
+        return
+    except (WebSocketDisconnect, OSError):
         return
     await serve_source(state, handshake, config, {}, principal, connection=connection)
 
