@@ -115,3 +115,17 @@ async def drain(ws: ClientConnection) -> list[Any]:
         async for raw in ws:
             messages.append(orjson.loads(raw))
     return messages
+
+
+def transcription_session(**turn_detection: Any) -> dict[str, Any]:
+    """A GA `session.update` session: PCM16 at 24 kHz, English, server VAD."""
+    return {
+        "type": "transcription",
+        "audio": {
+            "input": {
+                "format": {"type": "audio/pcm", "rate": 24000},
+                "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+                "turn_detection": {"type": "server_vad", **turn_detection},
+            }
+        },
+    }

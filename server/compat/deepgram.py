@@ -169,7 +169,8 @@ def denial(request_id: str) -> Any:
 
     def respond(error: ProtocolError) -> Response:
         body = {"err_code": error.code.value, "err_msg": error.message, "request_id": request_id}
-        headers = {"dg-error": error.message[:200], "dg-request-id": request_id}
+        reason = error.message.encode("ascii", "backslashreplace").decode()[:200]
+        headers = {"dg-error": reason, "dg-request-id": request_id}  # headers are latin-1
         if error.retry_after is not None:
             headers["retry-after"] = str(round(error.retry_after))
         return Response(

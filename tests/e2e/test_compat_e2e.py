@@ -24,6 +24,7 @@ from tests.compat_clients import (
     pcm16_at,
     receive_deepgram,
     receive_openai,
+    transcription_session,
 )
 from tests.conftest import ServerProcess
 from tests.corpus import clip
@@ -136,18 +137,7 @@ async def test_openai_sdk_transcription_session(parley_server: ServerProcess) ->
     async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
         received = Received()
         reader = asyncio.create_task(receive_openai(connection, received))
-        await connection.session.update(
-            session={
-                "type": "transcription",
-                "audio": {
-                    "input": {
-                        "format": {"type": "audio/pcm", "rate": 24000},
-                        "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
-                        "turn_detection": {"type": "server_vad"},
-                    }
-                },
-            }
-        )
+        await connection.session.update(session=transcription_session())
 
         async def append(chunk: bytes) -> None:
             await connection.input_audio_buffer.append(audio=b64(chunk))

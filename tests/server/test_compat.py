@@ -25,6 +25,7 @@ from tests.compat_clients import (
     pcm16_at,
     receive_deepgram,
     receive_openai,
+    transcription_session,
 )
 from tests.corpus import clip
 
@@ -71,6 +72,7 @@ async def refusal(
         ("redact=pci", "redact"),
         ("language=fr", "language"),  # the fake model is English-only
         ("language=en_US!", "language"),
+        ("encoding=%C3%A9", "encoding"),  # echoed in the dg-error header: kept latin-1
         ("meeting_id=../etc", "meeting_id"),
     ],
 )
@@ -192,18 +194,7 @@ async def test_openai_session_configuration_and_refusals(server: AppServer) -> N
             }
         )
         await connection.send({"type": "response.create"})
-        await connection.session.update(
-            session={
-                "type": "transcription",
-                "audio": {
-                    "input": {
-                        "format": {"type": "audio/pcm", "rate": 24000},
-                        "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
-                        "turn_detection": {"type": "server_vad", "silence_duration_ms": 900},
-                    }
-                },
-            }
-        )
+        await connection.session.update(session=transcription_session(silence_duration_ms=900))
         await received.wait_for(lambda r: bool(r.of_type("session.updated")), 5)
         updated = received.of_type("session.updated")[0].session
         assert updated.audio.input.transcription.model == "gpt-4o-transcribe"
