@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 
 from server.app import create_app, drain
 from server.logs import configure
+from server.sandbox import SandboxUnavailable
 from server.settings import Settings
 from server.state import AppState
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     configure(settings.log_level, settings.log_format)
     try:
         app = create_app(settings)
-    except (ValueError, OSError) as exc:  # an API key entry or the keys file
+    except (ValueError, OSError, SandboxUnavailable) as exc:  # keys, keys file, sandbox
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
     config = uvicorn.Config(

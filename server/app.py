@@ -28,6 +28,7 @@ from server.jobs import JobRegistry
 from server.limits import CapacityMonitor, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
+from server.sandbox import SandboxMode, open_sandbox
 from server.settings import Settings
 from server.state import AppState, ModelState
 from server.tokens import open_tokens
@@ -138,6 +139,11 @@ def create_app(
     )
     if not auth.enabled:
         logger.warning("no API keys configured: authentication is OFF (development mode)")
+    # Fails here (SandboxUnavailable) when PARLEY_UPLOAD_SANDBOX=bwrap cannot be honoured.
+    sandbox = open_sandbox(
+        SandboxMode(settings.upload_sandbox),
+        hidden=[Path(settings.api_keys_file)] if settings.api_keys_file else [],
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
@@ -147,7 +153,7 @@ def create_app(
             store=open_store(settings.redis_url, prefix=settings.store_prefix),
             registry=registry,
             metrics=Metrics(),
-            jobs=JobRegistry(settings, live_streams=lambda: len(registry)),
+            jobs=JobRegistry(settings, live_streams=lambda: len(registry), sandbox=sandbox),
             auth=auth,
             capacity=CapacityMonitor(
                 settings.admit_max_queue_wait_ms / 1000, settings.max_batch_size

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import ipaddress
 import re
 import secrets
 import time
@@ -118,16 +119,24 @@ def bearer(header: str | None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class OriginPolicy:
-    """Which browser pages may open WebSockets. A request without `Origin` (a bot) passes;
-    the server's own origin (its page in static/) always passes."""
+    """Which browser pages may open WebSockets. A request without `Origin` (a bot)
+    passes; listed origins pass (`*`: any); the server's own origin (its page in
+    static/) passes.
+
+    With nothing listed and authentication off (a developer's machine), `local_only`:
+    pages served from a loopback host (`localhost`, 127.0.0.0/8, `[::1]`) pass too, and
+    the server's own origin passes only when it is an IP address or `localhost` — a
+    page on the web cannot open sockets to the developer's server, not even through
+    DNS rebinding (a name of the attacker's that resolves to 127.0.0.1)."""
 
     allow_any: bool
     allowed: frozenset[str]
+    local_only: bool = False
 
     @classmethod
     def from_setting(cls, raw: str | None, *, auth_enabled: bool) -> OriginPolicy:
         if raw is None:
-            return cls(allow_any=not auth_enabled, allowed=frozenset())
+            return cls(allow_any=False, allowed=frozenset(), local_only=not auth_enabled)
         items = {o.strip().rstrip("/").lower() for o in raw.split(",") if o.strip()}
         return cls(allow_any="*" in items, allowed=frozenset(items - {"*"}))
 
@@ -137,8 +146,30 @@ class OriginPolicy:
         origin = origin.strip().rstrip("/").lower()
         if origin in self.allowed:
             return True
-        netloc = urlsplit(origin).netloc
-        return bool(netloc) and host is not None and netloc == host.strip().lower()
+        page = urlsplit(origin)
+        if self.local_only and _is_loopback(page.hostname):
+            return True
+        same = bool(page.netloc) and host is not None and page.netloc == host.strip().lower()
+        if same and self.local_only:  # a name could be the attacker's, rebound to us
+            return _is_address(page.hostname)
+        return same
+
+
+def _is_loopback(hostname: str | None) -> bool:
+    if hostname == "localhost" or (hostname or "").endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(hostname or "").is_loopback
+    except ValueError:
+        return False
+
+
+def _is_address(hostname: str | None) -> bool:
+    try:
+        ipaddress.ip_address(hostname or "")
+    except ValueError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------- the authenticator

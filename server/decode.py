@@ -1,8 +1,10 @@
 """Decode an uploaded file in a sandboxed subprocess: untrusted bytes in, 16 kHz PCM out.
 
 `decode_file()` runs server/decode_worker.py under `python -I` with a minimal
-environment, its own session (so the whole group can be killed) and a wall-clock limit;
-the worker lowers its own CPU, memory and output-size limits before it reads the file.
+environment, its own session (so the whole group can be killed) and a wall-clock limit,
+inside the sandbox (server/sandbox.py: bubblewrap namespaces and seccomp, no network,
+nothing of the host's files but the upload and the output); the worker lowers its own
+CPU, memory and output-size limits before it reads the file.
 The result is a raw mono pcm_s16le file at 16 kHz on disk: the server never holds a
 whole recording in memory, and reads it back in chunks.
 
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from server import decode_worker
+from server.sandbox import EXIT_SIGNAL_BASE, UNCONFINED, Sandbox
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +79,12 @@ _SIGNALS: dict[int, str] = {
 }
 
 
-async def decode_file(src: Path, dst: Path, limits: DecodeLimits) -> DecodedAudio:
+async def decode_file(
+    src: Path, dst: Path, limits: DecodeLimits, sandbox: Sandbox = UNCONFINED
+) -> DecodedAudio:
     """Decode `src` into raw 16 kHz mono s16le at `dst`, or raise DecodeError."""
     started = time.monotonic()
-    process = await asyncio.create_subprocess_exec(
+    argv = [
         sys.executable,
         "-I",  # no PYTHON* variables, no user site, no script directory on sys.path
         str(WORKER),
@@ -91,12 +96,18 @@ async def decode_file(src: Path, dst: Path, limits: DecodeLimits) -> DecodedAudi
         str(limits.memory_bytes),
         str(src),
         str(dst),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=_worker_env(),
-        start_new_session=True,
-    )
+    ]
+    await asyncio.to_thread(dst.touch)  # the sandbox binds the output file: it must exist
+    with sandbox.command(argv, read=[WORKER, src], write=[dst]) as (command, fds):
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=_worker_env(),
+            start_new_session=True,
+            pass_fds=fds,
+        )
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), limits.wall_seconds)
     except TimeoutError:
@@ -127,11 +138,16 @@ async def decode_file(src: Path, dst: Path, limits: DecodeLimits) -> DecodedAudi
             logger.error("decoder could not run: %s", report["message"])
         raise DecodeError(int(report["status"]), str(report["code"]), str(report["message"]))
     code = process.returncode or 0
+    detail = stderr[-MAX_REPORT_BYTES:].decode(errors="replace")
+    if sandbox.confined and detail.startswith("bwrap:"):
+        logger.error("the decoder sandbox could not start: %s", detail.strip())
+        raise DecodeError(500, "internal", "the decoder could not start; see server log")
+    if code > EXIT_SIGNAL_BASE and sandbox.confined:  # bwrap reports a signal as 128 + N
+        code = EXIT_SIGNAL_BASE - code
     if code < 0:
         cause = _SIGNALS.get(-code, f"signal {-code}")
         logger.warning("decoder stopped by %s after %.1f s", cause, elapsed)
         raise DecodeError(422, "decode_limit", f"decoding the file was stopped by {cause}")
-    detail = stderr[-MAX_REPORT_BYTES:].decode(errors="replace")
     logger.error("decoder failed with exit code %s: %s", code, detail)
     raise DecodeError(422, "invalid_audio", "the file could not be decoded")
 

@@ -31,6 +31,16 @@ from session.protocol import ProtocolError, encode
 
 logger = logging.getLogger(__name__)
 
+MAX_CLOSE_REASON = 123  # bytes of UTF-8 a close frame's reason may hold (RFC 6455 5.5)
+
+
+def close_reason(message: str) -> str:
+    """`message` cut to fit a close frame: at most 123 bytes of UTF-8, whole characters."""
+    encoded = message.encode()
+    if len(encoded) <= MAX_CLOSE_REASON:
+        return message
+    return encoded[: MAX_CLOSE_REASON - 3].decode(errors="ignore") + "..."
+
 
 class Handshake:
     """One socket's accept: at most once, with the subprotocol the client can take."""
@@ -52,7 +62,7 @@ class Handshake:
         with contextlib.suppress(RuntimeError, WebSocketDisconnect, OSError):
             await self.accept()
             await self.websocket.send_text(encode(error.to_message()))
-            await self.websocket.close(error.close_code, error.message[:120])
+            await self.websocket.close(error.close_code, close_reason(error.message))
 
     def token_subprotocol(self) -> str | None:
         for value in self.offered:

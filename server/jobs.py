@@ -31,6 +31,7 @@ import orjson
 
 from engine.scheduler import SchedulerError
 from server.decode import DecodedAudio, DecodeLimits, decode_file
+from server.sandbox import UNCONFINED, Sandbox
 from server.settings import Settings
 from session.actor import SessionServices
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
@@ -179,10 +180,17 @@ class Job:
 class JobRegistry:
     """Every upload job of this process, bounded; the only server-wide view of them."""
 
-    def __init__(self, settings: Settings, live_streams: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        live_streams: Callable[[], int] = lambda: 0,
+        sandbox: Sandbox = UNCONFINED,
+    ) -> None:
         """`live_streams()` counts the open live streams: while there are any, a job keeps
-        only `upload_in_flight_live` requests in the scheduler."""
+        only `upload_in_flight_live` requests in the scheduler. `sandbox` confines the
+        decoder subprocesses."""
         self._settings = settings
+        self.sandbox = sandbox
         self._live_streams = live_streams
         self._jobs: dict[str, Job] = {}
         self._decoders = asyncio.Semaphore(settings.upload_decoders)
@@ -229,7 +237,9 @@ class JobRegistry:
         """Decode the job's upload in a subprocess (bounded in number); drop the upload."""
         async with self._decoders:
             try:
-                return await decode_file(upload, job.workdir / "audio.s16", self.limits)
+                return await decode_file(
+                    upload, job.workdir / "audio.s16", self.limits, self.sandbox
+                )
             finally:
                 await asyncio.to_thread(upload.unlink, missing_ok=True)
 

@@ -167,6 +167,7 @@ async def readyz(request: Request) -> Response:
     if not health.ok:
         reasons.append(f"store {health.backend}: {health.reason}")
     checks["draining"] = str(state.registry.state.value == "draining").lower()
+    checks["upload_sandbox"] = state.jobs.sandbox.describe()
     refusal = state.capacity.refusal(scheduler)
     checks["capacity"] = "ok" if refusal is None else "full"
     if refusal is not None:

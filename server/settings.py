@@ -118,7 +118,9 @@ class Settings:
     allowed_origins: str | None = setting(
         None,
         "Origins browsers may open WebSockets from, comma separated (`https://app.example`); "
-        "`*`: any. Unset: any while authentication is off, else this server's own origin.",
+        "`*`: any. Unset: this server's own origin; while authentication is off, also pages "
+        "on loopback hosts (`localhost`, `127.0.0.1`), and the own origin only by IP or "
+        "`localhost`.",
     )
     token_ttl_s: float = setting(
         60.0, "Lifetime of a meeting token (single use) minted by POST /v1/meetings/{id}/tokens."
@@ -151,6 +153,12 @@ class Settings:
         512, "Address-space limit (RLIMIT_AS) of the decoder subprocess, in MiB."
     )
     upload_decoders: int = setting(1, "Decoder subprocesses running at once; more uploads wait.")
+    upload_sandbox: str = setting(
+        "auto",
+        "Sandbox of the upload decoder: `bwrap` (bubblewrap: no network, none of the host's "
+        "files; the server refuses to start without it), `auto` (bubblewrap when it works "
+        "here, else unconfined with a warning) or `none`.",
+    )
     upload_max_jobs: int = setting(
         16,
         "Unfinished upload jobs at once (more get 503); as many finished ones are kept for "
@@ -206,6 +214,8 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}UPLOAD_LIVE_SHARE must lie in [0.05, 1]")
         if self.upload_decode_memory_mb < 256:  # the decoder itself needs ~150 MiB to start
             raise ValueError(f"{ENV_PREFIX}UPLOAD_DECODE_MEMORY_MB must be at least 256")
+        if self.upload_sandbox not in {"auto", "bwrap", "none"}:
+            raise ValueError(f"{ENV_PREFIX}UPLOAD_SANDBOX must be auto, bwrap or none")
         if self.log_format not in {"json", "text"}:
             raise ValueError(f"{ENV_PREFIX}LOG_FORMAT must be json or text")
         positive = (

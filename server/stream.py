@@ -20,7 +20,7 @@ from server.auth import (
     meeting_access,
     owned_config,
 )
-from server.gate import Handshake, authenticate
+from server.gate import Handshake, authenticate, close_reason
 from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
@@ -407,6 +407,6 @@ async def _close_with(websocket: WebSocket, error: ProtocolError, timeout: float
     try:
         async with asyncio.timeout(timeout):  # a listener that reads nothing gets no longer
             await websocket.send_text(encode(error.to_message()))
-            await websocket.close(error.close_code, error.message[:120])
+            await websocket.close(error.close_code, close_reason(error.message))
     except (RuntimeError, WebSocketDisconnect, OSError, TimeoutError):
         logger.debug("listener went away before its close", exc_info=True)

@@ -128,8 +128,7 @@ async def test_authentication_is_off_without_keys() -> None:
 
 
 def test_origin_policy() -> None:
-    """No Origin passes; same origin passes; others pass only when listed (or `*`, or
-    while authentication is off and nothing is configured)."""
+    """No Origin passes; same origin passes; others pass only when listed (or `*`)."""
     strict = OriginPolicy.from_setting(None, auth_enabled=True)
     assert strict.allows(None, "parley.example:8000")
     assert strict.allows("https://parley.example:8000", "parley.example:8000")
@@ -139,7 +138,24 @@ def test_origin_policy() -> None:
     assert listed.allows("https://APP.example", "parley.example")
     assert not listed.allows("https://app.example.evil", "parley.example")
     assert OriginPolicy.from_setting("*", auth_enabled=True).allows("https://x", None)
-    assert OriginPolicy.from_setting(None, auth_enabled=False).allows("https://x", None)
+    assert OriginPolicy.from_setting("*", auth_enabled=False).allows("https://x", None)
+
+
+def test_origin_policy_with_authentication_off() -> None:
+    """Authentication off, nothing configured: pages on loopback hosts and the server's
+    own origin by address pass; a page on the web does not, not even one whose name was
+    rebound to the server's address (same origin by name)."""
+    local = OriginPolicy.from_setting(None, auth_enabled=False)
+    for page in ("http://localhost:5173", "http://127.0.0.1:3000", "http://[::1]:8080",
+                 "http://app.localhost"):  # fmt: skip
+        assert local.allows(page, "127.0.0.1:8000"), page
+    assert local.allows("http://192.168.1.5:8000", "192.168.1.5:8000")  # own page on the LAN
+    assert not local.allows("https://evil.example", "127.0.0.1:8000")
+    assert not local.allows("http://rebound.evil.example:8000", "rebound.evil.example:8000")
+    assert not local.allows("http://127.0.0.1.evil.example", "127.0.0.1:8000")
+    assert not local.allows("null", "127.0.0.1:8000")
+    widened = OriginPolicy.from_setting("http://dev.example:8000", auth_enabled=False)
+    assert widened.allows("http://dev.example:8000", "dev.example:8000")
 
 
 async def test_memory_tokens_are_bounded() -> None:

@@ -1,4 +1,4 @@
-"""The upload decoder: a sandboxed PyAV subprocess, fed good and hostile files."""
+"""The upload decoder: a sandboxed PyAV subprocess (bubblewrap), fed good and hostile files."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from server.decode import DecodeError, DecodeLimits, decode_file
+from server.sandbox import SandboxMode, open_sandbox
 from tests import audiofiles
 from tests.corpus import clip
 
@@ -25,7 +26,8 @@ def jfk() -> dict[str, bytes]:
 async def decode_bytes(tmp_path: Path, data: bytes, limits: DecodeLimits = LIMITS) -> Any:
     src = tmp_path / "in"
     src.write_bytes(data)
-    return await decode_file(src, tmp_path / "out.s16", limits)
+    # As the server runs it: in the sandbox (bubblewrap must be installed, as in CI).
+    return await decode_file(src, tmp_path / "out.s16", limits, open_sandbox(SandboxMode.BWRAP))
 
 
 @pytest.mark.parametrize("name", list(audiofiles.FORMATS))
