@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server.auth import ANONYMOUS, Authenticator, Principal, Scope, forbidden, unauthorized
-from server.gate import Handshake
+from server.gate import Handshake, close_reason
 from session.protocol import CloseCode, ErrorCode, ProtocolError
 
 Message = dict[str, Any]  # an ASGI websocket message
@@ -145,7 +145,7 @@ class CompatHandshake(Handshake):
                 await self.websocket.send_denial_response(self._denial(error))
                 return
             await self.websocket.send_text(self._farewell(error))
-            await self.websocket.close(error.close_code, error.message[:120])
+            await self.websocket.close(error.close_code, close_reason(error.message))
 
 
 def subprotocol_credential(
