@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.recognizer import SAMPLE_RATE, AudioArray
+from engine.api import SAMPLE_RATE, AudioArray
 
 CORPUS_ENV = "PARLEY_CORPUS"
 DEFAULT_CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus"

@@ -14,18 +14,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from bench.corpus import Clip, clips
+from engine.api import Utterance
 from engine.int8 import int8_available
-from engine.recognizer import Utterance
-from engine.weights import DEFAULT_MODEL
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig, load_recognizer
+from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer
+from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
 
 logger = logging.getLogger("bench.throughput")
 
@@ -33,6 +35,7 @@ logger = logging.getLogger("bench.throughput")
 @dataclass(frozen=True, slots=True)
 class Settings:
     model: str
+    model_cache: Path
     device: str
     threads: int
     batch_sizes: tuple[int, ...]
@@ -59,6 +62,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         "30 s padding vs window buckets, at several batch sizes.",
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model spec (default: tiny.en)")
+    parser.add_argument(
+        "--model-cache",
+        type=Path,
+        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or DEFAULT_CACHE),
+        help="where packaged models are converted to (default: $PARLEY_MODEL_CACHE or "
+        f"{DEFAULT_CACHE})",
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
     parser.add_argument(
@@ -70,6 +80,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     args = parser.parse_args(argv)
     return Settings(
         model=args.model,
+        model_cache=args.model_cache,
         device=args.device,
         threads=args.threads,
         batch_sizes=tuple(args.batch_sizes),
@@ -128,7 +139,7 @@ def run(settings: Settings) -> str:
     columns: dict[str, list[Measurement]] = {}
     headers = []
     for label, (config, drafted) in modes.items():
-        recognizer = load_recognizer(settings.model, config)
+        recognizer = load_recognizer(settings.model, config, cache=settings.model_cache)
         recognizer.warmup()
         batch = with_drafts(recognizer, utterances) if drafted else utterances
         headers.append(f"{label} ({'/'.join(f'{w:g}' for w in recognizer.windows)} s)")

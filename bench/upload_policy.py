@@ -24,7 +24,7 @@ import numpy as np
 from tests.test_uploads import serve
 
 from bench.upload_live import FILE_CLIP, ROOM_CLIPS, room, summary
-from engine.recognizer import Transcription, Utterance
+from engine.api import Transcription, Utterance
 from tests import audiofiles
 from tests.corpus import clip
 from tests.httpclient import get, upload

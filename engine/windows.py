@@ -26,7 +26,8 @@ from collections.abc import Sequence
 import torch
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-SAMPLE_RATE = 16_000
+from engine.api import SAMPLE_RATE
+
 HOP_LENGTH = 160  # samples per mel frame (10 ms)
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH
 

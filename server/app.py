@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -19,13 +18,14 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from engine.loading import ModelConfig, load_whisper
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
 from server import rest, stream, uploads
 from server.auth import build_authenticator
 from server.compat import routes as compat_routes
 from server.jobs import JobRegistry
-from server.limits import CapacityMonitor, Slots
+from server.limits import CapacityMonitor, ListenerQuota, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.sandbox import SandboxMode, open_sandbox
@@ -43,26 +43,22 @@ logger = logging.getLogger(__name__)
 RecognizerFactory = Callable[[Settings], Recognizer]
 
 
-def load_whisper(settings: Settings) -> Recognizer:
-    """Build the default recognizer: Whisper through transformers (blocking)."""
-    import torch
-
-    from engine.whisper import WhisperRecognizerConfig, load_recognizer
-
-    # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
-    torch.set_num_threads(settings.torch_threads or os.cpu_count() or 1)
-    device = settings.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = None if settings.dtype == "auto" else settings.dtype
-    config = WhisperRecognizerConfig(
-        device=device,
-        dtype=dtype,  # type: ignore[arg-type]
-        max_batch_size=settings.max_batch_size,
+def model_config(settings: Settings) -> ModelConfig:
+    return ModelConfig(
+        model=settings.model,
+        cache=Path(settings.model_cache),
+        device=settings.device,
+        dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
         int8=settings.quantize == "int8",
         drafts=settings.drafts,
+        torch_threads=settings.torch_threads,
+        max_batch_size=settings.max_batch_size,
     )
-    return load_recognizer(settings.model, config)
+
+
+def whisper_recognizer(settings: Settings) -> Recognizer:
+    """The default recognizer (blocking): Whisper, as the settings say."""
+    return load_whisper(model_config(settings))
 
 
 def segmenter_config(settings: Settings) -> SegmenterConfig:
@@ -125,14 +121,16 @@ async def drain(state: AppState) -> None:
 
 
 def create_app(
-    settings: Settings | None = None, recognizer_factory: RecognizerFactory = load_whisper
+    settings: Settings | None = None, recognizer_factory: RecognizerFactory = whisper_recognizer
 ) -> Starlette:
     settings = settings or Settings.from_env()
     # Fails here, at start, on a bad key entry (ValueError), not on the first request.
     auth = build_authenticator(
         api_keys=settings.api_keys,
         api_keys_file=settings.api_keys_file,
-        tokens=open_tokens(settings.redis_url, settings.store_prefix),
+        tokens=open_tokens(
+            settings.redis_url, settings.store_prefix, per_tenant=settings.max_tokens_per_tenant
+        ),
         allowed_origins=settings.allowed_origins,
         fast_replay_tenants=settings.fast_replay_tenants,
         token_ttl_s=settings.token_ttl_s,
@@ -159,7 +157,12 @@ def create_app(
                 settings.admit_max_queue_wait_ms / 1000, settings.max_batch_size
             ),
             stream_slots=Slots(settings.max_streams_per_key),
-            listener_slots=Slots(settings.max_listeners_per_meeting),
+            listener_slots=ListenerQuota(
+                settings.max_listeners_per_meeting,
+                settings.max_listeners_per_tenant,
+                settings.max_listeners,
+            ),
+            waiting_auth=Slots(settings.max_waiting_auth),
         )
         state.metrics.watch(
             lambda: state.scheduler, lambda: len(state.registry), lambda: state.registry.meetings

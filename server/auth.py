@@ -32,8 +32,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from server.tokens import TokenGrant, TokenStore
-from session.protocol import CloseCode, ErrorCode, ProtocolError
 from session.store import Store, StoreError
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
 
 TOKEN_PREFIX = "pmt_"  # meeting tokens; anything else presented as a bearer is an API key
 SUBPROTOCOL = "parley.v1"  # what the server selects when a browser offers subprotocols

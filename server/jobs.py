@@ -29,15 +29,15 @@ from typing import Any
 
 import orjson
 
-from engine.scheduler import SchedulerError
+from engine.api import SchedulerError
 from server.decode import DecodedAudio, DecodeLimits, decode_file
 from server.sandbox import UNCONFINED, Sandbox
 from server.settings import Settings
 from session.actor import SessionServices
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.store import SourceState, StoreError
-from session.transcript import TranscriptFormat, render, utterances
 from session.vad import VadScorer
+from wire.transcript import TranscriptFormat, render, utterances
 
 logger = logging.getLogger(__name__)
 

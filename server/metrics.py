@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.scheduler import BatchScheduler, Priority, RecognitionRequest, RecognitionResult
+from engine.api import Priority, RecognitionRequest, RecognitionResult
+from engine.scheduler import BatchScheduler
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

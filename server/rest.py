@@ -9,12 +9,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from server.auth import ANONYMOUS, Principal, Scope, bearer, meeting_access, unauthorized
-from server.limits import overloaded
+from server.limits import overloaded, quota_exceeded
 from server.metrics import CONTENT_TYPE
 from server.state import ModelState, app_state
-from session.protocol import CloseCode, ErrorCode, ProtocolError, validate_id
+from server.tokens import TokenQuotaExceeded
 from session.store import StoreError
-from session.transcript import TranscriptFormat, render
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
+from wire.query import validate_id
+from wire.transcript import TranscriptFormat, render
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,8 @@ async def mint_token(request: Request) -> Response:
         )
     except ProtocolError as exc:
         return _refusal(exc)
+    except TokenQuotaExceeded as exc:
+        return _refusal(quota_exceeded(str(exc)))
     except StoreError as exc:
         return _refusal(overloaded(f"token store: {exc}"))
     body = {
@@ -152,7 +157,10 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready when the model is loaded and warmed, the scheduler runs, the store answers."""
+    """Ready when the model is loaded and warmed, the scheduler runs, the store answers.
+
+    A dead engine (the scheduler's loop died) is not ready, with its reason: nothing will
+    be transcribed again until the process restarts."""
     state = app_state(request)
     checks: dict[str, str] = {"model": state.model_state.value}
     reasons: list[str] = []
@@ -162,6 +170,9 @@ async def readyz(request: Request) -> Response:
         reasons.append("model is loading")
     scheduler = state.scheduler
     checks["scheduler"] = "stopped" if scheduler is None else scheduler.state.value
+    death = None if scheduler is None else scheduler.death
+    if death is not None:
+        reasons.append(str(death))
     health = await state.store.health()
     checks["store"] = "ok" if health.ok else "degraded"
     if not health.ok:
@@ -172,7 +183,11 @@ async def readyz(request: Request) -> Response:
     checks["capacity"] = "ok" if refusal is None else "full"
     if refusal is not None:
         reasons.append(f"new streams refused: {refusal}")
-    ready = state.model_state is ModelState.READY and state.registry.state.value == "open"
+    ready = (
+        state.model_state is ModelState.READY
+        and state.registry.state.value == "open"
+        and death is None
+    )
     body = {
         "ready": ready,
         "status": "ready" if ready and not reasons else ("degraded" if ready else "not_ready"),

@@ -25,15 +25,6 @@ from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_e
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
 from session.actor import Connection, SessionActor, SessionServices
-from session.protocol import (
-    CloseCode,
-    ErrorCode,
-    ProtocolError,
-    StreamConfig,
-    encode,
-    parse_stream_config,
-    validate_id,
-)
 from session.store import (
     FinalRecord,
     ResumeRefused,
@@ -43,6 +34,10 @@ from session.store import (
     SubscriberLagged,
     UnknownResumeToken,
 )
+from wire.build import encode, transcript_final
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
+from wire.query import StreamConfig, parse_stream_config, validate_id
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +54,7 @@ async def stream_endpoint(websocket: WebSocket) -> None:
             meeting_id,
             Scope.STREAM,
             timeout_s=state.settings.auth_timeout_s,
+            waiting=state.waiting_auth,
         )
         config = bind_participant(
             parse_stream_config(meeting_id, query, state.settings.default_language),
@@ -200,8 +196,9 @@ async def refuse(state: AppState, handshake: Handshake, error: ProtocolError) ->
 
 
 def _services_or_refuse(state: AppState) -> SessionServices:
-    if state.services is None:
-        raise overloaded(f"model is {state.model_state.value}; retry when /readyz says ready")
+    reason = state.unavailable()
+    if reason is not None or state.services is None:
+        raise overloaded(reason or "model is not ready")
     return state.services
 
 
@@ -287,6 +284,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
             meeting_id,
             Scope.EVENTS,
             timeout_s=state.settings.auth_timeout_s,
+            waiting=state.waiting_auth,
         )
         validate_id("meeting_id", meeting_id)
         after_seq = _non_negative("after_seq", websocket.query_params.get("after_seq", "0"))
@@ -297,9 +295,10 @@ async def events_endpoint(websocket: WebSocket) -> None:
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
         return
-    if not state.listener_slots.acquire(meeting_id):
-        limit = state.listener_slots.limit
-        await refuse(state, handshake, quota_exceeded(f"meeting has {limit} listeners already"))
+    try:
+        state.listener_slots.acquire(meeting_id, principal.tenant)
+    except ProtocolError as exc:
+        await refuse(state, handshake, exc)
         return
     state.metrics.listeners.inc()
     try:
@@ -307,7 +306,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
         error = await _serve_listener(websocket, state, meeting_id, after_seq, owner)
     finally:
         state.metrics.listeners.dec()
-        state.listener_slots.release(meeting_id)
+        state.listener_slots.release(meeting_id, principal.tenant)
     timeout = state.settings.listener_send_timeout_s
     if isinstance(error, SubscriberLagged):
         await _close_with(
@@ -371,7 +370,7 @@ async def _forward(
     sent = after_seq
     for record in await state.store.finals(meeting_id, after_seq):
         await owner.confirm()
-        await _send(websocket, encode(record.message()), timeout)
+        await _send(websocket, encode(transcript_final(record)), timeout)
         sent = record.seq
     async for event in events:
         message = orjson.loads(event)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -28,17 +27,16 @@ from server.jobs import Job, JobOptions, JobsFull, JobStatus
 from server.settings import Settings
 from server.state import app_state
 from server.upload_form import FORM_OVERHEAD, FormRefused, receive_form, too_large
-from session.protocol import ProtocolError, validate_id
 from session.store import StoreError
-from session.transcript import TranscriptFormat
+from wire.errors import ProtocolError
+from wire.query import is_language, parse_flag, validate_id
+from wire.transcript import TranscriptFormat
 
 logger = logging.getLogger(__name__)
 
 OPTION_FIELDS = frozenset({"language", "format", "participant", "meeting_id", "wait"})
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 
 def _problem(
@@ -61,10 +59,10 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
         known = ", ".join(f.value for f in TranscriptFormat)
         raise bad("bad_format", f"format must be one of: {known}") from None
     language = raw.get("language", settings.default_language)
-    if not re.fullmatch(r"[a-z]{2,3}|auto", language):
+    if not is_language(language):
         raise bad("bad_config", f"language must be an ISO 639-1 code or 'auto', not {language!r}")
-    wait = raw.get("wait", "false").lower()
-    if wait not in _TRUE | _FALSE:
+    wait = parse_flag(raw.get("wait", "false"))
+    if wait is None:
         raise bad("bad_config", "wait must be true or false")
     try:
         participant = validate_id("participant", raw.get("participant", DEFAULT_PARTICIPANT))
@@ -80,7 +78,7 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
         meeting_id=meeting_id,
         format=fmt,
     )
-    return options, wait in _TRUE
+    return options, wait
 
 
 def _check_language(language: str | None, known: frozenset[str], model: str) -> None:
@@ -117,11 +115,11 @@ async def create_transcription(request: Request) -> Response:
         refused = too_large(settings.max_upload_bytes)  # say so before a byte is sent
         return _problem(refused.status, refused.code, refused.message)
     services, file_vad = state.services, state.file_vad
-    if services is None or file_vad is None:
+    unavailable = state.unavailable()
+    if unavailable is not None or services is None or file_vad is None:
         return _problem(
-            503, "overloaded", f"model is {state.model_state.value}; retry when /readyz says ready",
-            {"Retry-After": RETRY_AFTER_S},
-        )  # fmt: skip
+            503, "overloaded", unavailable or "model is not ready", {"Retry-After": RETRY_AFTER_S}
+        )
     try:
         _check_language(options.language, services.languages, state.recognizer_name)
     except FormRefused as exc:
@@ -138,6 +136,8 @@ async def create_transcription(request: Request) -> Response:
             job.workdir / "upload",
             max_file_bytes=settings.max_upload_bytes,
             fields=OPTION_FIELDS,
+            idle_timeout_s=settings.upload_idle_timeout_s,
+            receive_timeout_s=settings.upload_receive_timeout_s,
         )
         options, wait = _parse_options({**query, **form.fields}, settings)
         _check_language(options.language, services.languages, state.recognizer_name)

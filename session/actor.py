@@ -34,36 +34,22 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.recognizer import Utterance
-from engine.scheduler import (
+from engine.api import (
+    SAMPLE_RATE,
     BatchFailed,
-    BatchScheduler,
     Priority,
+    Recognition,
     RecognitionRequest,
     RecognitionResult,
     RequestSuperseded,
     SchedulerError,
     SchedulerFull,
+    Utterance,
 )
 from session.audio import FrameDecoder
 from session.language import LanguageDetector, LanguagePinned
 from session.outbox import Outbox, OutboxState, SlowConsumer
 from session.partials import PartialPolicy, PartialPolicyConfig
-from session.protocol import (
-    PROTOCOL_VERSION,
-    SAMPLE_RATE,
-    CloseCode,
-    ControlType,
-    ErrorCode,
-    ProtocolError,
-    ServerMessage,
-    SessionLanguage,
-    StreamConfig,
-    TranscriptPartial,
-    encode,
-    error_message,
-    parse_control,
-)
 from session.segmenter import (
     PartialDue,
     Segmenter,
@@ -83,6 +69,12 @@ from session.store import (
 )
 from session.telemetry import NullTelemetry, Telemetry
 from session.vad import VadScorer, VadStream
+from wire import build
+from wire.codes import CloseCode, ErrorCode
+from wire.control import ControlType, parse_control
+from wire.errors import ProtocolError
+from wire.messages import ServerMessage
+from wire.query import StreamConfig
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +133,7 @@ class Ending:
 class SessionServices:
     """Shared by every session; owned by the server's lifespan."""
 
-    scheduler: BatchScheduler
+    scheduler: Recognition
     store: Store
     vad: VadScorer
     segmenter: SegmenterConfig
@@ -246,26 +238,24 @@ class SessionActor:
         """Serve the stream until it ends; returns why it ended."""
         self._transition(SessionState.STREAMING)
         last_seq = await self.services.store.last_seq(self.meeting_id)
-        self._outbox.put(
-            encode(
-                {
-                    "type": "session.started",
-                    "protocol": PROTOCOL_VERSION,
-                    "session_id": self.session_id,
-                    "meeting_id": self.meeting_id,
-                    "participant": self.config.participant,
-                    "config": self.config.as_dict(),
-                    "resume_token": self.resume_token,
-                    "resume_from": self.start_sample / SAMPLE_RATE,
-                    "resumed": self.resumed,
-                    "last_seq": last_seq,
-                }
+        self._put(
+            build.session_started(
+                session_id=self.session_id,
+                meeting_id=self.meeting_id,
+                participant=self.config.participant,
+                config=self.config.as_dict(),
+                resume_token=self.resume_token,
+                resume_from=self.start_sample / SAMPLE_RATE,
+                resumed=self.resumed,
+                last_seq=last_seq,
             )
         )
         if self.config.language == "auto" and self._language is not None:
-            self._put(_language_message(self._language, None, 0))
+            self._put(build.session_language(self._language, None, 0))
         for record in self.replay:
-            self._outbox.put(encode(record.message()), utterance_id=record.utterance_id)
+            self._outbox.put(
+                build.encode(build.transcript_final(record)), utterance_id=record.utterance_id
+            )
         writer = asyncio.create_task(self._write(), name=f"writer-{self.session_id}")
         committer = asyncio.create_task(self._commit(), name=f"committer-{self.session_id}")
         self._reader = asyncio.create_task(self._read(), name=f"reader-{self.session_id}")
@@ -286,16 +276,15 @@ class SessionActor:
             if ending.reason in _CLIENT_GONE:
                 return ending.reason
             if ending.error is not None:
-                self._put(error_message(ending.error.code, ending.error.message))
+                self._put(build.error(ending.error.code, ending.error.message))
             if ending.reason in {EndReason.STOP, EndReason.SHUTDOWN}:
                 self._put(
-                    {
-                        "type": "session.ended",
-                        "reason": ending.reason.value,
-                        "audio_seconds": round(self.totals.audio_samples / SAMPLE_RATE, 3),
-                        "utterances": self.totals.utterances,
-                        "finals": self.totals.finals,
-                    }
+                    build.session_ended(
+                        reason=ending.reason.value,
+                        audio_seconds=round(self.totals.audio_samples / SAMPLE_RATE, 3),
+                        utterances=self.totals.utterances,
+                        finals=self.totals.finals,
+                    )
                 )
             self._outbox.close()
             await asyncio.wait({writer}, timeout=COMMIT_TIMEOUT)
@@ -305,7 +294,7 @@ class SessionActor:
             ending = Ending(EndReason.INTERNAL_ERROR, CloseCode.INTERNAL_ERROR, flush=False)
             with contextlib.suppress(Exception):
                 await self.websocket.send_text(
-                    encode(error_message(ErrorCode.INTERNAL, "internal error; see server log"))
+                    build.encode(build.error(ErrorCode.INTERNAL, "internal error; see server log"))
                 )
             return ending.reason
         finally:
@@ -424,9 +413,9 @@ class SessionActor:
     async def _handle(self, events: list[SegmentEvent]) -> None:
         for event in events:
             if isinstance(event, SpeechStarted):
-                self._put({"type": "vad.speech_started", "t": _seconds(event.sample)})
+                self._put(build.speech_started(_seconds(event.sample)))
             elif isinstance(event, SpeechStopped):
-                self._put({"type": "vad.speech_stopped", "t": _seconds(event.sample)})
+                self._put(build.speech_stopped(_seconds(event.sample)))
             elif isinstance(event, PartialDue):
                 await self._submit_partial(event)
             elif isinstance(event, UtteranceEnded):
@@ -471,15 +460,14 @@ class SessionActor:
             self._drop_partial("stale")
             return
         self._draft = (event.index, text)
-        message: TranscriptPartial = {
-            "type": "transcript.partial",
-            "utterance_id": self._utterance_id(event.index),
-            "participant": self.config.participant,
-            "text": text,
-            "start": _seconds(event.start),
-            "end": _seconds(event.end),
-        }
-        payload = encode(message)
+        message = build.transcript_partial(
+            utterance_id=self._utterance_id(event.index),
+            participant=self.config.participant,
+            text=text,
+            start=_seconds(event.start),
+            end=_seconds(event.end),
+        )
+        payload = build.encode(message)
         if self._outbox.state is OutboxState.OPEN:
             self._outbox.put_partial(message["utterance_id"], payload)
         self.totals.partials += 1
@@ -521,7 +509,7 @@ class SessionActor:
         while (pending := await self._finals.get()) is not None:
             if isinstance(pending, _Finalized):
                 if self._outbox.state is OutboxState.OPEN:
-                    self._put({"type": "finalize.done", "utterance_id": pending.utterance_id})
+                    self._put(build.finalize_done(pending.utterance_id))
                 continue
             result = await self._result(pending)
             self._committed_index = pending.index  # its partials are stale from now on
@@ -557,15 +545,13 @@ class SessionActor:
             )
             self.source = acked
             self.totals.finals += 1
-            message = record.message()
             total = self.services.clock() - pending.closed_at
-            message["timing"] = {
-                "queue": round(result.queue_wait, 4),
-                "inference": round(result.inference, 4),
-                "total": round(total, 4),
-            }
+            message = build.transcript_final(
+                record,
+                build.timing(queue=result.queue_wait, inference=result.inference, total=total),
+            )
             self._telemetry.final_sent(total)
-            payload = encode(message)
+            payload = build.encode(message)
             if self._outbox.state is OutboxState.OPEN:
                 self._outbox.put(payload, utterance_id=utterance_id)
             await self.services.store.publish(self.meeting_id, payload.encode())
@@ -622,7 +608,9 @@ class SessionActor:
         )
         if self._outbox.state is OutboxState.OPEN:
             self._put(
-                _language_message(pinned.language, round(pinned.probability, 4), pinned.utterances)
+                build.session_language(
+                    pinned.language, round(pinned.probability, 4), pinned.utterances
+                )
             )
 
     async def _result(self, pending: _PendingFinal) -> RecognitionResult | None:
@@ -639,9 +627,7 @@ class SessionActor:
         except SchedulerError:
             logger.exception("final of session %s lost after retry", self.session_id)
             if self._outbox.state is OutboxState.OPEN:
-                self._put(
-                    error_message(ErrorCode.INTERNAL, "an utterance could not be transcribed")
-                )
+                self._put(build.error(ErrorCode.INTERNAL, "an utterance could not be transcribed"))
             return None
 
     # ------------------------------------------------------------------ writer
@@ -657,7 +643,7 @@ class SessionActor:
         self._telemetry.partial_dropped(reason)
 
     def _put(self, message: ServerMessage) -> None:
-        self._outbox.put(encode(message))
+        self._outbox.put(build.encode(message))
 
     def _utterance_id(self, index: int) -> str:
         return f"{self.session_id}-{index}"
@@ -695,15 +681,6 @@ def _committer_ending(error: BaseException) -> Ending:
             ),
         )
     raise RuntimeError("committer failed") from error
-
-
-def _language_message(language: str, probability: float | None, utterances: int) -> SessionLanguage:
-    return {
-        "type": "session.language",
-        "language": language,
-        "probability": probability,
-        "utterances": utterances,
-    }
 
 
 def _seconds(sample: int) -> float:

@@ -34,19 +34,21 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from engine.recognizer import Utterance
-from engine.scheduler import (
+from engine.api import (
+    SAMPLE_RATE,
     BatchFailed,
     Priority,
     RecognitionRequest,
     RecognitionResult,
+    Utterance,
 )
 from session.actor import SessionServices
 from session.language import LanguageDetector
-from session.protocol import SAMPLE_RATE, Word, encode
 from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
 from session.store import FinalRecord, NewFinal, SourceState
 from session.vad import WINDOW, VadScorer, VadStream
+from wire import build
+from wire.messages import Word
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +219,9 @@ class FileTranscriber:
             )
             record = await store.append_final(source.meeting_id, final, source)
             self._source = source
-            await store.publish(source.meeting_id, encode(record.message()).encode())
+            await store.publish(
+                source.meeting_id, build.encode(build.transcript_final(record)).encode()
+            )
         self.progress.finals.append(record)
 
     def _observe_language(self, result: RecognitionResult) -> None:

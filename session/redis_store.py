@@ -33,7 +33,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from session.protocol import validate_id
 from session.store import (
     DEFAULT_BUFFER_LIMIT,
     DEFAULT_PREFIX,
@@ -54,6 +53,7 @@ from session.store import (
     new_source_ids,
 )
 from session.ttl import Clock, TTLSettings, draw_jitter, system_clock
+from wire.query import validate_id
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from engine.api import SAMPLE_RATE
 from session.vad import WINDOW
 
-SAMPLE_RATE = 16_000
 FloatArray = npt.NDArray[np.float32]
 
 

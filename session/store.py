@@ -32,8 +32,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
 
-from session.protocol import TranscriptFinal, Word, validate_id
 from session.ttl import Clock, TTLSettings, draw_jitter, system_clock, ttl_ms
+from wire.messages import Final, Word
+from wire.query import validate_id
 
 SUBSCRIBER_QUEUE = 256  # events buffered per listener before it is judged too slow
 DEFAULT_PREFIX = "parley:"
@@ -99,24 +100,16 @@ class NewFinal:
     words: list[Word] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class FinalRecord:
-    """A final as logged: `seq` is per meeting, starts at 1, and has no gaps."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FinalRecord(Final):
+    """A final as logged: the protocol's final and the session that spoke it."""
 
-    seq: int
-    utterance_id: str
     session_id: str
-    participant: str
-    text: str
-    start: float
-    end: float
-    language: str
-    words: list[Word] = field(default_factory=list)
 
     @classmethod
     def from_new(cls, seq: int, final: NewFinal) -> FinalRecord:
         # field by field, not asdict(): no deep copy of the words on every final
-        return cls(seq, *(getattr(final, f.name) for f in fields(NewFinal)))
+        return cls(seq=seq, **{f.name: getattr(final, f.name) for f in fields(NewFinal)})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FinalRecord:
@@ -124,21 +117,6 @@ class FinalRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def message(self) -> TranscriptFinal:
-        msg: TranscriptFinal = {
-            "type": "transcript.final",
-            "utterance_id": self.utterance_id,
-            "seq": self.seq,
-            "participant": self.participant,
-            "text": self.text,
-            "start": self.start,
-            "end": self.end,
-            "language": self.language,
-        }
-        if self.words:
-            msg["words"] = self.words
-        return msg
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,10 @@
-// Wire protocol v1, client side. Mirrors session/protocol.py (message types, close
+// Wire protocol v1, client side. Mirrors the server's wire/ package (message types, close
 // codes, id alphabet) and builds the socket URLs. Pure: usable from node's tests.
 
 export const PROTOCOL_VERSION = 1;
 export const SAMPLE_RATE = 16000;
 
-/** Close codes the server uses (session/protocol.py CloseCode). */
+/** Close codes the server uses (wire/codes.py CloseCode). */
 export const CloseCode = Object.freeze({
   NORMAL: 1000,
   GOING_AWAY: 1001,

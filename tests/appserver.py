@@ -15,6 +15,7 @@ import orjson
 import uvicorn
 
 from engine.recognizer import Recognizer
+from server.__main__ import uvicorn_config
 from server.app import create_app
 from server.settings import Settings
 from server.state import AppState
@@ -68,19 +69,9 @@ async def serve_app(
 ) -> AsyncIterator[AppServer]:
     """Serve `create_app(Settings(**settings))` on a free loopback port until the block ends."""
     port = free_port()
-    config_settings = Settings.from_env({}, port=port, static_dir="/nonexistent", **settings)
+    config_settings = Settings.from_env({}, port=port, **{"static_dir": "/nonexistent", **settings})
     app = create_app(config_settings, recognizer)
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        ws="websockets-sansio",
-        ws_max_size=config_settings.max_frame_bytes * 4,
-        ws_per_message_deflate=False,
-        lifespan="on",
-        log_config=None,
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, config_settings, host="127.0.0.1"))
     serving = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(START_TIMEOUT):

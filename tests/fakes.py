@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from engine.recognizer import Transcription, Utterance
+from engine.api import Transcription, Utterance
 
 
 class FakeRecognizer:

@@ -24,7 +24,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server.auth import ANONYMOUS, Authenticator, Principal, Scope, forbidden, unauthorized
 from server.gate import Handshake, close_reason
-from session.protocol import CloseCode, ErrorCode, ProtocolError
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
 
 Message = dict[str, Any]  # an ASGI websocket message
 

@@ -33,16 +33,9 @@ import orjson
 from starlette.responses import Response
 
 from server.compat.bridge import Inbound, Message, audio, control, http_status
-from session.protocol import (
-    MAX_SAMPLE_RATE,
-    MIN_SAMPLE_RATE,
-    CloseCode,
-    Encoding,
-    ErrorCode,
-    ProtocolError,
-    StreamConfig,
-    validate_id,
-)
+from wire.codes import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, CloseCode, Encoding, ErrorCode
+from wire.errors import ProtocolError
+from wire.query import StreamConfig, validate_id
 
 CHANNEL_INDEX = [0, 1]  # channel 0 of 1: Parley streams are mono
 MAX_UTTERANCE_END_MS = 60_000

@@ -32,7 +32,9 @@ import orjson
 from starlette.responses import Response
 
 from server.compat.bridge import Inbound, Message, audio, control, http_status
-from session.protocol import CloseCode, Encoding, ErrorCode, ProtocolError, StreamConfig
+from wire.codes import CloseCode, Encoding, ErrorCode
+from wire.errors import ProtocolError
+from wire.query import StreamConfig
 
 SAMPLE_RATE = 24_000  # the only PCM rate of OpenAI's realtime audio
 CLIENT_ERROR = "invalid_request_error"

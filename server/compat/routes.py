@@ -26,7 +26,9 @@ from server.compat.bridge import (
 )
 from server.state import AppState, app_state
 from server.stream import bind_participant, refuse, serve_source
-from session.protocol import CloseCode, ErrorCode, ProtocolError, validate_id
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
+from wire.query import validate_id
 
 logger = logging.getLogger(__name__)
 

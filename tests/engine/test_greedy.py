@@ -9,8 +9,8 @@ import torch
 from transformers.modeling_outputs import BaseModelOutput
 
 from bench.corpus import clips
+from engine.api import Utterance
 from engine.decoding import read_row
-from engine.recognizer import Utterance
 from engine.whisper import WhisperRecognizer
 
 pytestmark = pytest.mark.slow

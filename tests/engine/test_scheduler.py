@@ -8,16 +8,17 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from engine.recognizer import Utterance
-from engine.scheduler import (
+from engine.api import (
     BatchFailed,
-    BatchScheduler,
+    EngineDead,
     Priority,
     RecognitionRequest,
     RequestSuperseded,
     SchedulerFull,
     SchedulerStopped,
+    Utterance,
 )
+from engine.scheduler import BatchScheduler, SchedulerState
 from tests.fakes import FakeRecognizer
 
 TIMEOUT = 5.0
@@ -196,6 +197,39 @@ async def test_stop_fails_queued_requests_and_refuses_new_ones(
     assert fake.batches == [[1]]
     with pytest.raises(SchedulerStopped):
         await scheduler.submit(request("s", 3))
+
+
+async def test_a_dead_loop_fails_waiting_and_later_requests_at_once(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """When the loop dies (here: an observer raises after a batch), the scheduler is DEAD:
+    queued requests and a final waiting for room fail with EngineDead at once, and so does
+    every later submit; nothing more runs."""
+    scheduler, fake = gated
+
+    def broken_observer(*_: object) -> None:
+        raise ValueError("observer bug")
+
+    scheduler.add_observer(broken_observer)
+    busy = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    queued = [await scheduler.submit(request(f"s{i}", 10 + i)) for i in range(7)]
+    queued.append(await scheduler.submit(request("p", 20, Priority.PARTIAL)))
+    waiting = asyncio.create_task(scheduler.submit(request("late", 50)))  # queue is full
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    fake.gate.release()  # type: ignore[union-attr]
+    assert (await asyncio.wait_for(busy, TIMEOUT)).transcription.text == "n=1"
+    outcomes = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 1.0)
+    assert all(isinstance(o, EngineDead) for o in outcomes), outcomes
+    with pytest.raises(EngineDead, match="ValueError: observer bug"):
+        await asyncio.wait_for(waiting, 1.0)
+    assert scheduler.state is SchedulerState.DEAD
+    assert scheduler.death is not None and "observer bug" in scheduler.death.reason
+    for priority in Priority:
+        with pytest.raises(EngineDead):
+            await asyncio.wait_for(scheduler.submit(request("new", 60, priority)), 1.0)
+    assert fake.batches == [[1]] and not scheduler.has_unfinished_requests()
 
 
 async def test_load_counts_recent_model_time_and_backlog() -> None:

@@ -14,7 +14,6 @@ from transformers import WhisperConfig, WhisperForConditionalGeneration
 from engine import weights
 from engine.ct2 import Ct2Model, read_model
 from engine.weights import (
-    CACHE_ENV,
     PACKAGED_MODELS,
     ModelNotFoundError,
     ModelSource,
@@ -126,7 +125,9 @@ def test_converted_folder_loads_strictly_offline(tiny_en: Path) -> None:
 
 
 @pytest.mark.slow
-def test_second_resolve_reuses_the_cache(tiny_en: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_second_resolve_reuses_the_cache(
+    tiny_en: Path, model_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Resolving again returns the same folder without converting or rewriting it."""
     before = {path.name: path.stat().st_mtime_ns for path in tiny_en.iterdir()}
 
@@ -134,16 +135,16 @@ def test_second_resolve_reuses_the_cache(tiny_en: Path, monkeypatch: pytest.Monk
         raise AssertionError("converted again")
 
     monkeypatch.setattr(weights, "convert", no_conversion)
-    assert resolve_model("tiny.en") == tiny_en
+    assert resolve_model("tiny.en", model_cache) == tiny_en
     assert {path.name: path.stat().st_mtime_ns for path in tiny_en.iterdir()} == before
-    assert resolve_model(str(tiny_en)) == tiny_en  # a path to a Whisper folder is used as is
+    # A path to a Whisper folder is used as is.
+    assert resolve_model(str(tiny_en), model_cache) == tiny_en
 
 
 def test_failed_conversion_leaves_nothing_behind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A conversion that dies half-way leaves no model folder and no staging folder."""
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
 
     def dies_halfway(source: ModelSource, destination: Path) -> None:
         (destination / "config.json").write_text("{}")
@@ -151,7 +152,7 @@ def test_failed_conversion_leaves_nothing_behind(
 
     monkeypatch.setattr(weights, "convert", dies_halfway)
     with pytest.raises(OSError, match="disk full"):
-        resolve_model("tiny.en")
+        resolve_model("tiny.en", tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -159,7 +160,6 @@ def test_a_concurrent_conversion_wins_cleanly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: ModelSource
 ) -> None:
     """If another process renames its copy into place first, that copy is used."""
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     final = tmp_path / f"{source.name}-{source.fingerprint()}"
 
     def loses_the_race(source: ModelSource, destination: Path) -> None:
@@ -168,7 +168,7 @@ def test_a_concurrent_conversion_wins_cleanly(
         (final / "config.json").write_text('{"from": "winner"}')
 
     monkeypatch.setattr(weights, "convert", loses_the_race)
-    assert resolve_model("tiny.en") == final
+    assert resolve_model("tiny.en", tmp_path) == final
     assert json.loads((final / "config.json").read_text()) == {"from": "winner"}
     assert [path.name for path in tmp_path.iterdir()] == [final.name]
 
@@ -176,9 +176,9 @@ def test_a_concurrent_conversion_wins_cleanly(
 def test_unknown_specs_are_refused(tmp_path: Path) -> None:
     """Unknown names, non-Whisper folders and uncached hub ids raise ModelNotFoundError."""
     with pytest.raises(ModelNotFoundError, match="unknown model"):
-        resolve_model("tiny")
+        resolve_model("tiny", tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(ModelNotFoundError, match="not whisper"):
-        resolve_model(str(tmp_path))
+        resolve_model(str(tmp_path), tmp_path)
     with pytest.raises(ModelNotFoundError, match="not in the local hub cache"):
-        resolve_model("openai/whisper-does-not-exist")
+        resolve_model("openai/whisper-does-not-exist", tmp_path)

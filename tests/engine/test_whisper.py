@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from bench.corpus import Clip, clips
-from engine.recognizer import SAMPLE_RATE, Recognizer, Transcription, Utterance
+from engine.api import SAMPLE_RATE, Transcription, Utterance
+from engine.recognizer import Recognizer
 from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import ErrorCounts, error_counts
 

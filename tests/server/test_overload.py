@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from engine.recognizer import Transcription, Utterance
+from engine.api import Transcription, Utterance
 from server.settings import Settings
 from tests.appserver import serve_app
 from tests.corpus import clip

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.scheduler import BatchScheduler, RecognitionRequest, RecognitionResult
+from engine.api import RecognitionRequest, RecognitionResult
+from engine.scheduler import BatchScheduler
 from session.actor import SessionServices
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.segmenter import SegmenterConfig
@@ -122,7 +123,9 @@ async def test_cancel_drops_the_files_queued_requests(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert services.scheduler.queue_depth == 0
+    scheduler = services.scheduler
+    assert isinstance(scheduler, BatchScheduler)
+    assert scheduler.queue_depth == 0
 
 
 async def test_auto_language_is_detected_then_pinned(tmp_path: Path) -> None:

