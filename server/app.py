@@ -21,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 from engine.loading import ModelConfig, load_whisper
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
+from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from server import rest, stream, uploads
 from server.auth import build_authenticator
 from server.compat import routes as compat_routes
@@ -33,6 +34,7 @@ from server.settings import Settings
 from server.state import AppState, ModelState
 from server.tokens import open_tokens
 from session.actor import SessionServices
+from session.diarizer import DiarizerConfig
 from session.partials import PartialPolicyConfig
 from session.segmenter import SegmenterConfig
 from session.store import open_store
@@ -77,6 +79,11 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         recognizer = await asyncio.to_thread(factory, settings)
         await asyncio.to_thread(recognizer.warmup)
         vad_model = await asyncio.to_thread(SileroVad)
+        speakers = (
+            SpeakerEmbedder(await asyncio.to_thread(SpeakerEncoder))
+            if settings.diarization
+            else None
+        )
     except Exception as exc:
         logger.exception("model failed to load")
         state.model_state = ModelState.FAILED
@@ -110,6 +117,8 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         ),
         languages=recognizer.languages,
         telemetry=state.metrics,
+        speakers=speakers,
+        diarizer=DiarizerConfig(max_speakers=settings.diarization_max_speakers),
     )
     state.model_state = ModelState.READY
     logger.info("model %s ready", recognizer.name)
@@ -181,6 +190,8 @@ def create_app(
                 if not drained:
                     logger.warning("scheduler still busy at shutdown; failing what is left")
                 await state.scheduler.stop()
+            if state.services is not None and isinstance(state.services.speakers, SpeakerEmbedder):
+                await state.services.speakers.close()
             await state.store.close()
             await state.auth.close()
 

@@ -72,6 +72,14 @@ class Settings:
     partial_max_load: float = setting(
         1.25, "Model load past which partials pause (finals never do)."
     )
+    diarization: bool = setting(
+        True,
+        "Load the speaker-embedding model so streams and uploads may ask for "
+        "`diarize=true` (speaker labels S1, S2, …); false refuses them with `bad_config`.",
+    )
+    diarization_max_speakers: int = setting(
+        6, "Most speakers a diarized source is split into (1-26)."
+    )
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
     max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")
     admit_max_queue_wait_ms: float = setting(

@@ -16,9 +16,9 @@ from server.auth import (
     OwnerCheck,
     Principal,
     Scope,
+    create_owned_source,
     forbidden,
     meeting_access,
-    owned_config,
 )
 from server.gate import Handshake, authenticate, close_reason
 from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
@@ -127,6 +127,12 @@ async def _serve_stream(
     try:
         opened = await _open_source(state.store, config, query, principal)
         _check_language(opened.config.language, services.languages, state.recognizer_name)
+        if opened.config.diarize and services.speakers is None:
+            raise ProtocolError(
+                ErrorCode.BAD_CONFIG,
+                CloseCode.BAD_REQUEST,
+                "diarization is off on this server (PARLEY_DIARIZATION=false)",
+            )
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
         return
@@ -243,14 +249,12 @@ async def _open_source(
     token = query.get("resume_token")
     meeting_id = config.meeting_id
     try:
-        exists = await meeting_access(store, meeting_id, principal)
         if token is None:
-            source, token = await store.create_source(
-                meeting_id, config.participant, owned_config(config.as_dict(), principal)
+            source, token = await create_owned_source(
+                store, meeting_id, config.participant, config.as_dict(), principal
             )
-            if not exists:  # created now: or by another tenant a moment before us
-                await meeting_access(store, meeting_id, principal)
             return _OpenedSource(config, source, token, [], resumed=False)
+        await meeting_access(store, meeting_id, principal)
         last_seq = _non_negative("last_seq", query.get("last_seq", "0"))
         participant = query.get("participant") or principal.participant
         source = await store.resume_source(meeting_id, token, participant)

@@ -40,7 +40,7 @@ SUBSCRIBER_QUEUE = 256  # events buffered per listener before it is judged too s
 DEFAULT_PREFIX = "parley:"
 DEFAULT_BUFFER_LIMIT = 10_000  # finals held in memory while Redis is unreachable
 
-_TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+_TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")  # fullmatch: "$" takes a "\n"
 
 
 # ---------------------------------------------------------------- errors
@@ -98,6 +98,7 @@ class NewFinal:
     end: float
     language: str
     words: list[Word] = field(default_factory=list)
+    speaker: str | None = None  # diarized sources only
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,7 +216,13 @@ class Store(Protocol):
         ...
 
     async def finals(self, meeting_id: str, after_seq: int = 0) -> list[FinalRecord]:
-        """The meeting's finals with `seq` > after_seq, in `seq` order."""
+        """The meeting's finals with `seq` > after_seq, in `seq` order (with their latest
+        speaker labels)."""
+        ...
+
+    async def set_speakers(self, meeting_id: str, speakers: Mapping[str, str]) -> None:
+        """Relabel logged finals: utterance id → speaker. Ids not (yet) in the log are kept
+        and apply when the final arrives. Raises StoreUnavailable when unreachable."""
         ...
 
     async def last_seq(self, meeting_id: str) -> int:
@@ -250,7 +257,7 @@ class Store(Protocol):
 
 def hash_token(token: str) -> str:
     """The stored form of a resume token. A malformed token is simply unknown."""
-    if not _TOKEN_PATTERN.match(token):
+    if not _TOKEN_PATTERN.fullmatch(token):
         raise UnknownResumeToken("malformed resume token")
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -314,6 +321,7 @@ class _Meeting:
     finals: list[FinalRecord] = field(default_factory=list)
     sources: dict[str, SourceState] = field(default_factory=dict)
     logged: dict[str, int] = field(default_factory=dict)  # utterance id → seq
+    speakers: dict[str, str] = field(default_factory=dict)  # utterance id → relabelled speaker
     tokens: dict[str, str] = field(default_factory=dict)  # token hash → session id
     accesses: int = 0
     last_write: float = 0.0
@@ -446,6 +454,8 @@ class MemoryStore:
             raise SourceSuperseded(f"source {source.session_id} was resumed by another session")
         seq = meeting.finals[-1].seq + 1 if meeting.finals else 1
         record = FinalRecord.from_new(seq, final)
+        if final.utterance_id in meeting.speakers:
+            record = replace(record, speaker=meeting.speakers[final.utterance_id])
         meeting.finals.append(record)
         meeting.logged[final.utterance_id] = seq
         meeting.sources[source.session_id] = source
@@ -459,6 +469,18 @@ class MemoryStore:
             return []
         self._touch(meeting, write=False)
         return meeting.finals[max(0, after_seq) :]
+
+    async def set_speakers(self, meeting_id: str, speakers: Mapping[str, str]) -> None:
+        validate_id("meeting_id", meeting_id)
+        meeting = self._live(meeting_id)
+        if meeting is None:
+            return
+        meeting.speakers.update(speakers)
+        for utterance_id, speaker in speakers.items():
+            seq = meeting.logged.get(utterance_id)
+            if seq is not None:
+                meeting.finals[seq - 1] = replace(meeting.finals[seq - 1], speaker=speaker)
+        self._touch(meeting, write=True)
 
     async def last_seq(self, meeting_id: str) -> int:
         validate_id("meeting_id", meeting_id)

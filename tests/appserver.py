@@ -45,6 +45,7 @@ class AppServer:
         *,
         body: Any = None,
         headers: dict[str, str] | None = None,
+        timeout: float = 10.0,
     ) -> tuple[int, dict[str, str], bytes]:
         """One HTTP request, off the event loop (the server shares it)."""
         data = None if body is None else body if isinstance(body, bytes) else orjson.dumps(body)
@@ -54,7 +55,7 @@ class AppServer:
                 self.http_url + path, data=data, method=method, headers=headers or {}
             )
             try:
-                with urllib.request.urlopen(req, timeout=10) as response:
+                with urllib.request.urlopen(req, timeout=timeout) as response:
                     return response.status, dict(response.headers), response.read()
             except urllib.error.HTTPError as exc:
                 return exc.code, dict(exc.headers), exc.read()

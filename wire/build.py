@@ -25,6 +25,7 @@ from wire.messages import (
     Timing,
     TranscriptFinal,
     TranscriptPartial,
+    TranscriptSpeaker,
 )
 
 TIMING_DIGITS = 4  # a final's server-side timings, in seconds: 0.1 ms
@@ -111,9 +112,15 @@ def transcript_final(final: Final, timing: Timing | None = None) -> TranscriptFi
     }
     if final.words:
         message["words"] = final.words
+    if final.speaker is not None:
+        message["speaker"] = final.speaker
     if timing is not None:
         message["timing"] = timing
     return message
+
+
+def transcript_speaker(utterance_id: str, speaker: str) -> TranscriptSpeaker:
+    return {"type": "transcript.speaker", "utterance_id": utterance_id, "speaker": speaker}
 
 
 def error(code: ErrorCode, message: str, *, retry_after: float | None = None) -> ErrorMessage:

@@ -79,6 +79,16 @@ class TranscriptFinal(TypedDict):
     language: str
     words: NotRequired[list[Word]]
     timing: NotRequired[Timing]
+    # `diarize=true` sources only: "S1", "S2", … stable within the source (v1 extension).
+    speaker: NotRequired[str]
+
+
+class TranscriptSpeaker(TypedDict):
+    """A logged final's speaker label changed after a re-clustering (v1 extension)."""
+
+    type: Literal["transcript.speaker"]
+    utterance_id: str
+    speaker: str
 
 
 class ErrorMessage(TypedDict):
@@ -113,6 +123,7 @@ ServerMessage = (
     | SpeechStopped
     | TranscriptPartial
     | TranscriptFinal
+    | TranscriptSpeaker
     | ErrorMessage
     | SessionEnded
     | FinalizeDone
@@ -132,6 +143,7 @@ class Final:
     end: float
     language: str
     words: list[Word] = field(default_factory=list)
+    speaker: str | None = None  # diarized sources only; re-clustering may change it
 
     @classmethod
     def from_message(cls, message: TranscriptFinal) -> Final:
@@ -145,4 +157,5 @@ class Final:
             end=message["end"],
             language=message["language"],
             words=list(message.get("words", [])),
+            speaker=message.get("speaker"),
         )
