@@ -78,6 +78,7 @@ class DeepgramOptions:
             sample_rate=self.sample_rate,
             encoding=Encoding.PCM_S16LE,
             interim_results=self.interim_results,
+            diarize=self.diarize,
         )
 
 
@@ -302,6 +303,13 @@ class DeepgramCodec:
         words = [self._word(w, message.get("speaker")) for w in message.get("words") or []]
         confidences = [w["confidence"] for w in words]
         start = message["start"]
+        alternative: Message = {
+            "transcript": text if self.options.punctuate else plain(text),
+            "confidence": round(sum(confidences) / len(confidences), 4) if confidences else 1.0,
+            "words": words,
+        }
+        if self.options.diarize and message.get("speaker") is not None:
+            alternative["speaker"] = self._speaker(message["speaker"])  # words may be empty
         return {
             "type": "Results",
             "channel_index": CHANNEL_INDEX,
@@ -310,17 +318,7 @@ class DeepgramCodec:
             "is_final": is_final,
             "speech_final": speech_final,
             "from_finalize": False,
-            "channel": {
-                "alternatives": [
-                    {
-                        "transcript": text if self.options.punctuate else plain(text),
-                        "confidence": round(sum(confidences) / len(confidences), 4)
-                        if confidences
-                        else 1.0,
-                        "words": words,
-                    }
-                ]
-            },
+            "channel": {"alternatives": [alternative]},
             "metadata": {
                 "request_id": self.request_id,
                 "model_info": self._model_info,
@@ -341,8 +339,12 @@ class DeepgramCodec:
             out["punctuated_word"] = text
         label = word.get("speaker", speaker)
         if self.options.diarize and label is not None:
-            out["speaker"] = self._speakers.setdefault(label, len(self._speakers))
+            out["speaker"] = self._speaker(label)
         return out
+
+    def _speaker(self, label: Any) -> int:
+        """Parley's speaker labels ("S1", "S2", ...) as Deepgram's 0, 1, ... in order."""
+        return self._speakers.setdefault(label, len(self._speakers))
 
     def _metadata(self, ended: Message) -> Message:
         return {

@@ -51,6 +51,8 @@ def test_deepgram_words_carry_timings_confidence_and_speakers() -> None:
         ("hello", "Hello,", 0),
         ("world", "world.", 1),
     ]
+    [later] = out(codec.from_server(final(1, "Again.", 1.0, 2.0, speaker="S1")))
+    assert later["channel"]["alternatives"][0]["speaker"] == 1  # no words: on the alternative
     assert results["is_final"] and results["duration"] == 1.0
     [bare] = out(deepgram().from_server(final(0, "Hello, world.", 0.0, 1.0, words=words)))
     assert bare["channel"]["alternatives"][0]["transcript"] == "hello world"
