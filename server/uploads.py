@@ -21,7 +21,7 @@ import logging
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from server.auth import ANONYMOUS, OWNER_FIELD, Principal, bearer, meeting_access
+from server.auth import ANONYMOUS, Principal, bearer, create_owned_source
 from server.decode import DecodeError
 from server.jobs import Job, JobOptions, JobsFull, JobStatus
 from server.settings import Settings
@@ -162,10 +162,8 @@ async def create_transcription(request: Request) -> Response:
         source = None
         if options.meeting_id is not None:  # the file becomes a source of the meeting
             principal = ANONYMOUS if tenant is None else Principal(tenant, fast_replay=True)
-            await meeting_access(state.store, options.meeting_id, principal)  # 4403 → 403
-            owner = None if tenant is None else {OWNER_FIELD: tenant}
-            source, _ = await state.store.create_source(
-                options.meeting_id, options.participant, owner
+            source, _ = await create_owned_source(  # another tenant's: 4403 → 403
+                state.store, options.meeting_id, options.participant, {}, principal
             )
         state.jobs.start(job, audio, services, file_vad, source)
     except (FormRefused, DecodeError) as exc:

@@ -40,7 +40,7 @@ SUBSCRIBER_QUEUE = 256  # events buffered per listener before it is judged too s
 DEFAULT_PREFIX = "parley:"
 DEFAULT_BUFFER_LIMIT = 10_000  # finals held in memory while Redis is unreachable
 
-_TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+_TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")  # fullmatch: "$" takes a "\n"
 
 
 # ---------------------------------------------------------------- errors
@@ -257,7 +257,7 @@ class Store(Protocol):
 
 def hash_token(token: str) -> str:
     """The stored form of a resume token. A malformed token is simply unknown."""
-    if not _TOKEN_PATTERN.match(token):
+    if not _TOKEN_PATTERN.fullmatch(token):
         raise UnknownResumeToken("malformed resume token")
     return hashlib.sha256(token.encode()).hexdigest()
 

@@ -17,7 +17,7 @@ from wire.codes import (
 )
 from wire.errors import ProtocolError
 
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: "$" takes a "\n"
 _LANGUAGE = re.compile(r"[a-z]{2,3}|auto")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -25,7 +25,7 @@ _FALSE = {"0", "false", "no", "off"}
 
 def validate_id(kind: str, value: str) -> str:
     """Meeting ids and participant names become store keys: allow a safe alphabet only."""
-    if not _ID_PATTERN.match(value):
+    if not _ID_PATTERN.fullmatch(value):
         raise ProtocolError(
             ErrorCode.BAD_CONFIG,
             CloseCode.BAD_REQUEST,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import secrets
 from collections.abc import AsyncIterator
 from urllib.parse import quote
 
@@ -18,8 +19,10 @@ from server.__main__ import WS_IMPLEMENTATION, uvicorn_config
 from server.gate import MAX_CLOSE_REASON, close_reason
 from server.limits import ALL
 from server.settings import Settings
+from session.store import UnknownResumeToken, hash_token
 from tests.appserver import AppServer, serve_app
 from tests.hardclient import STOP, error_of, exchange
+from tests.httpclient import multipart, post_form
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +106,26 @@ async def test_a_half_open_listener_is_dropped_by_keepalive_pings(app: AppServer
         assert asyncio.get_running_loop().time() - started < 2.0
     finally:
         writer.transport.abort()
+
+
+async def test_ids_with_a_trailing_newline_are_refused(app: AppServer) -> None:
+    """`ana%0A` must not reach store keys, logs or SRT labels: a participant, a meeting id
+    in the path, a transcript read and an upload field with a trailing newline are all
+    refused as bad ids (4400 / 400), and a resume token with one is malformed."""
+    streams = {
+        "participant": f"{app.ws_url}/v1/meetings/newline/stream?participant=ana%0A",
+        "meeting": f"{app.ws_url}/v1/meetings/newline%0A/stream?participant=ana",
+        "listener": f"{app.ws_url}/v1/meetings/newline%0A/events",
+    }
+    for what, url in streams.items():
+        result = await exchange(url, [STOP], linger=1.0)
+        assert result.close_code == 4400, (what, result.close_code, result.messages)
+    status, _, body = await app.request("GET", "/v1/meetings/newline%0A/transcript")
+    assert status == 400, body
+    content_type, pieces = multipart(b"RIFF", "x.wav", participant="ana\n")
+    upload = await post_form(app.http_url, content_type, pieces)
+    assert upload.status == 400 and upload.json()["error"]["code"] == "bad_config", upload.body
+    token = secrets.token_urlsafe(32)
+    hash_token(token)
+    with pytest.raises(UnknownResumeToken, match="malformed"):
+        hash_token(token + "\n")
