@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from server.app import create_app, drain
+from server.app import RecognizerFactory, create_app, drain, whisper_recognizer
 from server.logs import configure
 from server.sandbox import SandboxUnavailable
 from server.settings import Settings
@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, recognizer: RecognizerFactory = whisper_recognizer) -> int:
+    """Serve until SIGTERM; `recognizer` builds the engine (benchmarks pass a stand-in)."""
     args = _parser().parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     try:
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure(settings.log_level, settings.log_format)
     try:
-        app = create_app(settings)
+        app = create_app(settings, recognizer)
     except (ValueError, OSError, SandboxUnavailable) as exc:  # keys, keys file, sandbox
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2

@@ -6,9 +6,17 @@ Labels stay low-cardinality: priorities, reasons and close codes — never meeti
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -36,6 +44,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
         self.vad_seconds = Histogram(
             "parley_vad_seconds",
             "VAD and segmenter time per audio frame",
@@ -116,7 +125,9 @@ class Metrics:
             counts = current.depth_by_priority() if current else dict.fromkeys(Priority, 0)
             for priority, count in counts.items():
                 depth.add_metric([priority.name.lower()], count)
-            return [active, rooms, depth]
+            tasks = GaugeMetricFamily("parley_event_loop_tasks", "asyncio tasks alive")
+            tasks.add_metric([], len(asyncio.all_tasks()))
+            return [active, rooms, depth, tasks]
 
         self.registry.register(_LiveCollector(read))
 

@@ -1,0 +1,170 @@
+"""The processes a fault or soak benchmark drives: a Parley server it can stop, kill and
+restart on the same port, and a redis-server of its own it can kill and restart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@dataclass
+class ServerProcess:
+    """`python -m <module> --port PORT` (module: `server`, or `bench.fake_server`)."""
+
+    module: str
+    env: dict[str, str]
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self, timeout: float = 300.0) -> None:
+        """Start and wait until /readyz says ready."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", self.module, "--port", str(self.port)],
+                cwd=REPO,
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.starts += 1
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}")
+            try:
+                if http_get(self.http_url + "/readyz", 2.0)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("server not ready in time")
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._signal(signal.SIGTERM, timeout)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL, 30.0)
+
+    def _signal(self, signum: int, timeout: float) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signum)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def metrics(self) -> dict[str, float]:
+        """/metrics as {sample line's name and labels: value}."""
+        _, body = http_get(self.http_url + "/metrics")
+        samples: dict[str, float] = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def open_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+
+@dataclass
+class RedisProcess:
+    """A redis-server on its own port; `persistent`: AOF with fsync on every write, so a
+    kill loses nothing and a restart reloads it."""
+
+    workdir: Path
+    persistent: bool = True
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 20.0) -> None:
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        args = [
+            binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.workdir),
+            "--save", "",
+            "--appendonly", "yes" if self.persistent else "no",
+            "--appendfsync", "always",
+            "--logfile", str(self.workdir / "redis.log"),
+        ]  # fmt: skip
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError("redis-server did not start")
+
+    def kill(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            process.terminate()
+            process.wait()
