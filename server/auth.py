@@ -32,7 +32,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from server.tokens import TokenGrant, TokenStore
-from session.store import Store, StoreError
+from store.api import Store
+from store.errors import StoreError
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 

@@ -13,7 +13,7 @@ from server.limits import overloaded, quota_exceeded
 from server.metrics import CONTENT_TYPE
 from server.state import ModelState, app_state
 from server.tokens import TokenQuotaExceeded
-from session.store import StoreError
+from store.errors import StoreError
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 from wire.query import validate_id

@@ -45,8 +45,8 @@ from engine.api import (
 from session.actor import SessionServices
 from session.language import LanguageDetector
 from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
-from session.store import FinalRecord, NewFinal, SourceState
 from session.vad import WINDOW, VadScorer, VadStream
+from store.records import FinalRecord, NewFinal, SourceState
 from wire import build
 from wire.messages import Word
 
