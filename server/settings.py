@@ -72,6 +72,14 @@ class Settings:
     partial_max_load: float = setting(
         1.25, "Model load past which partials pause (finals never do)."
     )
+    diarization: bool = setting(
+        True,
+        "Load the speaker-embedding model so streams and uploads may ask for "
+        "`diarize=true` (speaker labels S1, S2, …); false refuses them with `bad_config`.",
+    )
+    diarization_max_speakers: int = setting(
+        6, "Most speakers a diarized source is split into (1-26)."
+    )
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
     max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")
     admit_max_queue_wait_ms: float = setting(
@@ -105,6 +113,12 @@ class Settings:
     max_session_s: float = setting(
         4 * 3600.0, "Longest a stream may last; then its finals are flushed and it closes 4413."
     )
+    ws_ping_interval_s: float = setting(
+        20.0,
+        "Seconds between WebSocket pings to a peer; one that has not answered within "
+        "WS_PING_TIMEOUT_S is dropped (a half-open connection).",
+    )
+    ws_ping_timeout_s: float = setting(20.0, "How long a WebSocket ping may go unanswered.")
     realtime_factor: float = setting(
         1.5,
         "Fastest a stream is read, in audio seconds per wall second, unless its tenant is "
@@ -248,6 +262,8 @@ class Settings:
             "auth_timeout_s",
             "upload_idle_timeout_s",
             "upload_receive_timeout_s",
+            "ws_ping_interval_s",
+            "ws_ping_timeout_s",
         )
         for name in positive:
             if not getattr(self, name) > 0:

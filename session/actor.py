@@ -44,9 +44,13 @@ from engine.api import (
     RequestSuperseded,
     SchedulerError,
     SchedulerFull,
+    SpeakerEmbedding,
+    SpeakerWindows,
+    Transcription,
     Utterance,
 )
 from session.audio import FrameDecoder
+from session.diarizer import DiarizerConfig, Relabel
 from session.language import LanguageDetector, LanguagePinned
 from session.outbox import Outbox, OutboxState, SlowConsumer
 from session.partials import PartialPolicy, PartialPolicyConfig
@@ -59,6 +63,7 @@ from session.segmenter import (
     SpeechStopped,
     UtteranceEnded,
 )
+from session.speakers import LabelledPart, SpeakerLabeller, relabel
 from session.telemetry import NullTelemetry, Telemetry
 from session.vad import VadScorer, VadStream
 from store.api import Store
@@ -138,6 +143,9 @@ class SessionServices:
     partials: PartialPolicyConfig = field(default_factory=PartialPolicyConfig)
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
+    # Speaker embeddings for `diarize=true` sources; None: diarization is off.
+    speakers: SpeakerEmbedding | None = None
+    diarizer: DiarizerConfig = field(default_factory=DiarizerConfig)
 
 
 @dataclass(slots=True)
@@ -149,6 +157,15 @@ class _PendingFinal:
     future: asyncio.Future[RecognitionResult] | None
     closed_at: float  # when the segmenter closed the utterance
     audio: Utterance
+    # The utterance's speaker embeddings, computed beside its recognition (diarize=true).
+    speakers: asyncio.Task[SpeakerWindows | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Finalized:
+    """Queued behind the finals a `finalize` cut: the committer acknowledges it in order."""
+
+    utterance_id: str | None
 
 
 @dataclass
@@ -174,6 +191,8 @@ class SessionActor:
     resume_token: str
     replay: list[FinalRecord] = field(default_factory=list)
     resumed: bool = False
+    # Answer each `finalize` with an internal `finalize.done` (the compat adapters ask).
+    acknowledge_finalize: bool = False
     state: SessionState = SessionState.CONNECTING
     totals: SessionTotals = field(default_factory=SessionTotals)
 
@@ -193,7 +212,7 @@ class SessionActor:
             self.services.outbox_limit,
             on_partial_dropped=lambda: self.services.telemetry.partial_dropped("merged"),
         )
-        self._finals: asyncio.Queue[_PendingFinal | None] = asyncio.Queue()
+        self._finals: asyncio.Queue[_PendingFinal | _Finalized | None] = asyncio.Queue()
         self._partial_tasks: set[asyncio.Task[None]] = set()
         self._committed_index = self.first_index - 1  # last utterance whose final was handled
         self._shutdown_requested = False
@@ -207,6 +226,11 @@ class SessionActor:
         self._last_partial: tuple[int, float] | None = None  # (utterance index, sent at)
         # The latest partial text per utterance index: the next request's decoding draft.
         self._draft: tuple[int, str] = (-1, "")
+        self._labeller = (
+            SpeakerLabeller(self.services.speakers, self.services.diarizer)
+            if self.config.diarize and self.services.speakers is not None
+            else None
+        )
 
     # ------------------------------------------------------------------ public
 
@@ -285,6 +309,8 @@ class SessionActor:
             return ending.reason
         finally:
             self.services.scheduler.cancel(self.session_id)
+            if self._labeller is not None:
+                await self._labeller.close()
             tasks = [t for t in (self._reader, writer, committer, *self._partial_tasks) if t]
             for task in tasks:
                 task.cancel()
@@ -376,7 +402,11 @@ class SessionActor:
         if control is ControlType.STOP:
             return Ending(EndReason.STOP, CloseCode.NORMAL, flush=True)
         if control is ControlType.FINALIZE:
-            await self._handle(self._flush_events())
+            flushed = self._flush_events()
+            await self._handle(flushed)
+            if self.acknowledge_finalize:
+                cut = [e.index for e in flushed if isinstance(e, UtteranceEnded)]
+                await self._finals.put(_Finalized(self._utterance_id(cut[-1]) if cut else None))
         return None  # keepalive: receiving it was the point
 
     async def _audio_events(self, samples: np.ndarray[Any, Any]) -> list[SegmentEvent]:
@@ -468,6 +498,8 @@ class SessionActor:
         pending = _PendingFinal(
             event.index, event.start, event.end, None, self.services.clock(), utterance
         )
+        if self._labeller is not None:
+            pending.speakers = self._labeller.embed(event.audio)
         if self._language is None and self._detecting:
             self._held.append(pending)  # its language comes from the detection under way
         else:
@@ -489,50 +521,25 @@ class SessionActor:
 
     async def _commit(self) -> None:
         while (pending := await self._finals.get()) is not None:
+            if isinstance(pending, _Finalized):
+                if self._outbox.state is OutboxState.OPEN:
+                    self._put(build.finalize_done(pending.utterance_id))
+                continue
             result = await self._result(pending)
             self._committed_index = pending.index  # its partials are stale from now on
             if pending.audio.language is None and self._detector is not None:
                 await self._detected(result)
             if result is None:
                 continue
-            text = result.transcription.text.strip()
-            if not text:
+            if not result.transcription.text.strip():
                 self.totals.empty_finals += 1
                 continue
-            utterance_id = self._utterance_id(pending.index)
-            end = _seconds(pending.end)
-            acked = dataclasses.replace(
-                self.source,
-                acked_until=pending.end / SAMPLE_RATE,  # exact: resume re-sends from here
-                next_utterance=pending.index + 1,
-                context=(self.source.context + " " + text)[-CONTEXT_CHARS:].strip(),
-                language=self._language,
-            )
-            record = await self.services.store.append_final(
-                self.meeting_id,
-                NewFinal(
-                    utterance_id=utterance_id,
-                    session_id=self.session_id,
-                    participant=self.config.participant,
-                    text=text,
-                    start=_seconds(pending.start),
-                    end=end,
-                    language=result.transcription.language,
-                ),
-                acked,
-            )
-            self.source = acked
-            self.totals.finals += 1
-            total = self.services.clock() - pending.closed_at
-            message = build.transcript_final(
-                record,
-                build.timing(queue=result.queue_wait, inference=result.inference, total=total),
-            )
-            self._telemetry.final_sent(total)
-            payload = build.encode(message)
-            if self._outbox.state is OutboxState.OPEN:
-                self._outbox.put(payload, utterance_id=utterance_id)
-            await self.services.store.publish(self.meeting_id, payload.encode())
+            for part in await self._parts(pending, result.transcription):
+                await self._log_final(pending, result, part)
+            if self._labeller is not None:
+                await self._relabel(await self._labeller.recluster())
+        if self._labeller is not None:  # the stream is over: its best labelling
+            await self._relabel(await self._labeller.recluster(final=True))
         # A stream that ended before its detection was sure reports the best it heard.
         if (
             self._detector is not None
@@ -540,6 +547,89 @@ class SessionActor:
             and (pinned := self._detector.decide()) is not None
         ):
             self._pin(pinned)
+
+    async def _parts(
+        self, pending: _PendingFinal, transcription: Transcription
+    ) -> list[LabelledPart]:
+        """The finals one recognized utterance makes: itself, or (diarize=true) one per
+        speaker in it, each labelled."""
+        utterance_id = self._utterance_id(pending.index)
+        if self._labeller is None or pending.speakers is None:
+            whole = LabelledPart(
+                utterance_id,
+                0,
+                pending.end - pending.start,
+                transcription.text.strip(),
+                transcription.words,
+                "",
+                transcription.language,
+            )
+            return [whole]
+        return await self._labeller.label(
+            utterance_id,
+            pending.start / SAMPLE_RATE,
+            pending.audio.audio,
+            await pending.speakers,
+            transcription,
+            lambda audio: self._recognize_part(audio, transcription.language),
+        )
+
+    async def _recognize_part(
+        self, audio: np.ndarray[Any, Any], language: str
+    ) -> Transcription | None:
+        """Transcribe one speaker's part of an utterance on its own (at final priority)."""
+        request = RecognitionRequest(self.session_id, Priority.FINAL, Utterance(audio, language))
+        try:
+            result = await (await self.services.scheduler.submit(request))
+        except SchedulerError:
+            logger.warning("a part of session %s failed", self.session_id, exc_info=True)
+            return None
+        return result.transcription
+
+    async def _log_final(
+        self, pending: _PendingFinal, result: RecognitionResult, part: LabelledPart
+    ) -> None:
+        """Log one final in the store (its `seq`), send it to the client and listeners."""
+        start, end = pending.start + part.start, pending.start + part.end
+        acked = dataclasses.replace(
+            self.source,
+            acked_until=end / SAMPLE_RATE,  # exact: resume re-sends from here
+            next_utterance=pending.index + 1,
+            context=(self.source.context + " " + part.text)[-CONTEXT_CHARS:].strip(),
+            language=self._language,
+        )
+        record = await self.services.store.append_final(
+            self.meeting_id,
+            NewFinal(
+                utterance_id=part.utterance_id,
+                session_id=self.session_id,
+                participant=self.config.participant,
+                text=part.text,
+                start=_seconds(start),
+                end=_seconds(end),
+                language=part.language,
+                speaker=part.speaker or None,
+            ),
+            acked,
+        )
+        self.source = acked
+        self.totals.finals += 1
+        total = self.services.clock() - pending.closed_at
+        message = build.transcript_final(
+            record, build.timing(queue=result.queue_wait, inference=result.inference, total=total)
+        )
+        self._telemetry.final_sent(total)
+        payload = build.encode(message)
+        if self._outbox.state is OutboxState.OPEN:
+            self._outbox.put(payload, utterance_id=part.utterance_id)
+        await self.services.store.publish(self.meeting_id, payload.encode())
+
+    async def _relabel(self, relabels: list[Relabel]) -> None:
+        """Announce speakers a re-clustering changed, to the client and the listeners."""
+        for message in await relabel(self.services.store, self.meeting_id, relabels):
+            if self._outbox.state is OutboxState.OPEN:
+                self._put(message)
+            await self.services.store.publish(self.meeting_id, build.encode(message).encode())
 
     # ------------------------------------------------------------------ language
 

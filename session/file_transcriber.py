@@ -40,11 +40,16 @@ from engine.api import (
     Priority,
     RecognitionRequest,
     RecognitionResult,
+    SchedulerError,
+    SpeakerWindows,
+    Transcription,
     Utterance,
 )
 from session.actor import SessionServices
+from session.diarizer import Relabel
 from session.language import LanguageDetector
 from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
+from session.speakers import LabelledPart, SpeakerLabeller, relabel
 from session.vad import WINDOW, VadScorer, VadStream
 from store.records import FinalRecord, NewFinal, SourceState
 from wire import build
@@ -64,6 +69,7 @@ class FileOptions:
     # The meeting source the file's finals are logged as (from Store.create_source, so
     # source_id must be its session_id); None: the file stands alone.
     meeting_source: SourceState | None = None
+    diarize: bool = False  # label each final's speaker (services.speakers must be set)
     # How many of the file's requests may be in the scheduler now; asked before each
     # submission, so the server can lower it while live rooms are open.
     in_flight: Callable[[], int] = lambda: 4
@@ -97,6 +103,7 @@ class _Pending:
     event: UtteranceEnded
     utterance: Utterance
     future: asyncio.Future[RecognitionResult]
+    speakers: asyncio.Task[SpeakerWindows | None] | None = None
 
 
 class FileTranscriber:
@@ -128,6 +135,11 @@ class FileTranscriber:
         self._source = options.meeting_source
         if self._source is not None and self._source.session_id != options.source_id:
             raise ValueError("a file attached to a meeting uses its source's session id")
+        self._labeller: SpeakerLabeller | None = None
+        if options.diarize:
+            if services.speakers is None:
+                raise ValueError("diarize needs the services' speaker embedder")
+            self._labeller = SpeakerLabeller(services.speakers, services.diarizer)
 
     async def run(self) -> None:
         """Transcribe the whole file; on cancellation drop its queued requests."""
@@ -142,10 +154,14 @@ class FileTranscriber:
             await self._handle(self._segmenter.flush())
             while self._pending:
                 await self._commit(self._pending.popleft())
+            if self._labeller is not None:  # the file is done: its best labelling
+                await self._relabel(await self._labeller.recluster(final=True))
             self.progress.processed_samples = self.progress.total_samples
         finally:
             # Cancelled or failed: what is still queued for this file is dropped.
             scheduler.cancel(self._options.source_id)
+            if self._labeller is not None:
+                await self._labeller.close()
 
     async def _segment(self, samples: npt.NDArray[np.float32]) -> None:
         step = SLICE_WINDOWS * WINDOW
@@ -166,7 +182,8 @@ class FileTranscriber:
             self.progress.utterances += 1
             utterance = Utterance(event.audio, self._language)
             future = await self._submit(utterance)
-            self._pending.append(_Pending(event, utterance, future))
+            speakers = self._labeller.embed(event.audio) if self._labeller is not None else None
+            self._pending.append(_Pending(event, utterance, future, speakers))
             self._advance()
 
     async def _submit(self, utterance: Utterance) -> asyncio.Future[RecognitionResult]:
@@ -194,28 +211,73 @@ class FileTranscriber:
             return
         self._observe_language(result)
         event = pending.event
-        start = _seconds(event.start)
-        end = _seconds(min(event.end, self.progress.total_samples))
-        words: list[Word] = [
-            {"word": w.word, "start": round(start + w.start, 3), "end": round(start + w.end, 3)}
-            for w in result.transcription.words
-        ]
-        final = NewFinal(
-            utterance_id=f"{self._options.source_id}-{event.index}",
-            session_id=self._options.source_id,
-            participant=self._options.participant,
-            text=text,
-            start=start,
-            end=max(end, start),
-            language=result.transcription.language,
-            words=words,
+        for part in await self._parts(pending, result):
+            start = _seconds(event.start + part.start)
+            end = _seconds(min(event.start + part.end, self.progress.total_samples))
+            offset = event.start / SAMPLE_RATE
+            words: list[Word] = [
+                {
+                    "word": w.word,
+                    "start": round(offset + w.start, 3),
+                    "end": round(offset + w.end, 3),
+                }
+                for w in part.words
+            ]
+            final = NewFinal(
+                utterance_id=part.utterance_id,
+                session_id=self._options.source_id,
+                participant=self._options.participant,
+                text=part.text,
+                start=start,
+                end=max(end, start),
+                language=part.language,
+                words=words,
+                speaker=part.speaker or None,
+            )
+            await self._log(final, event.start + part.end, event.index)
+        if self._labeller is not None:
+            await self._relabel(await self._labeller.recluster())
+
+    async def _parts(self, pending: _Pending, result: RecognitionResult) -> list[LabelledPart]:
+        """The finals one utterance makes: itself, or (diarize) one per speaker in it."""
+        event = pending.event
+        transcription = result.transcription
+        utterance_id = f"{self._options.source_id}-{event.index}"
+        if self._labeller is None or pending.speakers is None:
+            text = transcription.text.strip()
+            length = event.end - event.start
+            return [
+                LabelledPart(
+                    utterance_id, 0, length, text, transcription.words, "", transcription.language
+                )
+            ]
+        return await self._labeller.label(
+            utterance_id,
+            event.start / SAMPLE_RATE,
+            event.audio,
+            await pending.speakers,
+            transcription,
+            lambda audio: self._recognize_part(audio, transcription.language),
         )
+
+    async def _recognize_part(
+        self, audio: npt.NDArray[np.float32], language: str
+    ) -> Transcription | None:
+        try:
+            result = await (await self._submit(Utterance(audio, language)))
+        except SchedulerError:
+            logger.warning("a part of %s failed", self._options.source_id, exc_info=True)
+            return None
+        return result.transcription
+
+    async def _log(self, final: NewFinal, end_sample: int, index: int) -> None:
+        """Keep one final; attached to a meeting, log it there and tell the listeners."""
         if self._source is None:
             record = FinalRecord.from_new(len(self.progress.finals) + 1, final)
         else:
             store = self._services.store
             source = dataclasses.replace(
-                self._source, acked_until=event.end / SAMPLE_RATE, next_utterance=event.index + 1
+                self._source, acked_until=end_sample / SAMPLE_RATE, next_utterance=index + 1
             )
             record = await store.append_final(source.meeting_id, final, source)
             self._source = source
@@ -223,6 +285,23 @@ class FileTranscriber:
                 source.meeting_id, build.encode(build.transcript_final(record)).encode()
             )
         self.progress.finals.append(record)
+
+    async def _relabel(self, relabels: list[Relabel]) -> None:
+        """Apply a re-clustering's new labels to the result, and to the meeting if any."""
+        if not relabels:
+            return
+        labels = {r.key: r.label for r in relabels}
+        self.progress.finals[:] = [
+            dataclasses.replace(f, speaker=labels[f.utterance_id])
+            if f.utterance_id in labels
+            else f
+            for f in self.progress.finals
+        ]
+        if self._source is not None:
+            meeting_id = self._source.meeting_id
+            store = self._services.store
+            for message in await relabel(store, meeting_id, relabels):
+                await store.publish(meeting_id, build.encode(message).encode())
 
     def _observe_language(self, result: RecognitionResult) -> None:
         detector = self._detector

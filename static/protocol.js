@@ -33,6 +33,7 @@ export const MessageType = Object.freeze({
   SPEECH_STOPPED: 'vad.speech_stopped',
   PARTIAL: 'transcript.partial',
   FINAL: 'transcript.final',
+  SPEAKER: 'transcript.speaker', // a diarized final's speaker changed (diarize=true)
   ERROR: 'error',
   SESSION_ENDED: 'session.ended',
 });
@@ -115,7 +116,7 @@ export function socketUrl(relativePath, base) {
  * The stream socket URL (one audio source).
  * resume: {token, lastSeq} when reconnecting to the same source.
  */
-export function streamUrl(base, { meetingId, participant, language = 'en', resume = null }) {
+export function streamUrl(base, { meetingId, participant, language = 'en', diarize = false, resume = null }) {
   const url = socketUrl(`v1/meetings/${encodeURIComponent(meetingId)}/stream`, base);
   const q = url.searchParams;
   q.set('participant', participant);
@@ -123,6 +124,7 @@ export function streamUrl(base, { meetingId, participant, language = 'en', resum
   q.set('sample_rate', String(SAMPLE_RATE));
   q.set('encoding', 'pcm_s16le');
   q.set('interim_results', 'true');
+  if (diarize) q.set('diarize', 'true'); // several voices on one source: label each
   if (resume?.token) {
     q.set('resume_token', resume.token);
     q.set('last_seq', String(Math.max(0, resume.lastSeq ?? 0))); // seqs start at 1

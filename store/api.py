@@ -52,7 +52,13 @@ class Store(Protocol):
         ...
 
     async def finals(self, meeting_id: str, after_seq: int = 0) -> list[FinalRecord]:
-        """The meeting's finals with `seq` > after_seq, in `seq` order."""
+        """The meeting's finals with `seq` > after_seq, in `seq` order (with their latest
+        speaker labels)."""
+        ...
+
+    async def set_speakers(self, meeting_id: str, speakers: Mapping[str, str]) -> None:
+        """Relabel logged finals: utterance id → speaker. Ids not (yet) in the log are kept
+        and apply when the final arrives. Raises StoreUnavailable when unreachable."""
         ...
 
     async def last_seq(self, meeting_id: str) -> int:

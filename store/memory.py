@@ -36,6 +36,7 @@ class _Meeting:
     finals: list[FinalRecord] = field(default_factory=list)
     sources: dict[str, SourceState] = field(default_factory=dict)
     logged: dict[str, int] = field(default_factory=dict)  # utterance id → seq
+    speakers: dict[str, str] = field(default_factory=dict)  # utterance id → relabelled speaker
     tokens: dict[str, str] = field(default_factory=dict)  # token hash → session id
     accesses: int = 0
     last_write: float = 0.0
@@ -168,6 +169,8 @@ class MemoryStore:
             raise SourceSuperseded(f"source {source.session_id} was resumed by another session")
         seq = meeting.finals[-1].seq + 1 if meeting.finals else 1
         record = FinalRecord.from_new(seq, final)
+        if final.utterance_id in meeting.speakers:
+            record = replace(record, speaker=meeting.speakers[final.utterance_id])
         meeting.finals.append(record)
         meeting.logged[final.utterance_id] = seq
         meeting.sources[source.session_id] = source
@@ -181,6 +184,18 @@ class MemoryStore:
             return []
         self._touch(meeting, write=False)
         return meeting.finals[max(0, after_seq) :]
+
+    async def set_speakers(self, meeting_id: str, speakers: Mapping[str, str]) -> None:
+        validate_id("meeting_id", meeting_id)
+        meeting = self._live(meeting_id)
+        if meeting is None:
+            return
+        meeting.speakers.update(speakers)
+        for utterance_id, speaker in speakers.items():
+            seq = meeting.logged.get(utterance_id)
+            if seq is not None:
+                meeting.finals[seq - 1] = replace(meeting.finals[seq - 1], speaker=speaker)
+        self._touch(meeting, write=True)
 
     async def last_seq(self, meeting_id: str) -> int:
         validate_id("meeting_id", meeting_id)

@@ -13,7 +13,7 @@ from store.errors import UnknownResumeToken
 from wire.messages import Final, Word
 from wire.query import validate_id
 
-_TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+_TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")  # fullmatch: "$" takes a "\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,7 @@ class NewFinal:
     end: float
     language: str
     words: list[Word] = field(default_factory=list)
+    speaker: str | None = None  # diarized sources only
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,7 +112,7 @@ class StoreHealth:
 
 def hash_token(token: str) -> str:
     """The stored form of a resume token. A malformed token is simply unknown."""
-    if not _TOKEN_PATTERN.match(token):
+    if not _TOKEN_PATTERN.fullmatch(token):
         raise UnknownResumeToken("malformed resume token")
     return hashlib.sha256(token.encode()).hexdigest()
 

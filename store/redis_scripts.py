@@ -16,6 +16,7 @@ class Keys:
     {prefix}meeting:{id}:log     stream of finals, entry id "{seq}-0", field f = JSON
     {prefix}meeting:{id}:src     hash: s:{sid} state JSON, g:{sid} generation,
                                  u:{utterance id} → its seq (idempotent appends),
+                                 sp:{utterance id} → its speaker after a relabel,
                                  t:{sha256(token)} → sid
     {prefix}meeting:{id}:events  pub/sub channel (not a key)
     {prefix}token:{sha256}       meeting id of a token: a hint to tell "another meeting"

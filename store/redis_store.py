@@ -12,6 +12,7 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -333,12 +334,41 @@ class RedisStore:
                 if len(page) < FINALS_PAGE:
                     break
                 start = f"{records[-1].seq + 1}-0"
+            records = await self._relabelled(keys[2], records)
         except UNREACHABLE as exc:
             raise self._link.unavailable(exc, "read the transcript") from exc
         self._link.note_success()
         if records:
             self._buffer.remember(meeting_id, records[-1].seq)
         return records
+
+    async def _relabelled(self, src: str, records: list[FinalRecord]) -> list[FinalRecord]:
+        """Apply the speakers re-clustering gave to diarized finals after they were logged."""
+        diarized = [r for r in records if r.speaker is not None]
+        if not diarized:
+            return records
+        labels: Any = await self._redis.hmget(src, [f"sp:{r.utterance_id}" for r in diarized])
+        changed = {
+            r.utterance_id: label.decode()
+            for r, label in zip(diarized, labels, strict=True)
+            if label is not None and label.decode() != r.speaker
+        }
+        if not changed:
+            return records
+        return [
+            replace(r, speaker=changed[r.utterance_id]) if r.utterance_id in changed else r
+            for r in records
+        ]
+
+    async def set_speakers(self, meeting_id: str, speakers: Mapping[str, str]) -> None:
+        if not speakers:
+            return
+        src = self._keys.meeting(meeting_id)[2]
+        try:  # the source hash carries the meeting's TTL; HSET keeps it
+            await self._redis.hset(src, mapping={f"sp:{k}": v for k, v in speakers.items()})
+        except UNREACHABLE as exc:
+            raise self._link.unavailable(exc, "store speaker labels") from exc
+        self._link.note_success()
 
     async def last_seq(self, meeting_id: str) -> int:
         log = self._keys.meeting(meeting_id)[1]

@@ -15,6 +15,7 @@ from wire.codes import PROTOCOL_VERSION, ErrorCode
 from wire.messages import (
     ErrorMessage,
     Final,
+    FinalizeDone,
     ServerMessage,
     SessionEnded,
     SessionLanguage,
@@ -24,6 +25,7 @@ from wire.messages import (
     Timing,
     TranscriptFinal,
     TranscriptPartial,
+    TranscriptSpeaker,
 )
 
 TIMING_DIGITS = 4  # a final's server-side timings, in seconds: 0.1 ms
@@ -110,9 +112,15 @@ def transcript_final(final: Final, timing: Timing | None = None) -> TranscriptFi
     }
     if final.words:
         message["words"] = final.words
+    if final.speaker is not None:
+        message["speaker"] = final.speaker
     if timing is not None:
         message["timing"] = timing
     return message
+
+
+def transcript_speaker(utterance_id: str, speaker: str) -> TranscriptSpeaker:
+    return {"type": "transcript.speaker", "utterance_id": utterance_id, "speaker": speaker}
 
 
 def error(code: ErrorCode, message: str, *, retry_after: float | None = None) -> ErrorMessage:
@@ -120,6 +128,11 @@ def error(code: ErrorCode, message: str, *, retry_after: float | None = None) ->
     if retry_after is not None:
         built["retry_after"] = retry_after
     return built
+
+
+def finalize_done(utterance_id: str | None) -> FinalizeDone:
+    """Internal: a `finalize` is done (see wire.messages.FinalizeDone)."""
+    return {"type": "finalize.done", "utterance_id": utterance_id}
 
 
 def session_ended(

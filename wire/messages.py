@@ -79,6 +79,16 @@ class TranscriptFinal(TypedDict):
     language: str
     words: NotRequired[list[Word]]
     timing: NotRequired[Timing]
+    # `diarize=true` sources only: "S1", "S2", … stable within the source (v1 extension).
+    speaker: NotRequired[str]
+
+
+class TranscriptSpeaker(TypedDict):
+    """A logged final's speaker label changed after a re-clustering (v1 extension)."""
+
+    type: Literal["transcript.speaker"]
+    utterance_id: str
+    speaker: str
 
 
 class ErrorMessage(TypedDict):
@@ -86,6 +96,16 @@ class ErrorMessage(TypedDict):
     code: str
     message: str
     retry_after: NotRequired[float]  # seconds; with `overloaded` and `quota_exceeded`
+
+
+class FinalizeDone(TypedDict):
+    """Internal, not protocol v1: sent only to a connection that asks for it (the compat
+    adapters, which must know which final a `finalize` produced). It follows, in order,
+    the final of `utterance_id` (the utterance the finalize closed; None if none was in
+    progress), or takes its place when that final was empty."""
+
+    type: Literal["finalize.done"]
+    utterance_id: str | None
 
 
 class SessionEnded(TypedDict):
@@ -103,8 +123,10 @@ ServerMessage = (
     | SpeechStopped
     | TranscriptPartial
     | TranscriptFinal
+    | TranscriptSpeaker
     | ErrorMessage
     | SessionEnded
+    | FinalizeDone
 )
 
 
@@ -121,6 +143,7 @@ class Final:
     end: float
     language: str
     words: list[Word] = field(default_factory=list)
+    speaker: str | None = None  # diarized sources only; re-clustering may change it
 
     @classmethod
     def from_message(cls, message: TranscriptFinal) -> Final:
@@ -134,4 +157,5 @@ class Final:
             end=message["end"],
             language=message["language"],
             words=list(message.get("words", [])),
+            speaker=message.get("speaker"),
         )

@@ -17,7 +17,7 @@ from wire.codes import (
 )
 from wire.errors import ProtocolError
 
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: "$" takes a "\n"
 _LANGUAGE = re.compile(r"[a-z]{2,3}|auto")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -25,7 +25,7 @@ _FALSE = {"0", "false", "no", "off"}
 
 def validate_id(kind: str, value: str) -> str:
     """Meeting ids and participant names become store keys: allow a safe alphabet only."""
-    if not _ID_PATTERN.match(value):
+    if not _ID_PATTERN.fullmatch(value):
         raise ProtocolError(
             ErrorCode.BAD_CONFIG,
             CloseCode.BAD_REQUEST,
@@ -56,14 +56,18 @@ class StreamConfig:
     sample_rate: int
     encoding: Encoding
     interim_results: bool
+    diarize: bool = False  # label each final's speaker (a source carrying several voices)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "language": self.language,
             "sample_rate": self.sample_rate,
             "encoding": self.encoding.value,
             "interim_results": self.interim_results,
         }
+        if self.diarize:  # absent otherwise: nothing changes for streams without it
+            config["diarize"] = True
+        return config
 
 
 def parse_stream_config(
@@ -92,6 +96,9 @@ def parse_stream_config(
     interim = parse_flag(query.get("interim_results", "true"))
     if interim is None:
         raise bad("interim_results must be true or false")
+    diarize = parse_flag(query.get("diarize", "false"))
+    if diarize is None:
+        raise bad("diarize must be true or false")
     return StreamConfig(
         meeting_id=meeting_id,
         participant=participant,
@@ -99,4 +106,5 @@ def parse_stream_config(
         sample_rate=sample_rate,
         encoding=encoding,
         interim_results=interim,
+        diarize=diarize,
     )

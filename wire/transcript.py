@@ -35,7 +35,8 @@ class TranscriptFormat(enum.StrEnum):
 def render(
     meeting_id: str, finals: Sequence[Final], fmt: TranscriptFormat, *, labels: bool = True
 ) -> str:
-    """`labels=False` leaves the participant out of TXT, SRT and VTT (a single-speaker file)."""
+    """`labels=False` leaves the participant out of TXT, SRT and VTT (a single-speaker file);
+    a diarized final's speaker label is always shown."""
     if fmt is TranscriptFormat.JSON:
         return render_json(meeting_id, finals)
     if fmt is TranscriptFormat.TXT:
@@ -61,6 +62,8 @@ def utterances(finals: Sequence[Final]) -> list[dict[str, Any]]:
         item: dict[str, Any] = {"start": f.start, "end": f.end, "text": f.text}
         if f.words:
             item["words"] = f.words
+        if f.speaker is not None:
+            item["speaker"] = f.speaker
         out.append(item)
     return out
 
@@ -83,7 +86,7 @@ def render_srt(finals: Sequence[Final], *, labels: bool = True) -> str:
 def render_vtt(finals: Sequence[Final], *, labels: bool = True) -> str:
     cues = [
         f"{_clock(f.start, '.')} --> {_clock(_cue_end(f), '.')}\n"
-        + (f"<v {_escape(f.participant)}>" if labels else "")
+        + (f"<v {_escape(_who(f, labels))}>" if labels or f.speaker else "")
         + f"{_escape(f.text)}\n"
         for f in finals
     ]
@@ -91,7 +94,14 @@ def render_vtt(finals: Sequence[Final], *, labels: bool = True) -> str:
 
 
 def _label(final: Final, labels: bool) -> str:
-    return f"{final.participant}: " if labels else ""
+    return f"{_who(final, labels)}: " if labels or final.speaker else ""
+
+
+def _who(final: Final, labels: bool) -> str:
+    """ "ana", "ana (S2)" for a diarized source, or "S2" when the participant is not shown."""
+    if final.speaker is None:
+        return final.participant
+    return f"{final.participant} ({final.speaker})" if labels else final.speaker
 
 
 def _cue_end(final: Final) -> float:

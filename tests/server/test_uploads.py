@@ -11,13 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from websockets.asyncio.client import connect
 
-from server.app import create_app
-from server.settings import Settings
 from tests import audiofiles
-from tests.conftest import free_port
+from tests.appserver import serve_app
 from tests.corpus import REPO, clip
 from tests.fakes import FakeRecognizer
 from tests.httpclient import endless_file, get, multipart, post_form, request, upload
@@ -37,31 +34,18 @@ def jfk() -> dict[str, bytes]:
 async def serve(
     tmp_path: Path, fake: FakeRecognizer | None = None, **overrides: Any
 ) -> AsyncIterator[str]:
-    """A real uvicorn server in this event loop, with a fake recognizer; yields its URL."""
+    """The app in this event loop with a fake recognizer and uploads under `tmp_path`;
+    yields its URL."""
     recognizer = fake or FakeRecognizer(max_batch_size=8)
-    port = free_port()
-    settings = Settings(
-        port=port,
+    async with serve_app(
+        lambda _: recognizer,
         static_dir=str(REPO / "static"),
         upload_dir=str(tmp_path / "uploads"),
         max_batch_size=8,
         **overrides,
-    )
-    app = create_app(settings, recognizer_factory=lambda _: recognizer)
-    config = uvicorn.Config(app, port=port, lifespan="on", log_config=None, ws="websockets-sansio")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while not server.started:  # uvicorn offers a flag, not an event  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
-            await app.state.parley.loader  # the lifespan's model-loading task
-        assert (await get(f"{base}/readyz")).status == 200
-        yield base
-    finally:
-        server.should_exit = True
-        await task
+    ) as server:
+        assert (await get(f"{server.http_url}/readyz")).status == 200
+        yield server.http_url
 
 
 async def poll_until_finished(base: str, location: str) -> dict[str, Any]:
