@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 from server.auth import OWNER_FIELD
-from session.store import SourceState
+from store.records import SourceState
 from tests import audiofiles
 from tests.appserver import AppServer, serve_app
 from tests.corpus import clip
