@@ -1,6 +1,13 @@
 """Live meeting events through Redis pub/sub: one shared subscription per process, fanned
 out to each listener's bounded queue. Publishing is best effort (events are not buffered
-while Redis is away: listeners lost the connection too, and catch up from the log)."""
+while Redis is away: listeners lost the connection too, and catch up from the log).
+
+The subscription's connection has no read timeout, whatever the redis-py version (5.x
+applied the pool's socket timeout to a blocking read and dropped every listener of an
+idle node after it): it waits for events as long as there are none. A path to Redis
+that dies without closing (half-open) is found by pings instead: after `ping_s` without
+a message the reader pings, and a ping unanswered for `ping_s` drops the subscription
+(every listener gets SubscriptionLost, reconnects, and catches up from the log)."""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -25,13 +32,34 @@ from store.redis_scripts import Keys
 logger = logging.getLogger(__name__)
 
 
+PING_S = 5.0  # seconds of silence on the subscription before it is pinged
+
+
+def without_read_timeout(redis: Redis) -> Redis:
+    """A client of the same server whose connections wait on reads for ever."""
+    pool = redis.connection_pool
+    kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **kwargs))
+
+
 class RedisEvents:
-    """Publish to and subscribe to the meetings' event channels."""
+    """Publish to and subscribe to the meetings' event channels. `redis` publishes;
+    `subscriber` (whose connections have no read timeout) holds the subscription."""
 
     def __init__(
-        self, redis: Redis, keys: Keys, link: Link, *, subscriber_queue: int, read_wait_s: float
+        self,
+        redis: Redis,
+        subscriber: Redis,
+        keys: Keys,
+        link: Link,
+        *,
+        subscriber_queue: int,
+        read_wait_s: float,
+        ping_s: float = PING_S,
     ) -> None:
         self._redis = redis
+        self._subscriber = subscriber
+        self._ping_s = ping_s
         self._keys = keys
         self._link = link
         self._subscriber_queue = subscriber_queue
@@ -96,7 +124,7 @@ class RedisEvents:
 
     async def _connect_pubsub(self) -> PubSub:
         if self._pubsub is None:
-            pubsub = self._redis.pubsub()
+            pubsub = self._subscriber.pubsub()
             await pubsub.connect()  # type: ignore[no-untyped-call]
             # No silent reconnect: redis-py would resubscribe and the events published
             # in between would be lost without the listeners knowing.
@@ -112,11 +140,19 @@ class RedisEvents:
 
     async def _read(self, pubsub: PubSub) -> None:
         why = "the subscription reader stopped"
+        loop = asyncio.get_running_loop()
+        pinged: float | None = None  # when the unanswered ping went out
         try:
             while True:
-                message = await pubsub.get_message(timeout=None)
+                message = await pubsub.get_message(timeout=self._ping_s)
                 if message is None:
+                    if pinged is not None and loop.time() - pinged >= self._ping_s:
+                        raise RedisConnectionError(f"no answer to a ping in {self._ping_s:g} s")
+                    if pinged is None:
+                        pinged = loop.time()
+                        await pubsub.ping()
                     continue
+                pinged = None  # anything from Redis proves the path is alive
                 kind, channel = message["type"], message["channel"]
                 if kind == "message":
                     listeners = self._channels.get(channel)
@@ -194,3 +230,4 @@ class RedisEvents:
         if self._pubsub is not None:
             await self._close_pubsub(self._pubsub)
             self._pubsub = None
+        await self._subscriber.aclose()

@@ -38,7 +38,7 @@ from store.records import (
     new_source_ids,
 )
 from store.redis_buffer import PendingFinal, PendingSource, WriteBuffer
-from store.redis_events import RedisEvents
+from store.redis_events import PING_S, RedisEvents, without_read_timeout
 from store.redis_link import UNREACHABLE, Link
 from store.redis_scripts import (
     LUA_APPEND,
@@ -74,6 +74,7 @@ class RedisStore:
         read_wait_s: float = 2.0,
         retry_delays: tuple[float, float] = (0.05, 1.0),
         owns_client: bool = False,
+        pubsub_ping_s: float = PING_S,
     ) -> None:
         self._redis = redis
         self._keys = Keys(prefix)
@@ -100,10 +101,12 @@ class RedisStore:
         self._seqs = self._buffer.seqs
         self._events = RedisEvents(
             redis,
+            without_read_timeout(redis),
             self._keys,
             self._link,
             subscriber_queue=subscriber_queue,
             read_wait_s=read_wait_s,
+            ping_s=pubsub_ping_s,
         )
         self._closed = False
 
