@@ -46,7 +46,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -230,6 +229,7 @@ def throughput(
 
     if device == "cpu":
         torch.set_flush_denormal(True)  # random weights make denormals; slow on the CPU
+        torch.set_num_threads(1)  # the CPU path only tests the script
     rng = np.random.default_rng(0)
     utterance = Utterance((rng.standard_normal(5 * SAMPLE_RATE) * 0.1).astype(np.float32))
     tokens = token_budget(utterance.duration, tokens_per_second, 224)
@@ -327,28 +327,6 @@ def serve(model: Path, port: int, tokens_per_second: float) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, ws="websockets", log_level="warning")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/readyz", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("server not ready in time")
-
-
 def _batch_mean(url: str) -> float | None:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
         text = response.read().decode()
@@ -370,10 +348,11 @@ def load_rows(
     deadline: float,
     log: Path,
 ) -> list[dict[str, Any]]:
+    from bench.capacity import free_port, wait_ready
     from loadgen.report import Limits
     from loadgen.run import LoadSettings, prepare_corpus, run_load
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = dict(
         os.environ,
@@ -390,7 +369,7 @@ def load_rows(
             command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT
         )
         try:
-            _wait_ready(url, server, timeout=300)
+            wait_ready(url, server, timeout=300)
             base = LoadSettings(
                 server=f"ws://127.0.0.1:{port}",
                 corpus=Path(os.environ.get("PARLEY_CORPUS") or BUNDLE / "corpus"),
