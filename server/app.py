@@ -25,6 +25,7 @@ from engine.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from server import rest, stream, uploads
 from server.auth import build_authenticator
+from server.compat import routes as compat_routes
 from server.jobs import JobRegistry
 from server.limits import CapacityMonitor, ListenerQuota, Slots
 from server.metrics import Metrics
@@ -196,6 +197,8 @@ def create_app(
     routes: list[BaseRoute] = [
         WebSocketRoute("/v1/meetings/{meeting_id}/stream", stream.stream_endpoint),
         WebSocketRoute("/v1/meetings/{meeting_id}/events", stream.events_endpoint),
+        WebSocketRoute("/v1/listen", compat_routes.listen_endpoint),  # Deepgram live
+        WebSocketRoute("/v1/realtime", compat_routes.realtime_endpoint),  # OpenAI realtime
         Route("/v1/meetings/{meeting_id}/transcript", rest.transcript, methods=["GET"]),
         Route("/v1/transcriptions", uploads.create_transcription, methods=["POST"]),
         Route("/v1/transcriptions/{job_id}", uploads.get_transcription, methods=["GET"]),

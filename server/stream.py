@@ -24,7 +24,7 @@ from server.gate import Handshake, authenticate, close_reason
 from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
-from session.actor import SessionActor, SessionServices
+from session.actor import Connection, SessionActor, SessionServices
 from session.store import (
     FinalRecord,
     ResumeRefused,
@@ -56,29 +56,59 @@ async def stream_endpoint(websocket: WebSocket) -> None:
             timeout_s=state.settings.auth_timeout_s,
             waiting=state.waiting_auth,
         )
-        config = _bind_participant(
+        config = bind_participant(
             parse_stream_config(meeting_id, query, state.settings.default_language),
             principal,
             query,
         )
-        services = _services_or_refuse(state)
-        if "resume_token" not in query:  # a resumed source was admitted before
-            _check_capacity(state)
     except WebSocketDisconnect:
         return
     except ProtocolError as exc:
-        await _refuse(state, handshake, exc)
+        await refuse(state, handshake, exc)
+        return
+    await serve_source(state, handshake, config, query, principal)
+
+
+async def serve_source(
+    state: AppState,
+    handshake: Handshake,
+    config: StreamConfig,
+    query: dict[str, str],
+    principal: Principal,
+    *,
+    connection: Connection | None = None,
+    acknowledge_finalize: bool = False,
+) -> None:
+    """Admit and serve one authenticated audio source: capacity, the tenant's quota, the
+    meeting's source in the store, limits, the session actor. Protocol v1 streams and the
+    compat adapters (server/compat/) share every step; an adapter passes `connection`, its
+    translating wrapper of the socket, and refuses through its own `handshake`."""
+    try:
+        services = _services_or_refuse(state)
+        if "resume_token" not in query:  # a resumed source was admitted before
+            _check_capacity(state)
+    except ProtocolError as exc:
+        await refuse(state, handshake, exc)
         return
     tenant = principal.tenant
     if tenant is not None and not state.stream_slots.acquire(tenant):
-        await _refuse(
+        await refuse(
             state,
             handshake,
             quota_exceeded(f"tenant has {state.stream_slots.limit} streams open (the limit)"),
         )
         return
     try:
-        await _serve_stream(state, handshake, services, config, query, principal)
+        await _serve_stream(
+            state,
+            handshake,
+            services,
+            config,
+            query,
+            principal,
+            connection or handshake.websocket,
+            acknowledge_finalize,
+        )
     finally:
         if tenant is not None:
             state.stream_slots.release(tenant)
@@ -91,6 +121,8 @@ async def _serve_stream(
     config: StreamConfig,
     query: dict[str, str],
     principal: Principal,
+    socket: Connection,
+    acknowledge_finalize: bool,
 ) -> None:
     try:
         opened = await _open_source(state.store, config, query, principal)
@@ -102,7 +134,7 @@ async def _serve_stream(
                 "diarization is off on this server (PARLEY_DIARIZATION=false)",
             )
     except ProtocolError as exc:
-        await _refuse(state, handshake, exc)
+        await refuse(state, handshake, exc)
         return
     budget = None
     if not principal.fast_replay:
@@ -110,7 +142,7 @@ async def _serve_stream(
             state.settings.realtime_factor, state.settings.realtime_burst_s, time.monotonic()
         )
     connection = LimitedConnection(
-        handshake.websocket,
+        socket,
         idle_timeout_s=state.settings.idle_timeout_s,
         max_duration_s=state.settings.max_session_s,
         budget=budget,
@@ -124,11 +156,12 @@ async def _serve_stream(
         resume_token=opened.token,
         replay=opened.replay,
         resumed=opened.resumed,
+        acknowledge_finalize=acknowledge_finalize,
     )
     try:
         state.registry.admit(actor)
     except AdmissionRefused as exc:
-        await _refuse(state, handshake, overloaded(exc.reason))
+        await refuse(state, handshake, overloaded(exc.reason))
         return
     try:
         await handshake.accept()
@@ -163,7 +196,7 @@ def _check_language(language: str, known: frozenset[str], model: str) -> None:
     )
 
 
-async def _refuse(state: AppState, handshake: Handshake, error: ProtocolError) -> None:
+async def refuse(state: AppState, handshake: Handshake, error: ProtocolError) -> None:
     state.metrics.refused.labels(str(int(error.close_code))).inc()
     await handshake.refuse(error)
 
@@ -186,7 +219,7 @@ def _check_capacity(state: AppState) -> None:
         raise overloaded(reason)
 
 
-def _bind_participant(
+def bind_participant(
     config: StreamConfig, principal: Principal, query: dict[str, str]
 ) -> StreamConfig:
     """A meeting token bound to a participant streams as that participant only."""
@@ -264,12 +297,12 @@ async def events_endpoint(websocket: WebSocket) -> None:
     except WebSocketDisconnect:
         return
     except ProtocolError as exc:
-        await _refuse(state, handshake, exc)
+        await refuse(state, handshake, exc)
         return
     try:
         state.listener_slots.acquire(meeting_id, principal.tenant)
     except ProtocolError as exc:
-        await _refuse(state, handshake, exc)
+        await refuse(state, handshake, exc)
         return
     state.metrics.listeners.inc()
     try:

@@ -164,6 +164,13 @@ class _PendingFinal:
     speakers: asyncio.Task[SpeakerWindows | None] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Finalized:
+    """Queued behind the finals a `finalize` cut: the committer acknowledges it in order."""
+
+    utterance_id: str | None
+
+
 @dataclass
 class SessionTotals:
     audio_samples: int = 0
@@ -187,6 +194,8 @@ class SessionActor:
     resume_token: str
     replay: list[FinalRecord] = field(default_factory=list)
     resumed: bool = False
+    # Answer each `finalize` with an internal `finalize.done` (the compat adapters ask).
+    acknowledge_finalize: bool = False
     state: SessionState = SessionState.CONNECTING
     totals: SessionTotals = field(default_factory=SessionTotals)
 
@@ -206,7 +215,7 @@ class SessionActor:
             self.services.outbox_limit,
             on_partial_dropped=lambda: self.services.telemetry.partial_dropped("merged"),
         )
-        self._finals: asyncio.Queue[_PendingFinal | None] = asyncio.Queue()
+        self._finals: asyncio.Queue[_PendingFinal | _Finalized | None] = asyncio.Queue()
         self._partial_tasks: set[asyncio.Task[None]] = set()
         self._committed_index = self.first_index - 1  # last utterance whose final was handled
         self._shutdown_requested = False
@@ -395,7 +404,11 @@ class SessionActor:
         if control is ControlType.STOP:
             return Ending(EndReason.STOP, CloseCode.NORMAL, flush=True)
         if control is ControlType.FINALIZE:
-            await self._handle(self._flush_events())
+            flushed = self._flush_events()
+            await self._handle(flushed)
+            if self.acknowledge_finalize:
+                cut = [e.index for e in flushed if isinstance(e, UtteranceEnded)]
+                await self._finals.put(_Finalized(self._utterance_id(cut[-1]) if cut else None))
         return None  # keepalive: receiving it was the point
 
     async def _audio_events(self, samples: np.ndarray[Any, Any]) -> list[SegmentEvent]:
@@ -509,6 +522,10 @@ class SessionActor:
 
     async def _commit(self) -> None:
         while (pending := await self._finals.get()) is not None:
+            if isinstance(pending, _Finalized):
+                if self._outbox.state is OutboxState.OPEN:
+                    self._put(build.finalize_done(pending.utterance_id))
+                continue
             result = await self._result(pending)
             self._committed_index = pending.index  # its partials are stale from now on
             if pending.audio.language is None and self._detector is not None:

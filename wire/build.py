@@ -15,6 +15,7 @@ from wire.codes import PROTOCOL_VERSION, ErrorCode
 from wire.messages import (
     ErrorMessage,
     Final,
+    FinalizeDone,
     ServerMessage,
     SessionEnded,
     SessionLanguage,
@@ -127,6 +128,11 @@ def error(code: ErrorCode, message: str, *, retry_after: float | None = None) ->
     if retry_after is not None:
         built["retry_after"] = retry_after
     return built
+
+
+def finalize_done(utterance_id: str | None) -> FinalizeDone:
+    """Internal: a `finalize` is done (see wire.messages.FinalizeDone)."""
+    return {"type": "finalize.done", "utterance_id": utterance_id}
 
 
 def session_ended(

@@ -98,6 +98,16 @@ class ErrorMessage(TypedDict):
     retry_after: NotRequired[float]  # seconds; with `overloaded` and `quota_exceeded`
 
 
+class FinalizeDone(TypedDict):
+    """Internal, not protocol v1: sent only to a connection that asks for it (the compat
+    adapters, which must know which final a `finalize` produced). It follows, in order,
+    the final of `utterance_id` (the utterance the finalize closed; None if none was in
+    progress), or takes its place when that final was empty."""
+
+    type: Literal["finalize.done"]
+    utterance_id: str | None
+
+
 class SessionEnded(TypedDict):
     type: Literal["session.ended"]
     reason: str
@@ -116,6 +126,7 @@ ServerMessage = (
     | TranscriptSpeaker
     | ErrorMessage
     | SessionEnded
+    | FinalizeDone
 )
 
 
