@@ -312,6 +312,10 @@ def serve(model: Path, port: int, tokens_per_second: float) -> None:
     from server.settings import Settings
 
     settings = Settings.from_env(port=port)
+    if settings.device == "cpu":  # the CPU path only tests the script
+        import torch
+
+        torch.set_flush_denormal(True)  # random weights make denormals; slow on the CPU
 
     def factory(settings: Settings) -> Any:
         config = WhisperRecognizerConfig(
