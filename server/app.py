@@ -37,8 +37,8 @@ from server.tokens import open_tokens
 from session.actor import SessionServices
 from session.diarizer import DiarizerConfig
 from session.segmenter import SegmenterConfig
-from session.store import open_store
 from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer
+from store.factory import open_store
 
 logger = logging.getLogger(__name__)
 

@@ -25,15 +25,9 @@ from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_e
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
 from session.actor import Connection, SessionActor, SessionServices
-from session.store import (
-    FinalRecord,
-    ResumeRefused,
-    SourceState,
-    Store,
-    StoreError,
-    SubscriberLagged,
-    UnknownResumeToken,
-)
+from store.api import Store
+from store.errors import ResumeRefused, StoreError, SubscriberLagged, UnknownResumeToken
+from store.records import FinalRecord, SourceState
 from wire.build import encode, transcript_final
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError

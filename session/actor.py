@@ -63,16 +63,11 @@ from session.segmenter import (
     UtteranceEnded,
 )
 from session.speakers import LabelledPart, SpeakerLabeller, relabel
-from session.store import (
-    FinalRecord,
-    NewFinal,
-    SourceState,
-    SourceSuperseded,
-    Store,
-    StoreError,
-)
 from session.telemetry import NullTelemetry, Telemetry
 from session.vad import VadScorer, VadStream
+from store.api import Store
+from store.errors import SourceSuperseded, StoreError
+from store.records import FinalRecord, NewFinal, SourceState
 from wire import build
 from wire.codes import CloseCode, ErrorCode
 from wire.control import ControlType, parse_control

@@ -50,8 +50,8 @@ from session.diarizer import Relabel
 from session.language import LanguageDetector
 from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
 from session.speakers import LabelledPart, SpeakerLabeller, relabel
-from session.store import FinalRecord, NewFinal, SourceState
 from session.vad import WINDOW, VadScorer, VadStream
+from store.records import FinalRecord, NewFinal, SourceState
 from wire import build
 from wire.messages import Word
 

@@ -15,8 +15,8 @@ from engine.scheduler import BatchScheduler
 from session.actor import SessionServices
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.segmenter import SegmenterConfig
-from session.store import MemoryStore
 from session.vad import DirectScorer, SileroVad
+from store.memory import MemoryStore
 from tests.corpus import clip
 from tests.fakes import FakeRecognizer
 
