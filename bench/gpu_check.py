@@ -364,6 +364,7 @@ def load_rows(
         PARLEY_MAX_BATCH_SIZE="64",
         PARLEY_MAX_SESSIONS=str(max(rooms) + 8),
         PARLEY_ADMIT_MAX_QUEUE_WAIT_MS="0",  # measure overload, do not refuse it
+        PARLEY_DIARIZATION="false",  # its speaker model ships in a 17 MB wheel; not measured
         PARLEY_LOG_LEVEL="warning",
     )
     command = [sys.executable, "-m", "bench.gpu_check", "serve", "--model", str(model)]
