@@ -53,7 +53,6 @@ from session.audio import FrameDecoder
 from session.diarizer import DiarizerConfig, Relabel
 from session.language import LanguageDetector, LanguagePinned
 from session.outbox import Outbox, OutboxState, SlowConsumer
-from session.partials import PartialPolicy, PartialPolicyConfig
 from session.segmenter import (
     PartialDue,
     Segmenter,
@@ -140,7 +139,6 @@ class SessionServices:
     max_frame_bytes: int
     outbox_limit: int
     languages: frozenset[str]  # what the recognizer transcribes (`{'en'}`: English only)
-    partials: PartialPolicyConfig = field(default_factory=PartialPolicyConfig)
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
     # Speaker embeddings for `diarize=true` sources; None: diarization is off.
@@ -222,7 +220,6 @@ class SessionActor:
         self._detecting = False  # a final without a language is with the model
         self._held: list[_PendingFinal] = []  # finals cut meanwhile, in order
         self._telemetry = self.services.telemetry
-        self._partial_policy = PartialPolicy(self.services.partials)
         self._last_partial: tuple[int, float] | None = None  # (utterance index, sent at)
         # The latest partial text per utterance index: the next request's decoding draft.
         self._draft: tuple[int, str] = (-1, "")
@@ -434,10 +431,9 @@ class SessionActor:
                 await self._submit_final(event)
 
     async def _submit_partial(self, event: PartialDue) -> None:
-        load = self.services.scheduler.load
-        if not self._partial_policy.admit(event.index, event.end / SAMPLE_RATE, load):
-            self._drop_partial("load")
-            return
+        # Every partial the segmenter proposes goes to the scheduler, which keeps the
+        # newest per session and spends the partials' share of the model on the
+        # stalest sessions first: under load, every stream's partials slow down alike.
         request = RecognitionRequest(
             self.session_id,
             Priority.PARTIAL,
