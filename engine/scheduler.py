@@ -229,12 +229,17 @@ class BatchScheduler:
     def utilization(self) -> float:
         """Fraction of the last `LOAD_WINDOW` seconds the workers spent on batches."""
         now = self._clock()
-        horizon = now - LOAD_WINDOW
-        while self._busy and self._busy[0][1] <= horizon:
-            self._busy.popleft()
+        horizon = self._forget_busy(now)
         busy = sum(end - max(start, horizon) for start, end in self._busy)
         busy += sum(now - max(w.started, horizon) for w in self._workers if w.batch)
         return min(1.0, busy / (LOAD_WINDOW * len(self._workers)))
+
+    def _forget_busy(self, now: float) -> float:
+        """Drop the batches that ended before the load window; return its start."""
+        horizon = now - LOAD_WINDOW
+        while self._busy and self._busy[0][1] <= horizon:
+            self._busy.popleft()
+        return horizon
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._queue or any(w.batch for w in self._workers))
@@ -265,7 +270,8 @@ class BatchScheduler:
                 await self._room.wait()
             if self.state is not SchedulerState.RUNNING:
                 raise self._refusal()
-            since = now = self._clock()
+            # `now` stays the time of the call: a final's queue wait includes its wait for
+            # room, so latency and admission control see the backpressure.
         key = next(self._keys)
         entry = _Entry(request, asyncio.get_running_loop().create_future(), now, key, since)
         self._queue[key] = entry
@@ -363,6 +369,7 @@ class BatchScheduler:
         finally:
             ended = self._clock()
             self._busy.append((started, ended))
+            self._forget_busy(ended)  # bounded even when no partial reads `utilization`
             kind = Priority.PARTIAL if worker.partial else min(e.request.priority for e in live)
             self.stats.model_seconds[kind] += ended - started
             if worker.partial:

@@ -334,3 +334,25 @@ async def test_partials_go_stalest_session_first() -> None:
     await asyncio.wait_for(asyncio.gather(busy, *first, again), TIMEOUT)
     assert fake.batches == [[1], [10], [20], [30], [11]]
     await scheduler.stop()
+
+
+async def test_busy_history_stays_bounded_without_readers_of_utilization() -> None:
+    """Finals-only streams and uploads never read `utilization` (only partials do): the
+    record of recent batches is still trimmed to the load window, not one entry per batch
+    for the process's life."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.1  # every reading of the clock is 0.1 s later: ~5 per batch
+        return now[0]
+
+    fake = FakeRecognizer(max_batch_size=1)
+    scheduler = BatchScheduler(fake, max_batch_size=1, max_wait=0.0, max_queue=1, clock=clock)
+    scheduler.start()
+    try:
+        for i in range(300):
+            await asyncio.wait_for(await scheduler.submit(request(f"s{i}", 10)), TIMEOUT)
+        assert scheduler.stats.batches == 300
+        assert len(scheduler._busy) <= 10, len(scheduler._busy)  # 2 s window, ~0.5 s a batch
+    finally:
+        await scheduler.stop()
