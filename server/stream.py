@@ -24,7 +24,7 @@ from server.gate import Handshake, authenticate, close_reason
 from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
-from session.actor import SessionActor, SessionServices
+from session.actor import SessionActor
 from session.protocol import (
     CloseCode,
     ErrorCode,
@@ -34,6 +34,7 @@ from session.protocol import (
     parse_stream_config,
     validate_id,
 )
+from session.services import SessionServices
 from session.store import (
     FinalRecord,
     ResumeRefused,

@@ -16,43 +16,37 @@ event-loop lag p99 ~1.6 ms; in a thread the GIL's 5 ms switch interval gave p99
 rooms' VadBatcher: a file's many windows would lengthen every batched turn (with the
 batcher's first, 10 ms-tick version a file crawled at 11-51x real time).
 
-Attached to a meeting (as a source the caller registered with `Store.create_source`),
-each final is also appended to the meeting's log (its `seq` comes from the store,
-gap-free) and published to the meeting's listeners as it is committed.
+The file goes through the live path's steps (session/pipeline.py: decode → VAD →
+segmenter; session/committer.py: requests, results, language, log): a file without a
+language detects it once and pins it, like a live `language=auto` source. Attached to a
+meeting (as a source the caller registered with `Store.create_source`), each final is
+also appended to the meeting's log (its `seq` comes from the store, gap-free, with the
+source's context and language) and published to the meeting's listeners as it is
+committed; a file that stands alone numbers its finals from 1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
-
-from engine.api import (
-    SAMPLE_RATE,
-    BatchFailed,
-    Priority,
-    RecognitionRequest,
-    RecognitionResult,
-    Utterance,
-)
-from session.actor import SessionServices
-from session.language import LanguageDetector
-from session.protocol import Word, encode
-from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
-from session.store import FinalRecord, NewFinal, SourceState
-from session.vad import WINDOW, VadScorer, VadStream
-
-logger = logging.getLogger(__name__)
+from engine.api import SAMPLE_RATE, Priority
+from session.audio import FrameDecoder
+from session.committer import Committer, CommitterConfig, PendingFinal
+from session.pipeline import AudioPipeline
+from session.protocol import Encoding
+from session.segmenter import SegmentEvent, UtteranceEnded
+from session.services import SessionServices
+from session.store import FinalRecord, SourceState
+from session.vad import WINDOW, VadScorer
 
 CHUNK_SAMPLES = 10 * SAMPLE_RATE  # read from disk at a time (320 KB)
 SLICE_WINDOWS = 4  # VAD windows scored between two yields to the event loop
+BYTES_PER_SAMPLE = 2  # pcm_s16le
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +85,6 @@ class FileProgress:
         return round(self.total_samples / SAMPLE_RATE, 3)
 
 
-@dataclass(slots=True)
-class _Pending:
-    event: UtteranceEnded
-    utterance: Utterance
-    future: asyncio.Future[RecognitionResult]
-
-
 class FileTranscriber:
     def __init__(
         self,
@@ -114,45 +101,49 @@ class FileTranscriber:
         self._services = services
         self._options = options
         self.progress = progress
-        config = dataclasses.replace(services.segmenter, partial_interval=0.0)
-        self._segmenter = Segmenter(config)
-        self._vad = VadStream(vad or services.vad)
-        self._pending: deque[_Pending] = deque()
-        self._language = options.language
-        if self._language is None and len(services.languages) == 1:
-            self._language = next(iter(services.languages))  # an English-only model
-        # Like a live source: the first utterances are detected on their own (at no extra
-        # model cost), then the detector pins one language for the rest of the file.
-        self._detector = LanguageDetector() if self._language is None else None
-        self._source = options.meeting_source
-        if self._source is not None and self._source.session_id != options.source_id:
-            raise ValueError("a file attached to a meeting uses its source's session id")
+        self._pipeline = AudioPipeline(
+            FrameDecoder(Encoding.PCM_S16LE, SAMPLE_RATE),
+            vad or services.vad,
+            dataclasses.replace(services.segmenter, partial_interval=0.0),
+        )
+        self._committer = Committer(
+            CommitterConfig(
+                session_id=options.source_id,
+                participant=options.participant,
+                priority=Priority.FILE,
+                timing=False,
+                requested_language=options.language,
+                model_languages=services.languages,
+                clock=services.clock,
+            ),
+            services.scheduler,
+            services.store,
+            options.meeting_source,
+            deliver=lambda record, payload: progress.finals.append(record),
+        )
+        self._pending: deque[PendingFinal] = deque()
 
     async def run(self) -> None:
         """Transcribe the whole file; on cancellation drop its queued requests."""
-        scheduler = self._services.scheduler
         try:
             with self._path.open("rb") as audio:
-                while raw := await asyncio.to_thread(audio.read, CHUNK_SAMPLES * 2):
-                    await self._segment(_samples(raw))
+                while raw := await asyncio.to_thread(audio.read, CHUNK_SAMPLES * BYTES_PER_SAMPLE):
+                    await self._segment(raw[: len(raw) // BYTES_PER_SAMPLE * BYTES_PER_SAMPLE])
             tail = self.progress.total_samples % WINDOW  # the last partial window: pad it
             if tail:
-                await self._segment(np.zeros(WINDOW - tail, np.float32))
-            await self._handle(self._segmenter.flush())
+                await self._segment(bytes((WINDOW - tail) * BYTES_PER_SAMPLE))
+            await self._handle(self._pipeline.cut())
             while self._pending:
                 await self._commit(self._pending.popleft())
             self.progress.processed_samples = self.progress.total_samples
         finally:
             # Cancelled or failed: what is still queued for this file is dropped.
-            scheduler.cancel(self._options.source_id)
+            self._services.scheduler.cancel(self._options.source_id)
 
-    async def _segment(self, samples: npt.NDArray[np.float32]) -> None:
-        step = SLICE_WINDOWS * WINDOW
-        for offset in range(0, len(samples), step):
-            events: list[SegmentEvent] = []
-            for window, probability in await self._vad.process(samples[offset : offset + step]):
-                events.extend(self._segmenter.push(window, probability))
-            await self._handle(events)
+    async def _segment(self, pcm: bytes) -> None:
+        step = SLICE_WINDOWS * WINDOW * BYTES_PER_SAMPLE
+        for offset in range(0, len(pcm), step):
+            await self._handle(await self._pipeline.decode(pcm[offset : offset + step]))
             self._advance()
             await asyncio.sleep(0)  # let live rooms run between slices
 
@@ -163,87 +154,23 @@ class FileTranscriber:
             while len(self._pending) >= max(1, self._options.in_flight()):
                 await self._commit(self._pending.popleft())
             self.progress.utterances += 1
-            utterance = Utterance(event.audio, self._language)
-            future = await self._submit(utterance)
-            self._pending.append(_Pending(event, utterance, future))
+            # The padded last window may carry an utterance's end past the file's.
+            end = max(event.start, min(event.end, self.progress.total_samples))
+            self._pending.append(await self._committer.submit(dataclasses.replace(event, end=end)))
             self._advance()
 
-    async def _submit(self, utterance: Utterance) -> asyncio.Future[RecognitionResult]:
-        request = RecognitionRequest(self._options.source_id, Priority.FILE, utterance)
-        return await self._services.scheduler.submit(request)
-
     def _advance(self) -> None:
-        done = self._pending[0].event.start if self._pending else self._segmenter.position
+        done = self._pending[0].start if self._pending else self._pipeline.position
         done = min(done, self.progress.total_samples)
         self.progress.processed_samples = max(self.progress.processed_samples, done)
 
-    async def _commit(self, pending: _Pending) -> None:
-        try:
-            result = await pending.future
-        except BatchFailed:
-            logger.warning("file batch failed for %s; retrying once", self._options.source_id)
-            result = await (await self._submit(pending.utterance))
+    async def _commit(self, pending: PendingFinal) -> None:
+        committed = await self._committer.commit(pending)
+        if committed.lost is not None:
+            raise committed.lost  # the retry of a failed batch failed too: the job fails
+        self.progress.empty = self._committer.empty
         self._advance()
         share = self._options.model_share()
-        if share < 1.0:  # leave the model idle for live rooms: pace, do not poll
-            await asyncio.sleep(result.inference * (1.0 / max(share, 0.05) - 1.0))
-        text = result.transcription.text.strip()
-        if not text:
-            self.progress.empty += 1
-            return
-        self._observe_language(result)
-        event = pending.event
-        start = _seconds(event.start)
-        end = _seconds(min(event.end, self.progress.total_samples))
-        words: list[Word] = [
-            {"word": w.word, "start": round(start + w.start, 3), "end": round(start + w.end, 3)}
-            for w in result.transcription.words
-        ]
-        final = NewFinal(
-            utterance_id=f"{self._options.source_id}-{event.index}",
-            session_id=self._options.source_id,
-            participant=self._options.participant,
-            text=text,
-            start=start,
-            end=max(end, start),
-            language=result.transcription.language,
-            words=words,
-        )
-        if self._source is None:
-            record = FinalRecord.from_new(len(self.progress.finals) + 1, final)
-        else:
-            store = self._services.store
-            source = dataclasses.replace(
-                self._source, acked_until=event.end / SAMPLE_RATE, next_utterance=event.index + 1
-            )
-            record = await store.append_final(source.meeting_id, final, source)
-            self._source = source
-            await store.publish(source.meeting_id, encode(record.message()).encode())
-        self.progress.finals.append(record)
-
-    def _observe_language(self, result: RecognitionResult) -> None:
-        detector = self._detector
-        probability = result.transcription.language_probability
-        if detector is None or detector.pinned is not None or probability is None:
-            return
-        pinned = detector.observe(result.transcription.language, probability)
-        if pinned is not None:
-            self._language = pinned.language
-            logger.info(
-                "file %s: language pinned to %s (p=%.2f after %d utterances)",
-                self._options.source_id,
-                pinned.language,
-                pinned.probability,
-                pinned.utterances,
-            )
-
-
-def _samples(raw: bytes) -> npt.NDArray[np.float32]:
-    """pcm_s16le bytes → float32 in [-1, 1]."""
-    pcm = np.frombuffer(raw[: len(raw) // 2 * 2], dtype="<i2")
-    samples: npt.NDArray[np.float32] = pcm.astype(np.float32) / 32768.0
-    return samples
-
-
-def _seconds(sample: int) -> float:
-    return round(sample / SAMPLE_RATE, 3)
+        if share < 1.0 and committed.result is not None:
+            # Leave the model idle for live rooms: pace, do not poll.
+            await asyncio.sleep(committed.result.inference * (1.0 / max(share, 0.05) - 1.0))

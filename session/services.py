@@ -1,0 +1,30 @@
+"""What every session shares, owned by the server's lifespan."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.api import Recognition
+from session.partials import PartialPolicyConfig
+from session.segmenter import SegmenterConfig
+from session.store import Store
+from session.telemetry import NullTelemetry, Telemetry
+from session.vad import VadScorer
+
+
+@dataclass(frozen=True, slots=True)
+class SessionServices:
+    """Shared by every live session and file transcription; no per-session state."""
+
+    scheduler: Recognition
+    store: Store
+    vad: VadScorer
+    segmenter: SegmenterConfig
+    max_frame_bytes: int
+    outbox_limit: int
+    languages: frozenset[str]  # what the recognizer transcribes (`{'en'}`: English only)
+    partials: PartialPolicyConfig = field(default_factory=PartialPolicyConfig)
+    telemetry: Telemetry = field(default_factory=NullTelemetry)
+    clock: Callable[[], float] = time.monotonic
