@@ -13,6 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev,multilingual]"
+	$(PY) -m pip install --quiet --no-deps "resemblyzer==0.1.4"  # see pyproject.toml
 	touch $@
 
 run: install

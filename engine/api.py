@@ -152,3 +152,36 @@ class Recognition(Protocol):
         """Drop the session's queued requests (or only its partial); their futures are
         cancelled. Returns how many were dropped."""
         ...
+
+
+# ---------------------------------------------------------------- speakers
+
+
+class EmbedderFull(Exception):
+    """Too many speaker windows are waiting: this utterance gets no embedding."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakerWindows:
+    """The speaker embeddings of one utterance's windows: `bounds[i]` is window i's
+    (start, end) in samples from the start of the utterance, `embeddings[i]` its unit
+    vector (cosine similarity of two is their dot product)."""
+
+    bounds: tuple[tuple[int, int], ...]
+    embeddings: npt.NDArray[np.float32]  # [len(bounds), embedding size]
+
+    def mean(self) -> npt.NDArray[np.float32]:
+        """The utterance's embedding: the windows' mean, weighted by length, normalised."""
+        weights = np.array([end - start for start, end in self.bounds], np.float32)
+        total = weights @ self.embeddings
+        norm = float(np.linalg.norm(total))
+        return (total / norm).astype(np.float32) if norm > 0 else total
+
+
+class SpeakerEmbedding(Protocol):
+    """What a diarized session asks of the speaker model (`SpeakerEmbedder` implements it)."""
+
+    async def embed(self, audio: npt.NDArray[np.float32]) -> SpeakerWindows:
+        """The embeddings of one utterance's windows. Raises EmbedderFull when the
+        embedder's queue is at its bound."""
+        ...

@@ -14,7 +14,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from session.protocol import SAMPLE_RATE
+from wire.codes import DEFAULT_SAMPLE_RATE
 
 Samples = npt.NDArray[np.int16]
 
@@ -27,7 +27,11 @@ def _read_plain_wav(path: Path) -> Samples | None:
     """The samples of a 16 kHz mono s16 WAV file, or None when it is anything else."""
     try:
         with wave.open(str(path), "rb") as wav:
-            if (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) != (1, 2, SAMPLE_RATE):
+            if (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) != (
+                1,
+                2,
+                DEFAULT_SAMPLE_RATE,
+            ):
                 return None
             data = wav.readframes(wav.getnframes())
     except (wave.Error, EOFError):
@@ -44,7 +48,7 @@ def _decode_with_av(path: Path) -> Samples:
         if not container.streams.audio:
             raise AudioDecodeError(f"{path}: no audio stream")
         stream = container.streams.audio[0]
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=DEFAULT_SAMPLE_RATE)
         chunks: list[npt.NDArray[Any]] = []
         try:
             for frame in container.decode(stream):

@@ -25,11 +25,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from loadgen.audio import Samples
-from session.protocol import (
-    SAMPLE_RATE,
-    CloseCode,
-    ControlType,
-    Encoding,
+from wire.codes import DEFAULT_SAMPLE_RATE, CloseCode, Encoding
+from wire.control import ControlType, control_message
+from wire.messages import (
     ErrorMessage,
     SessionEnded,
     SessionLanguage,
@@ -66,7 +64,7 @@ def stream_url(
         {
             "participant": participant,
             "language": language,
-            "sample_rate": SAMPLE_RATE,
+            "sample_rate": DEFAULT_SAMPLE_RATE,
             "encoding": Encoding.PCM_S16LE.value,
             "interim_results": "true" if interim_results else "false",
         }
@@ -128,11 +126,11 @@ class SendClock:
 
     def start_sent_at(self, seconds: float) -> float | None:
         """Time the first sample of audio starting at `seconds` was sent."""
-        return self.sample_sent_at(round(seconds * SAMPLE_RATE))
+        return self.sample_sent_at(round(seconds * DEFAULT_SAMPLE_RATE))
 
     def end_sent_at(self, seconds: float) -> float | None:
         """Time all audio up to `seconds` had been sent (its last sample left)."""
-        return self.sample_sent_at(round(seconds * SAMPLE_RATE) - 1)
+        return self.sample_sent_at(round(seconds * DEFAULT_SAMPLE_RATE) - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +166,7 @@ class StreamOptions:
 
     @property
     def frame_samples(self) -> int:
-        return SAMPLE_RATE * self.frame_ms // 1000
+        return DEFAULT_SAMPLE_RATE * self.frame_ms // 1000
 
 
 @dataclass(slots=True)
@@ -292,7 +290,7 @@ async def _send(
     try:
         for frame in track.frames(options.frame_samples):
             sent += len(frame)
-            due = t0 + sent / SAMPLE_RATE / speed if speed is not None else 0.0
+            due = t0 + sent / DEFAULT_SAMPLE_RATE / speed if speed is not None else 0.0
             if speed is not None and (delay := due - clock()) > 0:
                 await asyncio.sleep(delay)
             await ws.send(frame.tobytes())
@@ -302,8 +300,8 @@ async def _send(
                 log.send_lags.append(max(0.0, now - due))
             else:
                 await asyncio.sleep(0)  # let the receiver and other sources run
-        await ws.send(orjson.dumps({"type": ControlType.FINALIZE.value}).decode())
-        await ws.send(orjson.dumps({"type": ControlType.STOP.value}).decode())
+        await ws.send(control_message(ControlType.FINALIZE))
+        await ws.send(control_message(ControlType.STOP))
     except ConnectionClosed:
         return  # the receiver records why
 

@@ -19,7 +19,7 @@ import orjson
 
 from loadgen.audio import Samples, load_audio
 from loadgen.client import Track
-from session.protocol import SAMPLE_RATE
+from wire.codes import DEFAULT_SAMPLE_RATE
 
 CORPUS_ENV = "PARLEY_CORPUS"
 
@@ -99,7 +99,7 @@ class RoomPlan:
     @property
     def audio_seconds(self) -> float:
         """Length of each participant's stream."""
-        return next(iter(self.tracks.values())).total_samples / SAMPLE_RATE
+        return next(iter(self.tracks.values())).total_samples / DEFAULT_SAMPLE_RATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +113,7 @@ class ScriptShape:
 
 
 def _seconds(samples: int) -> float:
-    return samples / SAMPLE_RATE
+    return samples / DEFAULT_SAMPLE_RATE
 
 
 def plan_room(
@@ -128,8 +128,8 @@ def plan_room(
     """Lay clips out as a conversation taken in turns by `participants`."""
     if not participants or not clips:
         raise ValueError("a room needs at least one participant and one clip")
-    limit = round(shape.duration_s * SAMPLE_RATE)
-    cursor = round(shape.lead_in_s * SAMPLE_RATE)
+    limit = round(shape.duration_s * DEFAULT_SAMPLE_RATE)
+    cursor = round(shape.lead_in_s * DEFAULT_SAMPLE_RATE)
     placed: list[tuple[str, int, Clip]] = []  # (participant, start sample, clip)
 
     def length(index: int) -> int:
@@ -144,10 +144,10 @@ def plan_room(
             index += skip
         clip = clips[index % len(clips)]
         placed.append((participants[len(placed) % len(participants)], cursor, clip))
-        cursor += length(index) + round(rng.uniform(*shape.gap_s) * SAMPLE_RATE)
+        cursor += length(index) + round(rng.uniform(*shape.gap_s) * DEFAULT_SAMPLE_RATE)
         index += 1
     _, last_start, last_clip = placed[-1]
-    total = last_start + len(audio[last_clip.id]) + round(shape.tail_s * SAMPLE_RATE)
+    total = last_start + len(audio[last_clip.id]) + round(shape.tail_s * DEFAULT_SAMPLE_RATE)
 
     tracks: dict[str, Track] = {}
     for name in participants:

@@ -31,9 +31,10 @@ from loadgen.client import (
     stream_source,
 )
 from loadgen.report import first_copies, summarize
-from session.protocol import ProtocolError, TranscriptFinal, validate_id
-from session.store import FinalRecord
-from session.transcript import TranscriptFormat, render
+from wire.errors import ProtocolError
+from wire.messages import Final, TranscriptFinal
+from wire.query import validate_id
+from wire.transcript import TranscriptFormat, render
 
 
 def safe_name(text: str) -> str:
@@ -61,21 +62,8 @@ def transcript(meeting_id: str, finals: Sequence[TranscriptFinal], fmt: Transcri
     Ordered by audio time (`start`, then `seq`), as DESIGN.md defines a meeting's
     transcript: with several tracks, `seq` order is the order finals were ready.
     """
-    records = [
-        FinalRecord(
-            seq=f["seq"],
-            utterance_id=f["utterance_id"],
-            session_id="",
-            participant=f["participant"],
-            text=f["text"],
-            start=f["start"],
-            end=f["end"],
-            language=f["language"],
-            words=list(f.get("words", [])),
-        )
-        for f in sorted(finals, key=lambda f: (f["start"], f["seq"]))
-    ]
-    return render(meeting_id, records, fmt)
+    ordered = sorted(finals, key=lambda f: (f["start"], f["seq"]))
+    return render(meeting_id, [Final.from_message(f) for f in ordered], fmt)
 
 
 def format_for(path: Path | None, name: str | None) -> TranscriptFormat:

@@ -25,7 +25,8 @@ import numpy as np
 from loadgen.client import FinalEvent, SourceLog
 from loadgen.corpus import RoomPlan, Utterance
 from loadgen.wer import ErrorCounts, error_counts
-from session.protocol import SAMPLE_RATE, Timing
+from wire.codes import DEFAULT_SAMPLE_RATE
+from wire.messages import Timing
 
 PERCENTILES = (50, 90, 95, 99)
 REPORT_VERSION = 1
@@ -280,7 +281,7 @@ def build_report(
             "sources": sum(len(r.logs) for r in rooms),
             "sources_connected": totals["sources_connected"],
             "sessions_clean": totals["sessions_clean"],
-            "audio_seconds_sent": totals["samples_sent"] / SAMPLE_RATE,
+            "audio_seconds_sent": totals["samples_sent"] / DEFAULT_SAMPLE_RATE,
             "wall_seconds": client.wall_seconds,
             **{
                 k: totals[k]

@@ -46,7 +46,7 @@ from loadgen.corpus import (
 from loadgen.html_report import render_html
 from loadgen.report import ClientHealth, Limits, RoomRun, build_report
 from loadgen.search import RoomSearch
-from session.protocol import SAMPLE_RATE
+from wire.codes import DEFAULT_SAMPLE_RATE
 
 LOOP_TICK = 0.05  # seconds between client event-loop lag samples
 PROGRESS_TICK = 0.5
@@ -161,7 +161,7 @@ async def _show_progress(
     bar: Any, logs: list[SourceLog], rooms: int, stats: LiveStats, stop: asyncio.Event
 ) -> None:
     while not stop.is_set():
-        bar.n = round(sum(log.clock.samples_sent for log in logs) / SAMPLE_RATE, 1)
+        bar.n = round(sum(log.clock.samples_sent for log in logs) / DEFAULT_SAMPLE_RATE, 1)
         connected = sum(1 for log in logs if log.started is not None and not log.done)
         p95 = stats.p95()
         bar.set_postfix_str(

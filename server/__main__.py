@@ -1,8 +1,11 @@
-"""`python -m server`: run Parley under uvicorn (websockets protocol) with graceful drain.
+"""`python -m server`: run Parley under uvicorn with graceful drain.
 
 uvicorn closes every WebSocket with 1012 the moment it starts shutting down, before the
 application's lifespan can act. This entry point drains the sessions first (each sends
 its last finals and `session.ended`, then closes 1012), then lets uvicorn shut down.
+
+`uvicorn_config()` is the one place uvicorn is configured; the tests' in-process servers
+use it too, so they run the WebSocket implementation production runs.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import signal
 import socket
 import sys
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -21,6 +25,31 @@ from server.logs import configure
 from server.sandbox import SandboxUnavailable
 from server.settings import Settings
 from server.state import AppState
+
+# uvicorn's sans-I/O implementation over the websockets library: what `--ws auto` picks,
+# and what `--ws websockets` will point at (the legacy implementation is deprecated). It
+# pauses reading until the app takes each message (a client cannot queue frames in the
+# server), waits for the transport to drain before each send (a slow reader pushes back on
+# the writer, which the outbox turns into 1008 slow_consumer), and pings idle peers.
+WS_IMPLEMENTATION = "websockets-sansio"
+
+
+def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """uvicorn's configuration for `settings`: WebSocket implementation, frame size,
+    keepalive pings (a half-open peer is dropped after ping interval + timeout)."""
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "ws": WS_IMPLEMENTATION,
+        "ws_max_size": settings.max_frame_bytes * 4,  # the app refuses > max_frame_bytes
+        "ws_per_message_deflate": False,
+        "ws_ping_interval": settings.ws_ping_interval_s,
+        "ws_ping_timeout": settings.ws_ping_timeout_s,
+        "lifespan": "on",
+        "log_config": None,
+        "timeout_graceful_shutdown": int(settings.drain_timeout_s) + 5,
+    }
+    return uvicorn.Config(app, **{**options, **overrides})
 
 
 class ParleyServer(uvicorn.Server):
@@ -74,18 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, SandboxUnavailable) as exc:  # keys, keys file, sandbox
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        ws="websockets",
-        ws_max_size=settings.max_frame_bytes * 4,  # the app refuses > max_frame_bytes itself
-        ws_per_message_deflate=False,
-        lifespan="on",
-        log_config=None,
-        timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
-    )
-    server = ParleyServer(config, app)
+    server = ParleyServer(uvicorn_config(app, settings), app)
     server.run()
     return 0
 

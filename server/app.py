@@ -21,16 +21,19 @@ from starlette.staticfiles import StaticFiles
 from engine.loading import ModelConfig, load_whisper
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
+from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from server import rest, stream, uploads
 from server.auth import build_authenticator
+from server.compat import routes as compat_routes
 from server.jobs import JobRegistry
-from server.limits import CapacityMonitor, Slots
+from server.limits import CapacityMonitor, ListenerQuota, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.sandbox import SandboxMode, open_sandbox
 from server.settings import Settings
 from server.state import AppState, ModelState
 from server.tokens import open_tokens
+from session.diarizer import DiarizerConfig
 from session.partials import PartialPolicyConfig
 from session.segmenter import SegmenterConfig
 from session.services import SessionServices
@@ -76,6 +79,11 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         recognizer = await asyncio.to_thread(factory, settings)
         await asyncio.to_thread(recognizer.warmup)
         vad_model = await asyncio.to_thread(SileroVad)
+        speakers = (
+            SpeakerEmbedder(await asyncio.to_thread(SpeakerEncoder))
+            if settings.diarization
+            else None
+        )
     except Exception as exc:
         logger.exception("model failed to load")
         state.model_state = ModelState.FAILED
@@ -109,6 +117,8 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         ),
         languages=recognizer.languages,
         telemetry=state.metrics,
+        speakers=speakers,
+        diarizer=DiarizerConfig(max_speakers=settings.diarization_max_speakers),
     )
     state.model_state = ModelState.READY
     logger.info("model %s ready", recognizer.name)
@@ -127,7 +137,9 @@ def create_app(
     auth = build_authenticator(
         api_keys=settings.api_keys,
         api_keys_file=settings.api_keys_file,
-        tokens=open_tokens(settings.redis_url, settings.store_prefix),
+        tokens=open_tokens(
+            settings.redis_url, settings.store_prefix, per_tenant=settings.max_tokens_per_tenant
+        ),
         allowed_origins=settings.allowed_origins,
         fast_replay_tenants=settings.fast_replay_tenants,
         token_ttl_s=settings.token_ttl_s,
@@ -154,7 +166,12 @@ def create_app(
                 settings.admit_max_queue_wait_ms / 1000, settings.max_batch_size
             ),
             stream_slots=Slots(settings.max_streams_per_key),
-            listener_slots=Slots(settings.max_listeners_per_meeting),
+            listener_slots=ListenerQuota(
+                settings.max_listeners_per_meeting,
+                settings.max_listeners_per_tenant,
+                settings.max_listeners,
+            ),
+            waiting_auth=Slots(settings.max_waiting_auth),
         )
         state.metrics.watch(
             lambda: state.scheduler, lambda: len(state.registry), lambda: state.registry.meetings
@@ -173,12 +190,16 @@ def create_app(
                 if not drained:
                     logger.warning("scheduler still busy at shutdown; failing what is left")
                 await state.scheduler.stop()
+            if state.services is not None and isinstance(state.services.speakers, SpeakerEmbedder):
+                await state.services.speakers.close()
             await state.store.close()
             await state.auth.close()
 
     routes: list[BaseRoute] = [
         WebSocketRoute("/v1/meetings/{meeting_id}/stream", stream.stream_endpoint),
         WebSocketRoute("/v1/meetings/{meeting_id}/events", stream.events_endpoint),
+        WebSocketRoute("/v1/listen", compat_routes.listen_endpoint),  # Deepgram live
+        WebSocketRoute("/v1/realtime", compat_routes.realtime_endpoint),  # OpenAI realtime
         Route("/v1/meetings/{meeting_id}/transcript", rest.transcript, methods=["GET"]),
         Route("/v1/transcriptions", uploads.create_transcription, methods=["POST"]),
         Route("/v1/transcriptions/{job_id}", uploads.get_transcription, methods=["GET"]),

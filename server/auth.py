@@ -32,8 +32,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from server.tokens import TokenGrant, TokenStore
-from session.protocol import CloseCode, ErrorCode, ProtocolError
-from session.store import Store, StoreError
+from session.store import SourceState, Store, StoreError
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
 
 TOKEN_PREFIX = "pmt_"  # meeting tokens; anything else presented as a bearer is an API key
 SUBPROTOCOL = "parley.v1"  # what the server selects when a browser offers subprotocols
@@ -41,7 +42,7 @@ TOKEN_SUBPROTOCOL = "parley.token."  # + token
 OWNER_FIELD = "owner"  # key of the owning tenant in the meeting's stored config
 OWNER_RECHECK_S = 30.0  # how long a listener's confirmation of the owner holds
 MIN_KEY_LENGTH = 16
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # fullmatch: "$" takes a "\n"
 
 
 class Scope(enum.StrEnum):
@@ -93,7 +94,7 @@ def parse_api_keys(inline: str | None, path: str | None) -> dict[bytes, str]:
         if not item.strip():
             continue
         tenant, sep, key = (part.strip() for part in item.partition(":"))
-        if not sep or not _TENANT.match(tenant):
+        if not sep or not _TENANT.fullmatch(tenant):
             raise ValueError(f"{where}: expected tenant:key, the tenant of letters, digits, _.-")
         if len(key) < MIN_KEY_LENGTH:
             raise ValueError(f"{where}: the key of {tenant!r} is under {MIN_KEY_LENGTH} chars")
@@ -347,6 +348,26 @@ def owned_config(config: Mapping[str, Any], principal: Principal) -> dict[str, A
     if principal.tenant is None:
         return dict(config)
     return {**config, OWNER_FIELD: principal.tenant}
+
+
+async def create_owned_source(
+    store: Store,
+    meeting_id: str,
+    participant: str,
+    config: Mapping[str, Any],
+    principal: Principal,
+) -> tuple[SourceState, str]:
+    """A new source (state, resume token) of a meeting that is, or becomes, the
+    principal's: checked before, and checked again after when the meeting was new, since
+    another tenant may have created it in between (first writer wins). Raises
+    ProtocolError 4403 (1013 if the store cannot be reached) or StoreError."""
+    exists = await meeting_access(store, meeting_id, principal)
+    source, token = await store.create_source(
+        meeting_id, participant, owned_config(config, principal)
+    )
+    if not exists:
+        await meeting_access(store, meeting_id, principal)
+    return source, token
 
 
 def build_authenticator(

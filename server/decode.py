@@ -27,13 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.api import SAMPLE_RATE
 from server import decode_worker
 from server.sandbox import EXIT_SIGNAL_BASE, UNCONFINED, Sandbox
 
 logger = logging.getLogger(__name__)
 
 WORKER = Path(decode_worker.__file__).resolve()
-OUTPUT_RATE = decode_worker.OUTPUT_RATE
+OUTPUT_RATE = decode_worker.OUTPUT_RATE  # the isolated worker cannot import the model's
+assert OUTPUT_RATE == SAMPLE_RATE, "uploads decode to the model's rate"
 MAX_REPORT_BYTES = 64 << 10  # stdout/stderr kept from the worker
 
 

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 
-import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server.auth import (
@@ -27,7 +26,10 @@ from server.auth import (
     forbidden,
     unauthorized,
 )
-from session.protocol import ProtocolError, encode
+from server.limits import ALL, Slots, overloaded
+from wire.build import encode
+from wire.control import parse_auth
+from wire.errors import ProtocolError
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +80,13 @@ async def authenticate(
     scope: Scope,
     *,
     timeout_s: float,
+    waiting: Slots,
 ) -> Principal:
     """Check the Origin, then find and resolve the socket's credentials: the
     Authorization header (API key or meeting token), the token subprotocol or the
     `access_token` query parameter (meeting tokens only), or else an `auth` message,
-    which must come first and within `timeout_s`. Raises ProtocolError (4401, 4403) or
+    which must come first and within `timeout_s` (while `waiting` has room: the sockets
+    waiting so are bounded). Raises ProtocolError (4401, 4403, 1013) or
     WebSocketDisconnect."""
     websocket = handshake.websocket
     if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
@@ -99,7 +103,12 @@ async def authenticate(
     if token is not None:
         return await auth.resolve(token, meeting_id, scope, keys_allowed=False)
     await handshake.accept()
-    credential = await _auth_message(websocket, timeout_s)
+    if not waiting.acquire(ALL):
+        raise overloaded(f"{waiting.limit} sockets are waiting to authenticate; retry later")
+    try:
+        credential = await _auth_message(websocket, timeout_s)
+    finally:
+        waiting.release(ALL)
     return await auth.resolve(credential, meeting_id, scope, keys_allowed=True)
 
 
@@ -112,19 +121,10 @@ async def _auth_message(websocket: WebSocket, timeout_s: float) -> str:
         raise unauthorized(f"not authenticated within {timeout_s:g} s") from None
     if message["type"] == "websocket.disconnect":
         raise WebSocketDisconnect(message.get("code", 1000))
-    text = message.get("text")
-    try:
-        data = orjson.loads(text) if text is not None else None
-    except orjson.JSONDecodeError:
-        data = None
-    if (
-        not isinstance(data, dict)
-        or data.get("type") != "auth"
-        or not isinstance(data.get("token"), str)
-    ):
+    token = parse_auth(message.get("text"))
+    if token is None:
         raise unauthorized(
             'authenticate first: Authorization header, access_token, or {"type": "auth", '
             '"token": ...} as the first message'
         )
-    token: str = data["token"]
     return token

@@ -36,8 +36,8 @@ from server.settings import Settings
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import SessionServices
 from session.store import SourceState, StoreError
-from session.transcript import TranscriptFormat, render, utterances
 from session.vad import VadScorer
+from wire.transcript import TranscriptFormat, render, utterances
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +76,18 @@ class JobOptions:
     labelled: bool  # the client named the participant: label TXT/SRT/VTT lines with it
     meeting_id: str | None
     format: TranscriptFormat  # of the result when the POST answers with it (`wait=true`)
+    diarize: bool = False  # label each utterance's speaker (a recording of several voices)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        options: dict[str, Any] = {
             "language": self.language or "auto",
             "participant": self.participant,
             "meeting_id": self.meeting_id,
             "format": self.format.value,
         }
+        if self.diarize:
+            options["diarize"] = True
+        return options
 
 
 @dataclass(eq=False)
@@ -300,6 +304,7 @@ class JobRegistry:
                     participant=job.options.participant,
                     language=job.options.language,
                     meeting_source=source,
+                    diarize=job.options.diarize,
                     in_flight=self._in_flight,
                     model_share=self._model_share,
                 )

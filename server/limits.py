@@ -4,7 +4,9 @@
   idle for too long (4408) or running for too long (4413, after its finals), and reads
   audio no faster than `RealtimeBudget` allows (pacing, not refusal: a client that sends
   faster simply waits on TCP).
-- `Slots` counts held slots per key: streams per tenant, listeners per meeting (4429).
+- `Slots` counts held slots per key against one limit: streams per tenant (4429),
+  sockets waiting to authenticate (1013); `ListenerQuota` holds listeners per meeting
+  and per tenant (4429) and in all (1013).
 - `CapacityMonitor` watches the scheduler: when finals have recently waited too long for
   the model, or a full batch of finals is queued, new streams are refused with 1013.
   Partials are not a signal: they fill whatever the model has spare and thin out first.
@@ -21,7 +23,8 @@ from typing import Any
 from engine.api import Priority, RecognitionRequest, RecognitionResult
 from engine.scheduler import BatchScheduler
 from session.actor import Connection
-from session.protocol import CloseCode, ErrorCode, ProtocolError
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
 
 RETRY_AFTER_S = 5.0  # what a refused client is told to wait
 CAPACITY_WINDOW_S = 10.0  # how far back the capacity monitor looks
@@ -125,6 +128,41 @@ class Slots:
         self._held[key] -= 1
         if self._held[key] <= 0:
             del self._held[key]
+
+
+ALL = ""  # the key of a Slots that counts one thing server-wide
+
+
+class ListenerQuota:
+    """Listener sockets per meeting, per tenant (authenticated) and in all, per node."""
+
+    def __init__(self, per_meeting: int, per_tenant: int, total: int) -> None:
+        self.meetings = Slots(per_meeting)
+        self.tenants = Slots(per_tenant)
+        self.total = Slots(total)
+
+    def held(self, meeting_id: str) -> int:
+        return self.meetings.held(meeting_id)
+
+    def acquire(self, meeting_id: str, tenant: str | None) -> None:
+        """Take a slot of each kind, or none: raise ProtocolError 4429 (the meeting's or
+        the tenant's quota) or 1013 (the server's bound)."""
+        if not self.total.acquire(ALL):
+            raise overloaded(f"server has {self.total.limit} listeners open (the limit)")
+        if tenant is not None and not self.tenants.acquire(tenant):
+            self.total.release(ALL)
+            raise quota_exceeded(f"tenant has {self.tenants.limit} listeners open (the limit)")
+        if not self.meetings.acquire(meeting_id):
+            self.total.release(ALL)
+            if tenant is not None:
+                self.tenants.release(tenant)
+            raise quota_exceeded(f"meeting has {self.meetings.limit} listeners already")
+
+    def release(self, meeting_id: str, tenant: str | None) -> None:
+        self.meetings.release(meeting_id)
+        if tenant is not None:
+            self.tenants.release(tenant)
+        self.total.release(ALL)
 
 
 def quota_exceeded(message: str) -> ProtocolError:

@@ -9,12 +9,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from server.auth import ANONYMOUS, Principal, Scope, bearer, meeting_access, unauthorized
-from server.limits import overloaded
+from server.limits import overloaded, quota_exceeded
 from server.metrics import CONTENT_TYPE
 from server.state import ModelState, app_state
-from session.protocol import CloseCode, ErrorCode, ProtocolError, validate_id
+from server.tokens import TokenQuotaExceeded
 from session.store import StoreError
-from session.transcript import TranscriptFormat, render
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
+from wire.query import validate_id
+from wire.transcript import TranscriptFormat, render
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,8 @@ async def mint_token(request: Request) -> Response:
         )
     except ProtocolError as exc:
         return _refusal(exc)
+    except TokenQuotaExceeded as exc:
+        return _refusal(quota_exceeded(str(exc)))
     except StoreError as exc:
         return _refusal(overloaded(f"token store: {exc}"))
     body = {

@@ -72,6 +72,14 @@ class Settings:
     partial_max_load: float = setting(
         1.25, "Model load past which partials pause (finals never do)."
     )
+    diarization: bool = setting(
+        True,
+        "Load the speaker-embedding model so streams and uploads may ask for "
+        "`diarize=true` (speaker labels S1, S2, …); false refuses them with `bad_config`.",
+    )
+    diarization_max_speakers: int = setting(
+        6, "Most speakers a diarized source is split into (1-26)."
+    )
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
     max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")
     admit_max_queue_wait_ms: float = setting(
@@ -86,12 +94,31 @@ class Settings:
     max_listeners_per_meeting: int = setting(
         64, "Listener sockets per meeting on this node; more get close 4429."
     )
+    max_listeners_per_tenant: int = setting(
+        256, "Listener sockets per tenant on this node (authenticated only); more get close 4429."
+    )
+    max_listeners: int = setting(2048, "Listener sockets on this node in all; more get close 1013.")
+    max_waiting_auth: int = setting(
+        256,
+        "Sockets that came without credentials and wait for their `auth` message, in all; "
+        "more get close 1013.",
+    )
+    max_tokens_per_tenant: int = setting(
+        1000,
+        "Unspent, unexpired meeting tokens one tenant may hold; minting more answers 429.",
+    )
     idle_timeout_s: float = setting(
         30.0, "A stream that sends no audio and no keepalive for this long is closed 4408."
     )
     max_session_s: float = setting(
         4 * 3600.0, "Longest a stream may last; then its finals are flushed and it closes 4413."
     )
+    ws_ping_interval_s: float = setting(
+        20.0,
+        "Seconds between WebSocket pings to a peer; one that has not answered within "
+        "WS_PING_TIMEOUT_S is dropped (a half-open connection).",
+    )
+    ws_ping_timeout_s: float = setting(20.0, "How long a WebSocket ping may go unanswered.")
     realtime_factor: float = setting(
         1.5,
         "Fastest a stream is read, in audio seconds per wall second, unless its tenant is "
@@ -142,6 +169,14 @@ class Settings:
     )
     upload_dir: str | None = setting(
         None, "Folder for uploads and their decoded audio while a job runs; unset: system temp."
+    )
+    upload_idle_timeout_s: float = setting(
+        30.0, "An upload whose body sends nothing for this long is refused (408)."
+    )
+    upload_receive_timeout_s: float = setting(
+        3600.0,
+        "Longest an upload's body may take to arrive (408 after): a slow client holds a job "
+        "slot at most this long.",
     )
     upload_decode_timeout_s: float = setting(
         300.0, "Wall-clock limit of one upload's decoder subprocess."
@@ -225,11 +260,23 @@ class Settings:
             "listener_send_timeout_s",
             "token_ttl_s",
             "auth_timeout_s",
+            "upload_idle_timeout_s",
+            "upload_receive_timeout_s",
+            "ws_ping_interval_s",
+            "ws_ping_timeout_s",
         )
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()} must be > 0")
-        for name in ("max_sessions", "max_streams_per_key", "max_listeners_per_meeting"):
+        for name in (
+            "max_sessions",
+            "max_streams_per_key",
+            "max_listeners_per_meeting",
+            "max_listeners_per_tenant",
+            "max_listeners",
+            "max_waiting_auth",
+            "max_tokens_per_tenant",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()} must be >= 1")
         for name in ("realtime_burst_s", "admit_max_queue_wait_ms"):

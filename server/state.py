@@ -11,7 +11,7 @@ from starlette.requests import HTTPConnection
 from engine.scheduler import BatchScheduler
 from server.auth import Authenticator
 from server.jobs import JobRegistry
-from server.limits import CapacityMonitor, Slots
+from server.limits import CapacityMonitor, ListenerQuota, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
@@ -38,7 +38,8 @@ class AppState:
     auth: Authenticator
     capacity: CapacityMonitor
     stream_slots: Slots  # per tenant
-    listener_slots: Slots  # per meeting
+    listener_slots: ListenerQuota  # per meeting, per tenant, in all
+    waiting_auth: Slots  # sockets waiting for their `auth` message, in all
     model_state: ModelState = ModelState.LOADING
     model_error: str | None = None
     scheduler: BatchScheduler | None = None

@@ -16,24 +16,15 @@ from server.auth import (
     OwnerCheck,
     Principal,
     Scope,
+    create_owned_source,
     forbidden,
     meeting_access,
-    owned_config,
 )
 from server.gate import Handshake, authenticate, close_reason
 from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
-from session.actor import SessionActor
-from session.protocol import (
-    CloseCode,
-    ErrorCode,
-    ProtocolError,
-    StreamConfig,
-    encode,
-    parse_stream_config,
-    validate_id,
-)
+from session.actor import Connection, SessionActor
 from session.services import SessionServices
 from session.store import (
     FinalRecord,
@@ -44,6 +35,10 @@ from session.store import (
     SubscriberLagged,
     UnknownResumeToken,
 )
+from wire.build import encode, transcript_final
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
+from wire.query import StreamConfig, parse_stream_config, validate_id
 
 logger = logging.getLogger(__name__)
 
@@ -60,30 +55,61 @@ async def stream_endpoint(websocket: WebSocket) -> None:
             meeting_id,
             Scope.STREAM,
             timeout_s=state.settings.auth_timeout_s,
+            waiting=state.waiting_auth,
         )
-        config = _bind_participant(
+        config = bind_participant(
             parse_stream_config(meeting_id, query, state.settings.default_language),
             principal,
             query,
         )
-        services = _services_or_refuse(state)
-        if "resume_token" not in query:  # a resumed source was admitted before
-            _check_capacity(state)
     except WebSocketDisconnect:
         return
     except ProtocolError as exc:
-        await _refuse(state, handshake, exc)
+        await refuse(state, handshake, exc)
+        return
+    await serve_source(state, handshake, config, query, principal)
+
+
+async def serve_source(
+    state: AppState,
+    handshake: Handshake,
+    config: StreamConfig,
+    query: dict[str, str],
+    principal: Principal,
+    *,
+    connection: Connection | None = None,
+    acknowledge_finalize: bool = False,
+) -> None:
+    """Admit and serve one authenticated audio source: capacity, the tenant's quota, the
+    meeting's source in the store, limits, the session actor. Protocol v1 streams and the
+    compat adapters (server/compat/) share every step; an adapter passes `connection`, its
+    translating wrapper of the socket, and refuses through its own `handshake`."""
+    try:
+        services = _services_or_refuse(state)
+        if "resume_token" not in query:  # a resumed source was admitted before
+            _check_capacity(state)
+    except ProtocolError as exc:
+        await refuse(state, handshake, exc)
         return
     tenant = principal.tenant
     if tenant is not None and not state.stream_slots.acquire(tenant):
-        await _refuse(
+        await refuse(
             state,
             handshake,
             quota_exceeded(f"tenant has {state.stream_slots.limit} streams open (the limit)"),
         )
         return
     try:
-        await _serve_stream(state, handshake, services, config, query, principal)
+        await _serve_stream(
+            state,
+            handshake,
+            services,
+            config,
+            query,
+            principal,
+            connection or handshake.websocket,
+            acknowledge_finalize,
+        )
     finally:
         if tenant is not None:
             state.stream_slots.release(tenant)
@@ -96,12 +122,20 @@ async def _serve_stream(
     config: StreamConfig,
     query: dict[str, str],
     principal: Principal,
+    socket: Connection,
+    acknowledge_finalize: bool,
 ) -> None:
     try:
         opened = await _open_source(state.store, config, query, principal)
         _check_language(opened.config.language, services.languages, state.recognizer_name)
+        if opened.config.diarize and services.speakers is None:
+            raise ProtocolError(
+                ErrorCode.BAD_CONFIG,
+                CloseCode.BAD_REQUEST,
+                "diarization is off on this server (PARLEY_DIARIZATION=false)",
+            )
     except ProtocolError as exc:
-        await _refuse(state, handshake, exc)
+        await refuse(state, handshake, exc)
         return
     budget = None
     if not principal.fast_replay:
@@ -109,7 +143,7 @@ async def _serve_stream(
             state.settings.realtime_factor, state.settings.realtime_burst_s, time.monotonic()
         )
     connection = LimitedConnection(
-        handshake.websocket,
+        socket,
         idle_timeout_s=state.settings.idle_timeout_s,
         max_duration_s=state.settings.max_session_s,
         budget=budget,
@@ -123,11 +157,12 @@ async def _serve_stream(
         resume_token=opened.token,
         replay=opened.replay,
         resumed=opened.resumed,
+        acknowledge_finalize=acknowledge_finalize,
     )
     try:
         state.registry.admit(actor)
     except AdmissionRefused as exc:
-        await _refuse(state, handshake, overloaded(exc.reason))
+        await refuse(state, handshake, overloaded(exc.reason))
         return
     try:
         await handshake.accept()
@@ -162,7 +197,7 @@ def _check_language(language: str, known: frozenset[str], model: str) -> None:
     )
 
 
-async def _refuse(state: AppState, handshake: Handshake, error: ProtocolError) -> None:
+async def refuse(state: AppState, handshake: Handshake, error: ProtocolError) -> None:
     state.metrics.refused.labels(str(int(error.close_code))).inc()
     await handshake.refuse(error)
 
@@ -185,7 +220,7 @@ def _check_capacity(state: AppState) -> None:
         raise overloaded(reason)
 
 
-def _bind_participant(
+def bind_participant(
     config: StreamConfig, principal: Principal, query: dict[str, str]
 ) -> StreamConfig:
     """A meeting token bound to a participant streams as that participant only."""
@@ -215,14 +250,12 @@ async def _open_source(
     token = query.get("resume_token")
     meeting_id = config.meeting_id
     try:
-        exists = await meeting_access(store, meeting_id, principal)
         if token is None:
-            source, token = await store.create_source(
-                meeting_id, config.participant, owned_config(config.as_dict(), principal)
+            source, token = await create_owned_source(
+                store, meeting_id, config.participant, config.as_dict(), principal
             )
-            if not exists:  # created now: or by another tenant a moment before us
-                await meeting_access(store, meeting_id, principal)
             return _OpenedSource(config, source, token, [], resumed=False)
+        await meeting_access(store, meeting_id, principal)
         last_seq = _non_negative("last_seq", query.get("last_seq", "0"))
         participant = query.get("participant") or principal.participant
         source = await store.resume_source(meeting_id, token, participant)
@@ -256,6 +289,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
             meeting_id,
             Scope.EVENTS,
             timeout_s=state.settings.auth_timeout_s,
+            waiting=state.waiting_auth,
         )
         validate_id("meeting_id", meeting_id)
         after_seq = _non_negative("after_seq", websocket.query_params.get("after_seq", "0"))
@@ -264,11 +298,12 @@ async def events_endpoint(websocket: WebSocket) -> None:
     except WebSocketDisconnect:
         return
     except ProtocolError as exc:
-        await _refuse(state, handshake, exc)
+        await refuse(state, handshake, exc)
         return
-    if not state.listener_slots.acquire(meeting_id):
-        limit = state.listener_slots.limit
-        await _refuse(state, handshake, quota_exceeded(f"meeting has {limit} listeners already"))
+    try:
+        state.listener_slots.acquire(meeting_id, principal.tenant)
+    except ProtocolError as exc:
+        await refuse(state, handshake, exc)
         return
     state.metrics.listeners.inc()
     try:
@@ -276,7 +311,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
         error = await _serve_listener(websocket, state, meeting_id, after_seq, owner)
     finally:
         state.metrics.listeners.dec()
-        state.listener_slots.release(meeting_id)
+        state.listener_slots.release(meeting_id, principal.tenant)
     timeout = state.settings.listener_send_timeout_s
     if isinstance(error, SubscriberLagged):
         await _close_with(
@@ -340,7 +375,7 @@ async def _forward(
     sent = after_seq
     for record in await state.store.finals(meeting_id, after_seq):
         await owner.confirm()
-        await _send(websocket, encode(record.message()), timeout)
+        await _send(websocket, encode(transcript_final(record)), timeout)
         sent = record.seq
     async for event in events:
         message = orjson.loads(event)

@@ -8,13 +8,16 @@ At most about 1 MiB of file data sits in memory before it is written out, and di
 writes run off the event loop.
 
 `FormReceiver` is the sans-I/O core: bytes in, file data out, fields collected; it is
-tested without a server. `receive_form()` feeds it from a stream and writes to a file.
+tested without a server. `receive_form()` feeds it from a stream and writes to a file,
+and refuses (408) a body that stalls or takes too long, so a slow client cannot hold an
+upload slot.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Collection
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -24,6 +27,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 FILE_FIELD = "file"
 MAX_FIELD_BYTES = 1024  # a text field's value
+MAX_HEADER_BYTES = 8 << 10  # a part's headers, names and values together
 MAX_PARTS = 16
 FORM_OVERHEAD = 64 << 10  # body bytes allowed beyond the file: boundaries, headers, fields
 FLUSH_BYTES = 1 << 20  # file data buffered before a write
@@ -82,6 +86,7 @@ class FormReceiver:
         self._part = _Part()
         self._header_field = bytearray()
         self._header_value = bytearray()
+        self._header_bytes = 0  # of the current part
         self._out: list[bytes] = []
         try:
             self._parser = MultipartParser(
@@ -129,11 +134,19 @@ class FormReceiver:
         if self._parts > MAX_PARTS:
             raise _bad(f"the form has more than {MAX_PARTS} parts")
         self._part = _Part()
+        self._header_bytes = 0
+
+    def _count_header(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise _bad(f"a part's headers are longer than {MAX_HEADER_BYTES} bytes")
 
     def _on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
         self._header_field += data[start:end]
 
     def _on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
         self._header_value += data[start:end]
 
     def _on_header_end(self) -> None:
@@ -195,6 +208,32 @@ class ReceivedForm:
     fields: dict[str, str]
 
 
+def too_slow(message: str) -> FormRefused:
+    return FormRefused(408, "upload_timeout", message)
+
+
+async def _chunks(
+    stream: AsyncIterator[bytes], idle_timeout_s: float, receive_timeout_s: float
+) -> AsyncGenerator[bytes, None]:
+    """The body's chunks; FormRefused (408) after `idle_timeout_s` without a byte or
+    `receive_timeout_s` in all."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + receive_timeout_s
+    iterator = aiter(stream)
+    while True:
+        idle = min(idle_timeout_s, deadline - loop.time())
+        try:
+            async with asyncio.timeout(max(0.0, idle)):
+                chunk = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            if loop.time() >= deadline:
+                raise too_slow(f"the upload took longer than {receive_timeout_s:g} s") from None
+            raise too_slow(f"the upload sent nothing for {idle_timeout_s:g} s") from None
+        yield chunk
+
+
 async def receive_form(
     stream: AsyncIterator[bytes],
     content_type: str,
@@ -202,19 +241,23 @@ async def receive_form(
     *,
     max_file_bytes: int,
     fields: Collection[str],
+    idle_timeout_s: float = 30.0,
+    receive_timeout_s: float = 3600.0,
 ) -> ReceivedForm:
     """Stream the body's `file` part into `path`; return it with the text fields."""
     receiver = FormReceiver(content_type, max_file_bytes, fields)
     pending: list[bytes] = []
     buffered = 0
+    chunks = _chunks(stream, idle_timeout_s, receive_timeout_s)
     with path.open("wb") as out:
-        async for chunk in stream:
-            for piece in receiver.feed(chunk):
-                pending.append(piece)
-                buffered += len(piece)
-            if buffered >= FLUSH_BYTES:
-                await asyncio.to_thread(_write, out, pending)
-                pending, buffered = [], 0
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                for piece in receiver.feed(chunk):
+                    pending.append(piece)
+                    buffered += len(piece)
+                if buffered >= FLUSH_BYTES:
+                    await asyncio.to_thread(_write, out, pending)
+                    pending, buffered = [], 0
         receiver.finish()
         if pending:
             await asyncio.to_thread(_write, out, pending)

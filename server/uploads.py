@@ -17,28 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from server.auth import ANONYMOUS, OWNER_FIELD, Principal, bearer, meeting_access
+from server.auth import ANONYMOUS, Principal, bearer, create_owned_source
 from server.decode import DecodeError
 from server.jobs import Job, JobOptions, JobsFull, JobStatus
 from server.settings import Settings
 from server.state import app_state
 from server.upload_form import FORM_OVERHEAD, FormRefused, receive_form, too_large
-from session.protocol import ProtocolError, validate_id
+from session.services import SessionServices
 from session.store import StoreError
-from session.transcript import TranscriptFormat
+from wire.errors import ProtocolError
+from wire.query import is_language, parse_flag, validate_id
+from wire.transcript import TranscriptFormat
 
 logger = logging.getLogger(__name__)
 
-OPTION_FIELDS = frozenset({"language", "format", "participant", "meeting_id", "wait"})
+OPTION_FIELDS = frozenset({"language", "format", "participant", "meeting_id", "wait", "diarize"})
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 
 def _problem(
@@ -61,11 +60,14 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
         known = ", ".join(f.value for f in TranscriptFormat)
         raise bad("bad_format", f"format must be one of: {known}") from None
     language = raw.get("language", settings.default_language)
-    if not re.fullmatch(r"[a-z]{2,3}|auto", language):
+    if not is_language(language):
         raise bad("bad_config", f"language must be an ISO 639-1 code or 'auto', not {language!r}")
-    wait = raw.get("wait", "false").lower()
-    if wait not in _TRUE | _FALSE:
+    wait = parse_flag(raw.get("wait", "false"))
+    if wait is None:
         raise bad("bad_config", "wait must be true or false")
+    diarize = parse_flag(raw.get("diarize", "false"))
+    if diarize is None:
+        raise bad("bad_config", "diarize must be true or false")
     try:
         participant = validate_id("participant", raw.get("participant", DEFAULT_PARTICIPANT))
         meeting_id = raw.get("meeting_id")
@@ -79,8 +81,9 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
         labelled="participant" in raw,
         meeting_id=meeting_id,
         format=fmt,
+        diarize=diarize,
     )
-    return options, wait in _TRUE
+    return options, wait
 
 
 def _check_language(language: str | None, known: frozenset[str], model: str) -> None:
@@ -95,6 +98,13 @@ def _check_language(language: str | None, known: frozenset[str], model: str) -> 
     raise FormRefused(
         400, "bad_config", f"model {model} does not transcribe language {language!r}: {hint}"
     )
+
+
+def _check_diarize(diarize: bool, services: SessionServices) -> None:
+    if diarize and services.speakers is None:
+        raise FormRefused(
+            400, "bad_config", "diarization is off on this server (PARLEY_DIARIZATION=false)"
+        )
 
 
 async def create_transcription(request: Request) -> Response:
@@ -124,6 +134,7 @@ async def create_transcription(request: Request) -> Response:
         )
     try:
         _check_language(options.language, services.languages, state.recognizer_name)
+        _check_diarize(options.diarize, services)
     except FormRefused as exc:
         return _problem(exc.status, exc.code, exc.message)
     try:
@@ -138,9 +149,12 @@ async def create_transcription(request: Request) -> Response:
             job.workdir / "upload",
             max_file_bytes=settings.max_upload_bytes,
             fields=OPTION_FIELDS,
+            idle_timeout_s=settings.upload_idle_timeout_s,
+            receive_timeout_s=settings.upload_receive_timeout_s,
         )
         options, wait = _parse_options({**query, **form.fields}, settings)
         _check_language(options.language, services.languages, state.recognizer_name)
+        _check_diarize(options.diarize, services)
         job.options = options
         job.filename = form.filename[:256]
         job.upload_bytes = form.size
@@ -148,10 +162,8 @@ async def create_transcription(request: Request) -> Response:
         source = None
         if options.meeting_id is not None:  # the file becomes a source of the meeting
             principal = ANONYMOUS if tenant is None else Principal(tenant, fast_replay=True)
-            await meeting_access(state.store, options.meeting_id, principal)  # 4403 → 403
-            owner = None if tenant is None else {OWNER_FIELD: tenant}
-            source, _ = await state.store.create_source(
-                options.meeting_id, options.participant, owner
+            source, _ = await create_owned_source(  # another tenant's: 4403 → 403
+                state.store, options.meeting_id, options.participant, {}, principal
             )
         state.jobs.start(job, audio, services, file_vad, source)
     except (FormRefused, DecodeError) as exc:

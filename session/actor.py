@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import enum
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,32 +43,19 @@ from session.ending import (
     first_ending,
     refused,
 )
-from session.language import LanguagePinned
 from session.outbox import Outbox, OutboxState
 from session.partial_sender import PartialSender
 from session.pipeline import AudioPipeline, seconds
-from session.protocol import (
-    PROTOCOL_VERSION,
-    CloseCode,
-    ControlType,
-    ErrorCode,
-    ProtocolError,
-    ServerMessage,
-    SessionLanguage,
-    StreamConfig,
-    encode,
-    error_message,
-    parse_control,
-)
-from session.segmenter import (
-    PartialDue,
-    SegmentEvent,
-    SpeechStarted,
-    SpeechStopped,
-    UtteranceEnded,
-)
+from session.segmenter import PartialDue, SegmentEvent, SpeechStarted, SpeechStopped, UtteranceEnded
 from session.services import SessionServices
+from session.speakers import SpeakerLabeller
 from session.store import FinalRecord, SourceState
+from wire import build
+from wire.codes import CloseCode, ErrorCode
+from wire.control import ControlType, parse_control
+from wire.errors import ProtocolError
+from wire.messages import ServerMessage
+from wire.query import StreamConfig
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +95,13 @@ class SessionTotals:
     empty_finals: int = 0  # utterances the hallucination guard judged not to be speech
 
 
+@dataclass(frozen=True, slots=True)
+class _Finalized:
+    """Queued behind the finals a `finalize` cut: the committer acknowledges it in order."""
+
+    utterance_id: str | None
+
+
 @dataclass(eq=False)  # identity semantics: actors live in sets
 class SessionActor:
     """`source` is the stored state of this audio source when the stream starts: new, or
@@ -120,17 +115,19 @@ class SessionActor:
     resume_token: str
     replay: list[FinalRecord] = field(default_factory=list)
     resumed: bool = False
+    # Answer each `finalize` with an internal `finalize.done` (the compat adapters ask).
+    acknowledge_finalize: bool = False
     state: SessionState = SessionState.CONNECTING
 
     def __post_init__(self) -> None:
-        services = self.services
+        services, config = self.services, self.config
         self.session_id = self.source.session_id
         self.start_sample = round(self.source.acked_until * SAMPLE_RATE)
         segmenter = services.segmenter
-        if not self.config.interim_results:
+        if not config.interim_results:
             segmenter = dataclasses.replace(segmenter, partial_interval=0.0)
         self._pipeline = AudioPipeline(
-            FrameDecoder(self.config.encoding, self.config.sample_rate),
+            FrameDecoder(config.encoding, config.sample_rate),
             services.vad,
             segmenter,
             start_sample=self.start_sample,
@@ -141,13 +138,16 @@ class SessionActor:
             services.outbox_limit,
             on_partial_dropped=lambda: services.telemetry.partial_dropped("merged"),
         )
+        labeller = None
+        if config.diarize and services.speakers is not None:
+            labeller = SpeakerLabeller(services.speakers, services.diarizer)
         self._committer = Committer(
             CommitterConfig(
                 session_id=self.session_id,
-                participant=self.config.participant,
+                participant=config.participant,
                 priority=Priority.FINAL,
                 timing=True,
-                requested_language=None if self.config.language == "auto" else self.config.language,
+                requested_language=None if config.language == "auto" else config.language,
                 model_languages=services.languages,
                 clock=services.clock,
                 telemetry=services.telemetry,
@@ -155,8 +155,8 @@ class SessionActor:
             services.scheduler,
             services.store,
             self.source,
-            deliver=self._deliver_final,
-            on_pinned=self._language_pinned,
+            _ToClient(self._outbox),
+            labeller,
         )
         self._partials = PartialSender(
             self._committer,
@@ -168,7 +168,7 @@ class SessionActor:
             services.telemetry,
             services.clock,
         )
-        self._finals: asyncio.Queue[PendingFinal | None] = asyncio.Queue()
+        self._finals: asyncio.Queue[PendingFinal | _Finalized | None] = asyncio.Queue()
         self._utterances = 0
         self._shutdown_requested = False
         self._receiving = False
@@ -200,26 +200,24 @@ class SessionActor:
     async def run(self) -> EndReason:
         """Serve the stream until it ends; returns why it ended."""
         self._transition(SessionState.STREAMING)
-        last_seq = await self.services.store.last_seq(self.meeting_id)
         self._put(
-            {
-                "type": "session.started",
-                "protocol": PROTOCOL_VERSION,
-                "session_id": self.session_id,
-                "meeting_id": self.meeting_id,
-                "participant": self.config.participant,
-                "config": self.config.as_dict(),
-                "resume_token": self.resume_token,
-                "resume_from": self.start_sample / SAMPLE_RATE,
-                "resumed": self.resumed,
-                "last_seq": last_seq,
-            }
+            build.session_started(
+                session_id=self.session_id,
+                meeting_id=self.meeting_id,
+                participant=self.config.participant,
+                config=self.config.as_dict(),
+                resume_token=self.resume_token,
+                resume_from=self.start_sample / SAMPLE_RATE,
+                resumed=self.resumed,
+                last_seq=await self.services.store.last_seq(self.meeting_id),
+            )
         )
         language = self._committer.language
         if self.config.language == "auto" and language is not None:
-            self._put(_language_message(language, None, 0))
+            self._put(build.session_language(language, None, 0))
         for record in self.replay:
-            self._outbox.put(encode(record.message()), utterance_id=record.utterance_id)
+            final = build.encode(build.transcript_final(record))
+            self._outbox.put(final, utterance_id=record.utterance_id)
         writer = asyncio.create_task(self._write(), name=f"writer-{self.session_id}")
         committer = asyncio.create_task(self._commit(), name=f"committer-{self.session_id}")
         self._reader = asyncio.create_task(self._read(), name=f"reader-{self.session_id}")
@@ -239,17 +237,16 @@ class SessionActor:
             if ending.reason in CLIENT_GONE:
                 return ending.reason
             if ending.error is not None:
-                self._put(error_message(ending.error.code, ending.error.message))
+                self._put(build.error(ending.error.code, ending.error.message))
             if ending.reason in {EndReason.STOP, EndReason.SHUTDOWN}:
                 totals = self.totals
                 self._put(
-                    {
-                        "type": "session.ended",
-                        "reason": ending.reason.value,
-                        "audio_seconds": round(totals.audio_samples / SAMPLE_RATE, 3),
-                        "utterances": totals.utterances,
-                        "finals": totals.finals,
-                    }
+                    build.session_ended(
+                        reason=ending.reason.value,
+                        audio_seconds=round(totals.audio_samples / SAMPLE_RATE, 3),
+                        utterances=totals.utterances,
+                        finals=totals.finals,
+                    )
                 )
             self._outbox.close()
             await asyncio.wait({writer}, timeout=COMMIT_TIMEOUT)
@@ -259,11 +256,12 @@ class SessionActor:
             ending = INTERNAL_ERROR
             with contextlib.suppress(Exception):
                 await self.websocket.send_text(
-                    encode(error_message(ErrorCode.INTERNAL, "internal error; see server log"))
+                    build.encode(build.error(ErrorCode.INTERNAL, "internal error; see server log"))
                 )
             return ending.reason
         finally:
             self.services.scheduler.cancel(self.session_id)
+            await self._committer.close()
             tasks = [t for t in (self._reader, writer, committer, *self._partials.tasks()) if t]
             for task in tasks:
                 task.cancel()
@@ -321,49 +319,41 @@ class SessionActor:
         if control is ControlType.STOP:
             return STOPPED
         if control is ControlType.FINALIZE:
-            await self._handle(self._pipeline.cut())
+            cut = self._pipeline.cut()
+            await self._handle(cut)
+            if self.acknowledge_finalize:
+                ended = [e.index for e in cut if isinstance(e, UtteranceEnded)]
+                last = f"{self.session_id}-{ended[-1]}" if ended else None
+                await self._finals.put(_Finalized(last))
         return None  # keepalive: receiving it was the point
 
     async def _handle(self, events: list[SegmentEvent]) -> None:
         for event in events:
             if isinstance(event, SpeechStarted):
-                self._put({"type": "vad.speech_started", "t": seconds(event.sample)})
+                self._put(build.speech_started(seconds(event.sample)))
             elif isinstance(event, SpeechStopped):
-                self._put({"type": "vad.speech_stopped", "t": seconds(event.sample)})
+                self._put(build.speech_stopped(seconds(event.sample)))
             elif isinstance(event, PartialDue):
                 await self._partials.submit(event)
             elif isinstance(event, UtteranceEnded):
-                await self._submit_final(event)
+                self._utterances += 1
+                # A queued partial would never run before this final (finals outrank them).
+                self.services.scheduler.cancel(self.session_id, partials_only=True)
+                draft = self._partials.draft_for(event.index)
+                await self._finals.put(await self._committer.submit(event, draft))
 
-    async def _submit_final(self, event: UtteranceEnded) -> None:
-        self._utterances += 1
-        # A queued partial would never run before this final (finals outrank partials).
-        self.services.scheduler.cancel(self.session_id, partials_only=True)
-        pending = await self._committer.submit(event, self._partials.draft_for(event.index))
-        await self._finals.put(pending)
-
-    # ------------------------------------------------------------------ committer
+    # ------------------------------------------------------------------ committer, writer
 
     async def _commit(self) -> None:
         while (pending := await self._finals.get()) is not None:
+            if isinstance(pending, _Finalized):
+                if self._outbox.state is OutboxState.OPEN:
+                    self._put(build.finalize_done(pending.utterance_id))
+                continue
             committed = await self._committer.commit(pending)
             if committed.lost is not None and self._outbox.state is OutboxState.OPEN:
-                self._put(
-                    error_message(ErrorCode.INTERNAL, "an utterance could not be transcribed")
-                )
-        self._committer.finish()  # a stream that ended before its detection was sure
-
-    def _deliver_final(self, record: FinalRecord, payload: str) -> None:
-        if self._outbox.state is OutboxState.OPEN:
-            self._outbox.put(payload, utterance_id=record.utterance_id)
-
-    def _language_pinned(self, pinned: LanguagePinned) -> None:
-        if self._outbox.state is OutboxState.OPEN:
-            self._put(
-                _language_message(pinned.language, round(pinned.probability, 4), pinned.utterances)
-            )
-
-    # ------------------------------------------------------------------ writer
+                self._put(build.error(ErrorCode.INTERNAL, "an utterance could not be transcribed"))
+        await self._committer.finish()  # the last speaker labels; an unsure detection pins
 
     async def _write(self) -> None:
         while (message := await self._outbox.get()) is not None:
@@ -372,7 +362,7 @@ class SessionActor:
     # ------------------------------------------------------------------ helpers
 
     def _put(self, message: ServerMessage) -> None:
-        self._outbox.put(encode(message))
+        self._outbox.put(build.encode(message))
 
     def _transition(self, new: SessionState) -> None:
         if new not in _TRANSITIONS[self.state]:
@@ -382,10 +372,19 @@ class SessionActor:
         self.state = new
 
 
-def _language_message(language: str, probability: float | None, utterances: int) -> SessionLanguage:
-    return {
-        "type": "session.language",
-        "language": language,
-        "probability": probability,
-        "utterances": utterances,
-    }
+class _ToClient:
+    """The live client's share of what the committer commits: its outbox, while open."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self._outbox = outbox
+
+    def final(self, record: FinalRecord, payload: str) -> None:
+        if self._outbox.state is OutboxState.OPEN:
+            self._outbox.put(payload, utterance_id=record.utterance_id)
+
+    def message(self, message: ServerMessage) -> None:
+        if self._outbox.state is OutboxState.OPEN:
+            self._outbox.put(build.encode(message))
+
+    def relabelled(self, speakers: Mapping[str, str]) -> None:
+        return None  # the client hears of it in the `transcript.speaker` messages

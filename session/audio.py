@@ -12,7 +12,11 @@ import numpy.typing as npt
 import soxr
 
 from engine.api import SAMPLE_RATE
-from session.protocol import CloseCode, Encoding, ErrorCode, ProtocolError
+from wire.codes import DEFAULT_SAMPLE_RATE, CloseCode, Encoding, ErrorCode
+from wire.errors import ProtocolError
+
+# A stream that names no rate is at the model's: it goes through without resampling.
+assert DEFAULT_SAMPLE_RATE == SAMPLE_RATE, "the protocol's default rate is the model's"
 
 FloatArray = npt.NDArray[np.float32]
 

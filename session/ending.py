@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from session.outbox import SlowConsumer
-from session.protocol import CloseCode, ErrorCode, ProtocolError
 from session.store import SourceSuperseded, StoreError
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
 
 
 class EndReason(enum.Enum):

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,11 +38,13 @@ from engine.api import SAMPLE_RATE, Priority
 from session.audio import FrameDecoder
 from session.committer import Committer, CommitterConfig, PendingFinal
 from session.pipeline import AudioPipeline
-from session.protocol import Encoding
 from session.segmenter import SegmentEvent, UtteranceEnded
 from session.services import SessionServices
+from session.speakers import SpeakerLabeller
 from session.store import FinalRecord, SourceState
 from session.vad import WINDOW, VadScorer
+from wire.codes import Encoding
+from wire.messages import ServerMessage
 
 CHUNK_SAMPLES = 10 * SAMPLE_RATE  # read from disk at a time (320 KB)
 SLICE_WINDOWS = 4  # VAD windows scored between two yields to the event loop
@@ -57,6 +59,7 @@ class FileOptions:
     # The meeting source the file's finals are logged as (from Store.create_source, so
     # source_id must be its session_id); None: the file stands alone.
     meeting_source: SourceState | None = None
+    diarize: bool = False  # label each final's speaker (services.speakers must be set)
     # How many of the file's requests may be in the scheduler now; asked before each
     # submission, so the server can lower it while live rooms are open.
     in_flight: Callable[[], int] = lambda: 4
@@ -101,6 +104,11 @@ class FileTranscriber:
         self._services = services
         self._options = options
         self.progress = progress
+        labeller = None
+        if options.diarize:
+            if services.speakers is None:
+                raise ValueError("diarize needs the services' speaker embedder")
+            labeller = SpeakerLabeller(services.speakers, services.diarizer)
         self._pipeline = AudioPipeline(
             FrameDecoder(Encoding.PCM_S16LE, SAMPLE_RATE),
             vad or services.vad,
@@ -119,7 +127,8 @@ class FileTranscriber:
             services.scheduler,
             services.store,
             options.meeting_source,
-            deliver=lambda record, payload: progress.finals.append(record),
+            _ToProgress(progress),
+            labeller,
         )
         self._pending: deque[PendingFinal] = deque()
 
@@ -135,10 +144,12 @@ class FileTranscriber:
             await self._handle(self._pipeline.cut())
             while self._pending:
                 await self._commit(self._pending.popleft())
+            await self._committer.finish()  # the file is done: its best speaker labels
             self.progress.processed_samples = self.progress.total_samples
         finally:
             # Cancelled or failed: what is still queued for this file is dropped.
             self._services.scheduler.cancel(self._options.source_id)
+            await self._committer.close()
 
     async def _segment(self, pcm: bytes) -> None:
         step = SLICE_WINDOWS * WINDOW * BYTES_PER_SAMPLE
@@ -174,3 +185,24 @@ class FileTranscriber:
         if share < 1.0 and committed.result is not None:
             # Leave the model idle for live rooms: pace, do not poll.
             await asyncio.sleep(committed.result.inference * (1.0 / max(share, 0.05) - 1.0))
+
+
+class _ToProgress:
+    """A file's share of what the committer commits: its growing result."""
+
+    def __init__(self, progress: FileProgress) -> None:
+        self._progress = progress
+
+    def final(self, record: FinalRecord, payload: str) -> None:
+        self._progress.finals.append(record)
+
+    def message(self, message: ServerMessage) -> None:
+        return None  # no client socket: the job resource reads the progress
+
+    def relabelled(self, speakers: Mapping[str, str]) -> None:
+        self._progress.finals[:] = [
+            dataclasses.replace(f, speaker=speakers[f.utterance_id])
+            if f.utterance_id in speakers
+            else f
+            for f in self._progress.finals
+        ]

@@ -30,10 +30,10 @@ from session.committer import Committer
 from session.outbox import Outbox, OutboxState
 from session.partials import PartialPolicy, PartialPolicyConfig
 from session.pipeline import seconds
-from session.protocol import TranscriptPartial, encode
 from session.segmenter import PartialDue
 from session.store import Store
 from session.telemetry import Telemetry
+from wire import build
 
 logger = logging.getLogger(__name__)
 
@@ -110,15 +110,14 @@ class PartialSender:
             self._drop("stale")
             return
         self._draft = (event.index, text)
-        message: TranscriptPartial = {
-            "type": "transcript.partial",
-            "utterance_id": f"{self._session_id}-{event.index}",
-            "participant": self._participant,
-            "text": text,
-            "start": seconds(event.start),
-            "end": seconds(event.end),
-        }
-        payload = encode(message)
+        message = build.transcript_partial(
+            utterance_id=f"{self._session_id}-{event.index}",
+            participant=self._participant,
+            text=text,
+            start=seconds(event.start),
+            end=seconds(event.end),
+        )
+        payload = build.encode(message)
         if self._outbox.state is OutboxState.OPEN:
             self._outbox.put_partial(message["utterance_id"], payload)
         self.sent += 1

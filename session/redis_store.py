@@ -21,7 +21,7 @@ import logging
 import random
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -33,7 +33,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from session.protocol import validate_id
 from session.store import (
     DEFAULT_BUFFER_LIMIT,
     DEFAULT_PREFIX,
@@ -54,6 +53,7 @@ from session.store import (
     new_source_ids,
 )
 from session.ttl import Clock, TTLSettings, draw_jitter, system_clock
+from wire.query import validate_id
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class Keys:
     {prefix}meeting:{id}:log     stream of finals, entry id "{seq}-0", field f = JSON
     {prefix}meeting:{id}:src     hash: s:{sid} state JSON, g:{sid} generation,
                                  u:{utterance id} → its seq (idempotent appends),
+                                 sp:{utterance id} → its speaker after a relabel,
                                  t:{sha256(token)} → sid
     {prefix}meeting:{id}:events  pub/sub channel (not a key)
     {prefix}token:{sha256}       meeting id of a token: a hint to tell "another meeting"
@@ -587,12 +588,41 @@ class RedisStore:
                 if len(page) < FINALS_PAGE:
                     break
                 start = f"{records[-1].seq + 1}-0"
+            records = await self._relabelled(keys[2], records)
         except UNREACHABLE as exc:
             raise self._unavailable(exc, "read the transcript") from exc
         self._note_success()
         if records:
             self._remember_seq(meeting_id, records[-1].seq)
         return records
+
+    async def _relabelled(self, src: str, records: list[FinalRecord]) -> list[FinalRecord]:
+        """Apply the speakers re-clustering gave to diarized finals after they were logged."""
+        diarized = [r for r in records if r.speaker is not None]
+        if not diarized:
+            return records
+        labels: Any = await self._redis.hmget(src, [f"sp:{r.utterance_id}" for r in diarized])
+        changed = {
+            r.utterance_id: label.decode()
+            for r, label in zip(diarized, labels, strict=True)
+            if label is not None and label.decode() != r.speaker
+        }
+        if not changed:
+            return records
+        return [
+            replace(r, speaker=changed[r.utterance_id]) if r.utterance_id in changed else r
+            for r in records
+        ]
+
+    async def set_speakers(self, meeting_id: str, speakers: Mapping[str, str]) -> None:
+        if not speakers:
+            return
+        src = self._keys.meeting(meeting_id)[2]
+        try:  # the source hash carries the meeting's TTL; HSET keeps it
+            await self._redis.hset(src, mapping={f"sp:{k}": v for k, v in speakers.items()})
+        except UNREACHABLE as exc:
+            raise self._unavailable(exc, "store speaker labels") from exc
+        self._note_success()
 
     async def last_seq(self, meeting_id: str) -> int:
         log = self._keys.meeting(meeting_id)[1]

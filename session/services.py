@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.api import Recognition
+from engine.api import Recognition, SpeakerEmbedding
+from session.diarizer import DiarizerConfig
 from session.partials import PartialPolicyConfig
 from session.segmenter import SegmenterConfig
 from session.store import Store
@@ -28,3 +29,6 @@ class SessionServices:
     partials: PartialPolicyConfig = field(default_factory=PartialPolicyConfig)
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
+    # Speaker embeddings for `diarize=true` sources; None: diarization is off.
+    speakers: SpeakerEmbedding | None = None
+    diarizer: DiarizerConfig = field(default_factory=DiarizerConfig)

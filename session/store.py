@@ -32,14 +32,15 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol
 
-from session.protocol import TranscriptFinal, Word, validate_id
 from session.ttl import Clock, TTLSettings, draw_jitter, system_clock, ttl_ms
+from wire.messages import Final, Word
+from wire.query import validate_id
 
 SUBSCRIBER_QUEUE = 256  # events buffered per listener before it is judged too slow
 DEFAULT_PREFIX = "parley:"
 DEFAULT_BUFFER_LIMIT = 10_000  # finals held in memory while Redis is unreachable
 
-_TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+_TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")  # fullmatch: "$" takes a "\n"
 
 
 # ---------------------------------------------------------------- errors
@@ -97,26 +98,19 @@ class NewFinal:
     end: float
     language: str
     words: list[Word] = field(default_factory=list)
+    speaker: str | None = None  # diarized sources only
 
 
-@dataclass(frozen=True, slots=True)
-class FinalRecord:
-    """A final as logged: `seq` is per meeting, starts at 1, and has no gaps."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FinalRecord(Final):
+    """A final as logged: the protocol's final and the session that spoke it."""
 
-    seq: int
-    utterance_id: str
     session_id: str
-    participant: str
-    text: str
-    start: float
-    end: float
-    language: str
-    words: list[Word] = field(default_factory=list)
 
     @classmethod
     def from_new(cls, seq: int, final: NewFinal) -> FinalRecord:
         # field by field, not asdict(): no deep copy of the words on every final
-        return cls(seq, *(getattr(final, f.name) for f in fields(NewFinal)))
+        return cls(seq=seq, **{f.name: getattr(final, f.name) for f in fields(NewFinal)})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FinalRecord:
@@ -124,21 +118,6 @@ class FinalRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def message(self) -> TranscriptFinal:
-        msg: TranscriptFinal = {
-            "type": "transcript.final",
-            "utterance_id": self.utterance_id,
-            "seq": self.seq,
-            "participant": self.participant,
-            "text": self.text,
-            "start": self.start,
-            "end": self.end,
-            "language": self.language,
-        }
-        if self.words:
-            msg["words"] = self.words
-        return msg
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +216,13 @@ class Store(Protocol):
         ...
 
     async def finals(self, meeting_id: str, after_seq: int = 0) -> list[FinalRecord]:
-        """The meeting's finals with `seq` > after_seq, in `seq` order."""
+        """The meeting's finals with `seq` > after_seq, in `seq` order (with their latest
+        speaker labels)."""
+        ...
+
+    async def set_speakers(self, meeting_id: str, speakers: Mapping[str, str]) -> None:
+        """Relabel logged finals: utterance id → speaker. Ids not (yet) in the log are kept
+        and apply when the final arrives. Raises StoreUnavailable when unreachable."""
         ...
 
     async def last_seq(self, meeting_id: str) -> int:
@@ -272,7 +257,7 @@ class Store(Protocol):
 
 def hash_token(token: str) -> str:
     """The stored form of a resume token. A malformed token is simply unknown."""
-    if not _TOKEN_PATTERN.match(token):
+    if not _TOKEN_PATTERN.fullmatch(token):
         raise UnknownResumeToken("malformed resume token")
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -336,6 +321,7 @@ class _Meeting:
     finals: list[FinalRecord] = field(default_factory=list)
     sources: dict[str, SourceState] = field(default_factory=dict)
     logged: dict[str, int] = field(default_factory=dict)  # utterance id → seq
+    speakers: dict[str, str] = field(default_factory=dict)  # utterance id → relabelled speaker
     tokens: dict[str, str] = field(default_factory=dict)  # token hash → session id
     accesses: int = 0
     last_write: float = 0.0
@@ -468,6 +454,8 @@ class MemoryStore:
             raise SourceSuperseded(f"source {source.session_id} was resumed by another session")
         seq = meeting.finals[-1].seq + 1 if meeting.finals else 1
         record = FinalRecord.from_new(seq, final)
+        if final.utterance_id in meeting.speakers:
+            record = replace(record, speaker=meeting.speakers[final.utterance_id])
         meeting.finals.append(record)
         meeting.logged[final.utterance_id] = seq
         meeting.sources[source.session_id] = source
@@ -481,6 +469,18 @@ class MemoryStore:
             return []
         self._touch(meeting, write=False)
         return meeting.finals[max(0, after_seq) :]
+
+    async def set_speakers(self, meeting_id: str, speakers: Mapping[str, str]) -> None:
+        validate_id("meeting_id", meeting_id)
+        meeting = self._live(meeting_id)
+        if meeting is None:
+            return
+        meeting.speakers.update(speakers)
+        for utterance_id, speaker in speakers.items():
+            seq = meeting.logged.get(utterance_id)
+            if seq is not None:
+                meeting.finals[seq - 1] = replace(meeting.finals[seq - 1], speaker=speaker)
+        self._touch(meeting, write=True)
 
     async def last_seq(self, meeting_id: str) -> int:
         validate_id("meeting_id", meeting_id)

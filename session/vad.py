@@ -18,6 +18,8 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime
 
+from engine.api import SAMPLE_RATE
+
 WINDOW = 512  # samples per VAD window at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous window the model sees before each window
 STATE_SHAPE = (2, 1, 128)
@@ -55,7 +57,7 @@ class SileroVad:
             sess_options=options,
             providers=["CPUExecutionProvider"],
         )
-        self._sr = np.array(16_000, dtype=np.int64)
+        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
 
     def score(self, windows: FloatArray, states: list[VadState]) -> FloatArray:
         """Speech probability of each window (shape [B, 512]); updates `states` in place."""

@@ -30,6 +30,7 @@ const ui = {
   micStart: $('mic-start'), micMute: $('mic-mute'), micStop: $('mic-stop'),
   meterRow: $('meter-row'), meter: $('meter'), meterFill: $('meter-fill'), micHelp: $('mic-help'),
   micCard: $('mic-card'), replayCard: $('replay-card'),
+  micDiarize: $('mic-diarize'), replayDiarize: $('replay-diarize'),
   replayFile: $('replay-file'), replayMonitor: $('replay-monitor'), replayStart: $('replay-start'),
   replayStop: $('replay-stop'), replayRow: $('replay-row'), replayProgress: $('replay-progress'),
   replayStatus: $('replay-status'), shareLink: $('share-link'), copyLink: $('copy-link'),
@@ -55,6 +56,9 @@ function onTranscript(msg, { receivedAt = null, latency = null } = {}) {
   if (msg.type === MessageType.PARTIAL) {
     const p = model.setPartial(msg, Date.now());
     if (p) view.showPartial(p);
+  } else if (msg.type === MessageType.SPEAKER) {
+    const f = model.setSpeaker(msg);
+    if (f) view.updateSpeaker(f);
   } else if (msg.type === MessageType.FINAL) {
     const hadPartial = model.partials.has(msg.utterance_id);
     const r = model.addFinal(msg, { receivedAt, latency });
@@ -231,9 +235,9 @@ function speakerId() {
   return id || null;
 }
 
-function newStream(participant) {
+function newStream(participant, diarize = false) {
   return new AudioStream({
-    base: BASE, meetingId: state.meetingId, participant, language: state.language,
+    base: BASE, meetingId: state.meetingId, participant, language: state.language, diarize,
     getLastSeq: () => state.model.lastSeq,
     onPhase: onStreamPhase,
     onTranscript: (msg, meta) => onTranscript(msg, meta),
@@ -277,7 +281,7 @@ function setMeter(rms) {
 async function startMic() {
   const participant = speakerId();
   if (!participant || state.source) return;
-  const stream = newStream(participant);
+  const stream = newStream(participant, ui.micDiarize.checked);
   const src = { kind: 'mic', stream, audio: null, muted: false };
   state.source = src;
   syncControls();
@@ -334,7 +338,7 @@ async function startReplay() {
     return;
   }
   if (state.source !== src) return;
-  const stream = newStream(participant);
+  const stream = newStream(participant, ui.replayDiarize.checked);
   src.stream = stream;
   stream.start();
   src.audio = await playBuffer(buffer, {

@@ -8,6 +8,11 @@
 
 import { displayName } from './protocol.js';
 
+/** Who said a final: "Ana", or "Room (S2)" for a diarized source's voice. */
+export function who(f) {
+  return f.speaker ? `${displayName(f.participant)} (${f.speaker})` : displayName(f.participant);
+}
+
 /** 3725.5 → "01:02:05,500" (SRT) or "01:02:05.500" (VTT). */
 export function timestamp(seconds, separator = ',') {
   const ms = Math.max(0, Math.round(seconds * 1000));
@@ -68,7 +73,7 @@ const spoken = (finals) => onMeetingClock(finals).filter((f) => f.text.trim() !=
 
 export function toTxt(finals, { meetingId = '' } = {}) {
   const lines = spoken(finals).map(
-    (f) => `[${clock(f.meetingStart)}] ${displayName(f.participant)}: ${f.text}`,
+    (f) => `[${clock(f.meetingStart)}] ${who(f)}: ${f.text}`,
   );
   const head = meetingId ? [`Parley meeting ${meetingId}`, ''] : [];
   return `${[...head, ...lines].join('\n')}\n`;
@@ -81,7 +86,7 @@ const cueEnd = (f) => Math.max(f.meetingEnd, f.meetingStart + 0.1);
 export function toSrt(finals) {
   return spoken(finals)
     .map((f, i) => `${i + 1}\n${timestamp(f.meetingStart)} --> ${timestamp(cueEnd(f))}\n`
-      + `${displayName(f.participant)}: ${f.text.replace(/\n+/g, ' ')}\n`)
+      + `${who(f)}: ${f.text.replace(/\n+/g, ' ')}\n`)
     .join('\n');
 }
 
@@ -91,7 +96,7 @@ const escapeVtt = (s) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(
 export function toVtt(finals, { meetingId = '' } = {}) {
   const header = meetingId ? `WEBVTT - Parley meeting ${meetingId}\n\n` : 'WEBVTT\n\n';
   const cues = spoken(finals).map((f) => {
-    const voice = escapeVtt(displayName(f.participant)).replace(/\s+/g, ' ');
+    const voice = escapeVtt(who(f)).replace(/\s+/g, ' ');
     return `${f.seq}\n${timestamp(f.meetingStart, '.')} --> ${timestamp(cueEnd(f), '.')}\n`
       + `<v ${voice}>${escapeVtt(f.text.replace(/\n+/g, ' '))}\n`;
   });
@@ -112,6 +117,7 @@ export function toJson(finals, { meetingId = '', exportedAt = new Date() } = {})
       language: f.language,
     };
     if (f.words) item.words = f.words;
+    if (f.speaker) item.speaker = f.speaker;
     if (f.latency != null) item.latency_s = round3(f.latency);
     if (f.receivedAt != null) item.received_at = new Date(f.receivedAt).toISOString();
     return item;

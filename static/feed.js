@@ -109,7 +109,8 @@ export class MeetingFeed {
     const receivedAt = performance.timeOrigin + performance.now();
     let msg;
     try { msg = JSON.parse(data); } catch { return; }
-    if (msg.type === MessageType.PARTIAL || msg.type === MessageType.FINAL) {
+    if (msg.type === MessageType.PARTIAL || msg.type === MessageType.FINAL
+      || msg.type === MessageType.SPEAKER) {
       this.socket.markHealthy();
       this.onTranscript(msg, { receivedAt });
     } else if (msg.type === MessageType.ERROR) {

@@ -1,10 +1,10 @@
-// Wire protocol v1, client side. Mirrors session/protocol.py (message types, close
+// Wire protocol v1, client side. Mirrors the server's wire/ package (message types, close
 // codes, id alphabet) and builds the socket URLs. Pure: usable from node's tests.
 
 export const PROTOCOL_VERSION = 1;
 export const SAMPLE_RATE = 16000;
 
-/** Close codes the server uses (session/protocol.py CloseCode). */
+/** Close codes the server uses (wire/codes.py CloseCode). */
 export const CloseCode = Object.freeze({
   NORMAL: 1000,
   GOING_AWAY: 1001,
@@ -33,6 +33,7 @@ export const MessageType = Object.freeze({
   SPEECH_STOPPED: 'vad.speech_stopped',
   PARTIAL: 'transcript.partial',
   FINAL: 'transcript.final',
+  SPEAKER: 'transcript.speaker', // a diarized final's speaker changed (diarize=true)
   ERROR: 'error',
   SESSION_ENDED: 'session.ended',
 });
@@ -115,7 +116,7 @@ export function socketUrl(relativePath, base) {
  * The stream socket URL (one audio source).
  * resume: {token, lastSeq} when reconnecting to the same source.
  */
-export function streamUrl(base, { meetingId, participant, language = 'en', resume = null }) {
+export function streamUrl(base, { meetingId, participant, language = 'en', diarize = false, resume = null }) {
   const url = socketUrl(`v1/meetings/${encodeURIComponent(meetingId)}/stream`, base);
   const q = url.searchParams;
   q.set('participant', participant);
@@ -123,6 +124,7 @@ export function streamUrl(base, { meetingId, participant, language = 'en', resum
   q.set('sample_rate', String(SAMPLE_RATE));
   q.set('encoding', 'pcm_s16le');
   q.set('interim_results', 'true');
+  if (diarize) q.set('diarize', 'true'); // several voices on one source: label each
   if (resume?.token) {
     q.set('resume_token', resume.token);
     q.set('last_seq', String(Math.max(0, resume.lastSeq ?? 0))); // seqs start at 1

@@ -40,9 +40,9 @@ export class AudioStream {
    * @param {() => Promise<string[]|undefined>} [o.protocols]  per connection: the meeting
    *        token's subprotocols when the server requires authentication
    */
-  constructor({ base, meetingId, participant, language = 'en', ringSeconds = 120,
+  constructor({ base, meetingId, participant, language = 'en', diarize = false, ringSeconds = 120,
     onPhase, onTranscript, onNotice, getLastSeq = () => -1, protocols = null }) {
-    Object.assign(this, { base, meetingId, participant, language, onPhase, onTranscript, onNotice, getLastSeq });
+    Object.assign(this, { base, meetingId, participant, language, diarize, onPhase, onTranscript, onNotice, getLastSeq });
     this.ring = new PcmRing(ringSeconds * SAMPLE_RATE);
     this.phase = StreamPhase.CONNECTING;
     this.sessionId = null;
@@ -117,6 +117,7 @@ export class AudioStream {
       meetingId: this.meetingId,
       participant: this.participant,
       language: this.language,
+      diarize: this.diarize,
       resume: this.resumeToken ? { token: this.resumeToken, lastSeq: this.getLastSeq() } : null,
     });
   }
@@ -179,6 +180,7 @@ export class AudioStream {
         this.#onStarted(msg, receivedAt);
         break;
       case MessageType.PARTIAL:
+      case MessageType.SPEAKER:
         this.onTranscript(msg, { receivedAt, latency: null });
         break;
       case MessageType.FINAL: {

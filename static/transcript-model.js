@@ -61,6 +61,7 @@ export class TranscriptModel {
       start: Number(msg.start) || 0,
       end: Number(msg.end) || 0,
       language: msg.language ?? null,
+      speaker: typeof msg.speaker === 'string' ? msg.speaker : null, // diarize=true sources
       words: Array.isArray(msg.words) ? msg.words : undefined,
       timing: msg.timing ?? undefined,
       receivedAt: extra.receivedAt ?? null,
@@ -75,6 +76,18 @@ export class TranscriptModel {
     while (index > 0 && this.finals[index - 1].order > final.order) index -= 1;
     this.finals.splice(index, 0, final);
     return { final, isNew: true };
+  }
+
+  /**
+   * Apply a `transcript.speaker`: the final of that utterance now belongs to another
+   * speaker. Returns the changed final, or null (unknown utterance, or no change).
+   */
+  setSpeaker(msg) {
+    if (!msg?.utterance_id || typeof msg.speaker !== 'string') return null;
+    const final = this.finals.find((f) => f.utterance_id === msg.utterance_id);
+    if (!final || final.speaker === msg.speaker) return null;
+    final.speaker = msg.speaker;
+    return final;
   }
 
   /** Same final from the other socket: keep the first arrival, fill in latency. */

@@ -16,6 +16,12 @@ export function colourIndex(participant) {
   return h % PALETTE_SIZE;
 }
 
+/** The colour class of a speaker label: S1 → sp-1 … (six colours, then round again). */
+export function speakerClass(speaker) {
+  const n = Number(String(speaker).replace(/^\D+/, '')) || 0;
+  return `sp-${((n - 1) % 6 + 6) % 6 + 1}`;
+}
+
 const timeFmt = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit' });
 
 function el(tag, attrs = {}, ...children) {
@@ -77,10 +83,16 @@ export class TranscriptView {
     }
   }
 
-  #meta(participant, extra) {
+  #meta(participant, extra, speaker = null) {
+    const who = el('span', { class: `who pc-${colourIndex(participant)}` }, displayName(participant));
     return el('div', { class: 'meta' },
-      el('span', { class: `who pc-${colourIndex(participant)}` }, displayName(participant)),
+      speaker ? el('span', { class: 'whobox' }, who, this.#speakerChip(speaker)) : who,
       ...extra);
+  }
+
+  /** A diarized final's speaker ("S2"), in that label's own colour, under the name. */
+  #speakerChip(speaker) {
+    return el('span', { class: `spk ${speakerClass(speaker)}`, title: `Voice ${speaker} of this source` }, speaker);
   }
 
   /** Show or update the partial of an utterance. */
@@ -120,7 +132,7 @@ export class TranscriptView {
         el('span', { class: 'span', title: `Audio ${f.start.toFixed(2)}–${f.end.toFixed(2)} s of this speaker’s stream` },
           `${f.start.toFixed(1)}–${f.end.toFixed(1)} s`),
         this.#latencyChip(f),
-      ]),
+      ], f.speaker),
       el('p', { class: 'text' }, f.text || '(no words)'));
     this.finalEls.set(f.key, li);
     const partial = f.utterance_id ? this.partialEls.get(f.utterance_id) : null;
@@ -148,6 +160,16 @@ export class TranscriptView {
     const li = this.finalEls.get(f.key);
     if (!li || li.querySelector('.lat') || f.latency == null) return;
     li.querySelector('.meta').append(this.#latencyChip(f));
+  }
+
+  /** A final's speaker changed (`transcript.speaker`): redraw its label. */
+  updateSpeaker(f) {
+    const li = this.finalEls.get(f.key);
+    const chip = li?.querySelector('.spk');
+    if (!chip) return;
+    chip.className = `spk ${speakerClass(f.speaker)}`;
+    chip.textContent = f.speaker;
+    chip.title = `Voice ${f.speaker} of this source`;
   }
 
   /** A line about the connection (dropped, reconnected), placed after the finals. */

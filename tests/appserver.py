@@ -15,6 +15,7 @@ import orjson
 import uvicorn
 
 from engine.recognizer import Recognizer
+from server.__main__ import uvicorn_config
 from server.app import create_app
 from server.settings import Settings
 from server.state import AppState
@@ -44,6 +45,7 @@ class AppServer:
         *,
         body: Any = None,
         headers: dict[str, str] | None = None,
+        timeout: float = 10.0,
     ) -> tuple[int, dict[str, str], bytes]:
         """One HTTP request, off the event loop (the server shares it)."""
         data = None if body is None else body if isinstance(body, bytes) else orjson.dumps(body)
@@ -53,7 +55,7 @@ class AppServer:
                 self.http_url + path, data=data, method=method, headers=headers or {}
             )
             try:
-                with urllib.request.urlopen(req, timeout=10) as response:
+                with urllib.request.urlopen(req, timeout=timeout) as response:
                     return response.status, dict(response.headers), response.read()
             except urllib.error.HTTPError as exc:
                 return exc.code, dict(exc.headers), exc.read()
@@ -68,19 +70,9 @@ async def serve_app(
 ) -> AsyncIterator[AppServer]:
     """Serve `create_app(Settings(**settings))` on a free loopback port until the block ends."""
     port = free_port()
-    config_settings = Settings.from_env({}, port=port, static_dir="/nonexistent", **settings)
+    config_settings = Settings.from_env({}, port=port, **{"static_dir": "/nonexistent", **settings})
     app = create_app(config_settings, recognizer)
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        ws="websockets-sansio",
-        ws_max_size=config_settings.max_frame_bytes * 4,
-        ws_per_message_deflate=False,
-        lifespan="on",
-        log_config=None,
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, config_settings, host="127.0.0.1"))
     serving = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(START_TIMEOUT):

@@ -21,11 +21,11 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from session.protocol import SAMPLE_RATE, CloseCode
+from wire.codes import DEFAULT_SAMPLE_RATE, CloseCode
 
-BLOCK = SAMPLE_RATE // 100  # 10 ms
-END_SILENCE = round(0.3 * SAMPLE_RATE)
-PARTIAL_EVERY = round(0.5 * SAMPLE_RATE)
+BLOCK = DEFAULT_SAMPLE_RATE // 100  # 10 ms
+END_SILENCE = round(0.3 * DEFAULT_SAMPLE_RATE)
+PARTIAL_EVERY = round(0.5 * DEFAULT_SAMPLE_RATE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +83,7 @@ class StubServer:
                     for reply in stream.audio(np.frombuffer(message, dtype="<i2")):
                         await ws.send(reply)
                     limit = behaviour.close_after_s
-                    if limit is not None and stream.offset >= limit * SAMPLE_RATE:
+                    if limit is not None and stream.offset >= limit * DEFAULT_SAMPLE_RATE:
                         await ws.close(behaviour.close_code, "stub closes")
                         return
                     continue
@@ -97,7 +97,7 @@ class StubServer:
                         stream.json(
                             type="session.ended",
                             reason="stop",
-                            audio_seconds=stream.offset / SAMPLE_RATE,
+                            audio_seconds=stream.offset / DEFAULT_SAMPLE_RATE,
                             utterances=stream.count,
                             finals=stream.count,
                         )
@@ -151,8 +151,8 @@ class _Stream:
             "utterance_id": f"{self.participant}-{self.start}",
             "participant": self.participant,
             "text": self.behaviour.text,
-            "start": self.start / SAMPLE_RATE,
-            "end": end / SAMPLE_RATE,
+            "start": self.start / DEFAULT_SAMPLE_RATE,
+            "end": end / DEFAULT_SAMPLE_RATE,
         }
         if kind == "transcript.final":
             message.update(seq=self.stub.seq[self.meeting], language="en")

@@ -221,3 +221,18 @@ test('a socket asks for fresh subprotocols on every attempt, and backs off when 
   assert.deepEqual(states.slice(0, 3), ['connecting', 'waiting', 'connecting']);
   socket.stop();
 });
+
+test('diarized finals carry their speaker; transcript.speaker relabels one; exports show it', () => {
+  const url = new URL(streamUrl('http://h/', { meetingId: 'm', participant: 'room', diarize: true }));
+  assert.equal(url.searchParams.get('diarize'), 'true');
+  assert.equal(new URL(streamUrl('http://h/', { meetingId: 'm', participant: 'p' })).searchParams.has('diarize'), false);
+  const model = new TranscriptModel();
+  model.addFinal({ seq: 1, utterance_id: 'a-0', participant: 'room', text: 'Hello there.', start: 0, end: 1, speaker: 'S1' });
+  model.addFinal({ seq: 2, utterance_id: 'a-0.1', participant: 'room', text: 'Hi.', start: 1.2, end: 1.8, speaker: 'S1' });
+  assert.equal(model.setSpeaker({ type: 'transcript.speaker', utterance_id: 'a-0.1', speaker: 'S2' }).speaker, 'S2');
+  assert.equal(model.setSpeaker({ type: 'transcript.speaker', utterance_id: 'a-0.1', speaker: 'S2' }), null);
+  assert.equal(model.setSpeaker({ type: 'transcript.speaker', utterance_id: 'nope', speaker: 'S2' }), null);
+  assert.match(toTxt(model.finals), /room \(S2\): Hi\./);
+  assert.match(toVtt(model.finals), /<v room \(S1\)>Hello there\./);
+  assert.deepEqual(JSON.parse(toJson(model.finals)).finals.map((f) => f.speaker), ['S1', 'S2']);
+});

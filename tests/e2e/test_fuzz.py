@@ -24,12 +24,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loadgen.wer import error_rate
-from session.protocol import ServerMessage
 from tests.appserver import AppServer, serve_app
 from tests.conftest import ServerProcess
 from tests.corpus import clip
 from tests.hardclient import RawText, bearer, exchange
 from tests.wsclient import StreamResult, stream_pcm
+from wire.messages import ServerMessage
 
 MAX_FRAME = 1 << 20  # PARLEY_MAX_FRAME_BYTES default (the session server's)
 CASES_PER_EXAMPLE = 4  # run concurrently, each on its own connection

@@ -21,7 +21,7 @@ from loadgen.report import (
     source_figures,
     summarize,
 )
-from session.protocol import TranscriptFinal, TranscriptPartial
+from wire.messages import TranscriptFinal, TranscriptPartial
 
 
 def final(uid: str, start: float, end: float, text: str, seq: int) -> TranscriptFinal:

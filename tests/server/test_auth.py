@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,10 @@ from server.auth import (
 from server.limits import CapacityMonitor, LimitedConnection, RealtimeBudget, Slots
 from server.logs import RedactTokens
 from server.settings import Settings
-from server.tokens import MemoryTokens, RedisTokens, TokenGrant
-from session.protocol import CloseCode, ProtocolError
+from server.tokens import MemoryTokens, RedisTokens, TokenGrant, TokenQuotaExceeded
 from session.store import MemoryStore, StoreOverloaded
+from wire.codes import CloseCode
+from wire.errors import ProtocolError
 
 KEY_A = "key-of-tenant-a-0123456789"
 KEY_B = "key-of-tenant-b-0123456789"
@@ -169,6 +171,35 @@ async def test_memory_tokens_are_bounded() -> None:
     clock.now += 2
     await tokens.put("d3", TokenGrant("a", "m", None, None, clock.now + 1), 1)
     assert len(tokens) == 1
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_tenant_holds_at_most_its_quota_of_tokens(
+    backend: str, redis_url: str, redis_prefix: str
+) -> None:
+    """Each tenant may hold `per_tenant` unspent tokens: the next is refused
+    (TokenQuotaExceeded) without touching other tenants; spending or expiry frees room."""
+    tokens = (
+        MemoryTokens(per_tenant=2)
+        if backend == "memory"
+        else RedisTokens.from_url(redis_url, redis_prefix, per_tenant=2)
+    )
+    try:
+        soon = TokenGrant("a", "m", None, None, expires_at=time.time() + 0.3)
+        later = TokenGrant("a", "m", None, None, expires_at=time.time() + 60)
+        await tokens.put("a1", soon, 0.3)
+        await tokens.put("a2", later, 60)
+        with pytest.raises(TokenQuotaExceeded):
+            await tokens.put("a3", later, 60)
+        await tokens.put("b1", TokenGrant("b", "m", None, None, time.time() + 60), 60)
+        assert await tokens.take("a2") == later
+        await tokens.put("a3", later, 60)  # spent: room again
+        with pytest.raises(TokenQuotaExceeded):
+            await tokens.put("a4", later, 60)
+        await asyncio.sleep(0.4)  # a1 expired unspent: room again
+        await tokens.put("a4", later, 60)
+    finally:
+        await tokens.close()
 
 
 async def test_redis_tokens_are_spent_once_across_nodes(redis_url: str, redis_prefix: str) -> None:

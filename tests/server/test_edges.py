@@ -4,20 +4,31 @@ what the client sent."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import os
+import secrets
 from collections.abc import AsyncIterator
 from urllib.parse import quote
 
 import pytest
+from starlette.applications import Starlette
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from server.__main__ import WS_IMPLEMENTATION, uvicorn_config
 from server.gate import MAX_CLOSE_REASON, close_reason
+from server.limits import ALL
+from server.settings import Settings
+from session.store import UnknownResumeToken, hash_token
 from tests.appserver import AppServer, serve_app
 from tests.hardclient import STOP, error_of, exchange
+from tests.httpclient import multipart, post_form
 
 
 @pytest.fixture(scope="module")
 async def app() -> AsyncIterator[AppServer]:
-    """Authentication off, nothing configured: the embedded defaults."""
-    async with serve_app() as server:
+    """Authentication off, nothing configured: the embedded defaults, but quick pings."""
+    async with serve_app(ws_ping_interval_s=0.3, ws_ping_timeout_s=0.3) as server:
         yield server
 
 
@@ -57,3 +68,64 @@ def test_close_reason_keeps_whole_characters() -> None:
         assert len(cut.encode()) <= MAX_CLOSE_REASON and cut.endswith("...")
         assert text.startswith(cut[:-3])
     assert close_reason("short") == "short"
+
+
+def test_production_and_tests_run_one_websocket_implementation() -> None:
+    """`python -m server` and the tests' servers take uvicorn's config from one function:
+    the sans-I/O websockets implementation (not the deprecated legacy one), keepalive
+    pings from the settings."""
+    config = uvicorn_config(Starlette(), Settings(ws_ping_interval_s=7.0))
+    config.load()  # imports the protocol class: the legacy one warns (an error here)
+    assert config.ws == WS_IMPLEMENTATION == "websockets-sansio"
+    assert config.ws_protocol_class is WebSocketsSansIOProtocol
+    assert (config.ws_ping_interval, config.ws_ping_timeout) == (7.0, 20.0)
+    assert config.ws_max_size == 4 * Settings().max_frame_bytes
+
+
+async def test_a_half_open_listener_is_dropped_by_keepalive_pings(app: AppServer) -> None:
+    """A listener whose peer completed the handshake and then went silent (no reads, no
+    pongs, no close) is dropped after the ping interval and timeout, freeing its slot."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        (
+            "GET /v1/meetings/half-open/events HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{app.port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
+    assert (await reader.readline()).startswith(b"HTTP/1.1 101")
+    total = app.state.listener_slots.total
+    try:
+        async with asyncio.timeout(5):
+            while total.held(ALL) == 0:  # noqa: ASYNC110 - a counter, no event
+                await asyncio.sleep(0.01)
+            started = asyncio.get_running_loop().time()
+            while total.held(ALL) == 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert asyncio.get_running_loop().time() - started < 2.0
+    finally:
+        writer.transport.abort()
+
+
+async def test_ids_with_a_trailing_newline_are_refused(app: AppServer) -> None:
+    """`ana%0A` must not reach store keys, logs or SRT labels: a participant, a meeting id
+    in the path, a transcript read and an upload field with a trailing newline are all
+    refused as bad ids (4400 / 400), and a resume token with one is malformed."""
+    streams = {
+        "participant": f"{app.ws_url}/v1/meetings/newline/stream?participant=ana%0A",
+        "meeting": f"{app.ws_url}/v1/meetings/newline%0A/stream?participant=ana",
+        "listener": f"{app.ws_url}/v1/meetings/newline%0A/events",
+    }
+    for what, url in streams.items():
+        result = await exchange(url, [STOP], linger=1.0)
+        assert result.close_code == 4400, (what, result.close_code, result.messages)
+    status, _, body = await app.request("GET", "/v1/meetings/newline%0A/transcript")
+    assert status == 400, body
+    content_type, pieces = multipart(b"RIFF", "x.wav", participant="ana\n")
+    upload = await post_form(app.http_url, content_type, pieces)
+    assert upload.status == 400 and upload.json()["error"]["code"] == "bad_config", upload.body
+    token = secrets.token_urlsafe(32)
+    hash_token(token)
+    with pytest.raises(UnknownResumeToken, match="malformed"):
+        hash_token(token + "\n")

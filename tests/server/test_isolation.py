@@ -5,16 +5,20 @@ with its documented code, and no transcript byte crosses."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pytest
 
+from server.auth import OWNER_FIELD
+from session.store import SourceState
+from tests import audiofiles
 from tests.appserver import AppServer, serve_app
 from tests.corpus import clip
 from tests.hardclient import STOP, bearer, error_of, exchange
+from tests.httpclient import multipart, request
 from tests.wsclient import StreamResult
 
 KEYS = {f"t{i}": f"key-of-tenant-{i}-0123456789abcdef" for i in range(3)}
@@ -278,3 +282,35 @@ async def test_listener_waiting_for_a_meeting_another_tenant_creates(
     listener = await asyncio.wait_for(waiting, 10)
     assert listener.close_code == 4403
     assert [m["type"] for m in listener.messages] == ["error"]
+
+
+async def test_an_upload_never_joins_a_meeting_another_tenant_created_meanwhile(
+    tenancy: tuple[AppServer, list[Meeting]],
+) -> None:
+    """Tenant t0 uploads a file into meeting `raced`, which does not exist when its owner
+    is checked; t1 creates it before t0's source is (the race, forced here by the store):
+    the upload is refused 403, as a stream would be, and t1's meeting logs none of t0's
+    audio."""
+    server, _ = tenancy
+    store = server.state.store
+    create_source = store.create_source
+
+    async def t1_wins_the_race(
+        meeting_id: str, participant: str, config: Mapping[str, Any] | None = None
+    ) -> tuple[SourceState, str]:
+        if meeting_id == "raced" and (config or {}).get(OWNER_FIELD) == "t0":
+            await create_source(meeting_id, "t1-speaker", {OWNER_FIELD: "t1"})
+        return await create_source(meeting_id, participant, config)
+
+    content_type, pieces = multipart(audiofiles.encode(clip("en_jfk").samples(), "wav"), "a.wav")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store, "create_source", t1_wins_the_race)
+        response = await request(
+            "POST",
+            f"{server.http_url}/v1/transcriptions?meeting_id=raced&wait=true",
+            body=pieces,
+            headers={"Content-Type": content_type, **bearer(KEYS["t0"])},
+        )
+    assert response.status == 403, response.body
+    assert response.json()["error"]["code"] == "forbidden"
+    assert await store.finals("raced") == []

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 import pytest
 from websockets.asyncio.client import connect
 
+from server.limits import ALL
 from tests.appserver import AppServer, serve_app
 from tests.corpus import clip
 from tests.hardclient import STOP, bearer, error_of, exchange
@@ -35,6 +36,10 @@ async def limited() -> AsyncIterator[AppServer]:
         realtime_factor=4.0,
         realtime_burst_s=1.0,
         listener_send_timeout_s=0.5,
+        max_waiting_auth=2,
+        max_listeners_per_tenant=3,
+        max_listeners=4,
+        max_tokens_per_tenant=2,
     ) as server:
         yield server
 
@@ -178,3 +183,81 @@ async def test_a_listener_that_stops_reading_is_dropped(limited: AppServer) -> N
         assert stalled_result.close_code == 1008  # after what it had buffered
         assert stalled_result.messages[-1]["code"] == "slow_consumer"
         receiving.cancel()
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - the server's counters have no events
+            await asyncio.sleep(0.01)
+
+
+async def test_sockets_waiting_to_authenticate_are_capped(limited: AppServer) -> None:
+    """Sockets that bring no credentials are accepted to wait for an `auth` message; past
+    PARLEY_MAX_WAITING_AUTH of them a new one is refused 1013 at once, a socket with a key
+    is not affected, and a waiting socket that leaves frees its place."""
+    url = f"{limited.ws_url}/v1/meetings/waiting/stream"
+    waiting = limited.state.waiting_auth
+    async with connect(url), connect(url):
+        await until(lambda: waiting.held(ALL) == 2)
+        third = await exchange(url, [STOP], timeout=5)
+        assert third.close_code == 1013, third.messages
+        assert error_of(third)["code"] == "overloaded"  # type: ignore[index]
+        keyed = await exchange(url, [STOP], headers=bearer(FAST))
+        assert keyed.close_code == 1000
+    await until(lambda: waiting.held(ALL) == 0)
+    auth = orjson.dumps({"type": "auth", "token": FAST}).decode()
+    late = await exchange(url, [auth, STOP])
+    assert late.close_code == 1000, late.messages
+
+
+async def test_listeners_are_capped_per_tenant_and_in_all(limited: AppServer) -> None:
+    """A tenant's fourth listener (over three meetings) is refused 4429; the server's fifth
+    listener in all is refused 1013, whoever asks."""
+    for meeting, key in (("l1", FAST), ("l2", FAST), ("l3", FAST), ("l4", SLOW)):
+        created = await exchange(
+            f"{limited.ws_url}/v1/meetings/{meeting}/stream", [STOP], headers=bearer(key)
+        )
+        assert created.close_code == 1000
+
+    def events(meeting: str) -> str:
+        return f"{limited.ws_url}/v1/meetings/{meeting}/events"
+
+    total = limited.state.listener_slots.total
+    async with (
+        connect(events("l1"), additional_headers=bearer(FAST)),
+        connect(events("l1"), additional_headers=bearer(FAST)),
+        connect(events("l2"), additional_headers=bearer(FAST)),
+    ):
+        await until(lambda: total.held(ALL) == 3)
+        fourth = await exchange(events("l3"), headers=bearer(FAST), linger=1.0)
+        assert fourth.close_code == 4429, fourth.messages
+        assert "tenant" in error_of(fourth)["message"]  # type: ignore[index]
+        async with connect(events("l4"), additional_headers=bearer(SLOW)):
+            await until(lambda: total.held(ALL) == 4)
+            fifth = await exchange(events("l4"), headers=bearer(SLOW), linger=1.0)
+            assert fifth.close_code == 1013, fifth.messages
+            assert error_of(fifth)["code"] == "overloaded"  # type: ignore[index]
+    await until(lambda: total.held(ALL) == 0)
+
+
+async def test_a_tenant_holds_at_most_its_share_of_meeting_tokens(limited: AppServer) -> None:
+    """With PARLEY_MAX_TOKENS_PER_TENANT=2 a tenant's third unspent token is refused 429
+    (Retry-After); another tenant still mints; spending a token frees its place."""
+
+    async def mint(key: str) -> tuple[int, dict[str, str], bytes]:
+        return await limited.request(
+            "POST", "/v1/meetings/tokens-share/tokens", body={}, headers=bearer(key)
+        )
+
+    minted = [await mint(FAST) for _ in range(2)]
+    assert [status for status, _, _ in minted] == [201, 201]
+    status, headers, body = await mint(FAST)
+    assert status == 429 and {k.lower(): v for k, v in headers.items()}["retry-after"], body
+    assert orjson.loads(body)["error"]["code"] == "quota_exceeded"
+    assert (await mint(SLOW))[0] == 201
+    token = orjson.loads(minted[0][2])["token"]
+    spent = await exchange(
+        f"{limited.ws_url}/v1/meetings/tokens-share/events?access_token={token}", linger=0.2
+    )
+    assert spent.close_code != 4401, spent.messages
+    assert (await mint(FAST))[0] == 201

@@ -58,3 +58,19 @@ def test_form_receiver_refuses_bad_bodies(case: str, status: int) -> None:
     with pytest.raises(FormRefused) as caught:
         parse_form(pieces, content_type)
     assert caught.value.status == status, caught.value.message
+
+
+def test_form_receiver_bounds_a_parts_headers() -> None:
+    """A part's headers together are capped at 8 KiB (400), whatever the parser's own
+    per-line limits: seven 3 KB headers (each within python-multipart's 4 KiB line limit)
+    are refused rather than held."""
+    head = b'--b\r\nContent-Disposition: form-data; name="file"; filename="x"\r\n'
+    pads = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 3000) for i in range(6))
+    body = head + pads + b"\r\nRIFF\r\n--b--\r\n"
+    receiver = FormReceiver("multipart/form-data; boundary=b", 4 << 20, {"language"})
+    with pytest.raises(FormRefused) as caught:
+        for i in range(0, len(body), 1024):
+            receiver.feed(body[i : i + 1024])
+        receiver.finish()
+    assert caught.value.status == 400 and "headers" in caught.value.message
+    assert receiver.body_bytes <= 10 << 10

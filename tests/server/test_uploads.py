@@ -11,16 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from websockets.asyncio.client import connect
 
-from server.app import create_app
-from server.settings import Settings
 from tests import audiofiles
-from tests.conftest import free_port
+from tests.appserver import serve_app
 from tests.corpus import REPO, clip
 from tests.fakes import FakeRecognizer
-from tests.httpclient import endless_file, get, post_form, request, upload
+from tests.httpclient import endless_file, get, multipart, post_form, request, upload
 from tests.wsclient import StreamResult, receive_all
 
 TIMEOUT = 30.0
@@ -37,31 +34,18 @@ def jfk() -> dict[str, bytes]:
 async def serve(
     tmp_path: Path, fake: FakeRecognizer | None = None, **overrides: Any
 ) -> AsyncIterator[str]:
-    """A real uvicorn server in this event loop, with a fake recognizer; yields its URL."""
+    """The app in this event loop with a fake recognizer and uploads under `tmp_path`;
+    yields its URL."""
     recognizer = fake or FakeRecognizer(max_batch_size=8)
-    port = free_port()
-    settings = Settings(
-        port=port,
+    async with serve_app(
+        lambda _: recognizer,
         static_dir=str(REPO / "static"),
         upload_dir=str(tmp_path / "uploads"),
         max_batch_size=8,
         **overrides,
-    )
-    app = create_app(settings, recognizer_factory=lambda _: recognizer)
-    config = uvicorn.Config(app, port=port, lifespan="on", log_config=None, ws="websockets-sansio")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while not server.started:  # uvicorn offers a flag, not an event  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
-            await app.state.parley.loader  # the lifespan's model-loading task
-        assert (await get(f"{base}/readyz")).status == 200
-        yield base
-    finally:
-        server.should_exit = True
-        await task
+    ) as server:
+        assert (await get(f"{server.http_url}/readyz")).status == 200
+        yield server.http_url
 
 
 async def poll_until_finished(base: str, location: str) -> dict[str, Any]:
@@ -227,3 +211,37 @@ async def test_too_many_jobs_get_503(tmp_path: Path, jfk: dict[str, bytes]) -> N
             fake.gate.release()  # type: ignore[union-attr]
         third = await upload(base, jfk["wav"], params={"wait": "true"})
         assert third.status == 200
+
+
+async def test_a_stalled_or_crawling_upload_gives_its_slot_back(
+    tmp_path: Path, jfk: dict[str, bytes]
+) -> None:
+    """An upload whose body stops (nothing for PARLEY_UPLOAD_IDLE_TIMEOUT_S) or crawls
+    (not done within PARLEY_UPLOAD_RECEIVE_TIMEOUT_S) is refused 408 `upload_timeout`
+    while the client still holds the connection open, and its job slot is free again."""
+    content_type, _ = multipart(b"", "slow.wav")
+    head = content_type.split("boundary=")[1]
+    part = f'--{head}\r\nContent-Disposition: form-data; name="file"; filename="s"\r\n\r\n'
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield part.encode() + b"RIFF"
+        await asyncio.Event().wait()  # the client goes silent, its connection stays open
+
+    async def crawling() -> AsyncIterator[bytes]:
+        yield part.encode()
+        while True:
+            yield b"\0" * 16
+            await asyncio.sleep(0.1)
+
+    async with serve(
+        tmp_path, upload_max_jobs=1, upload_idle_timeout_s=0.5, upload_receive_timeout_s=1.5
+    ) as base:
+        for body, least in ((stalled(), 0.5), (crawling(), 1.5)):
+            started = asyncio.get_running_loop().time()
+            refused = await post_form(base, content_type, body, chunked=True, timeout=10)
+            took = asyncio.get_running_loop().time() - started
+            assert refused.status == 408, refused.body
+            assert refused.json()["error"]["code"] == "upload_timeout"
+            assert least <= took < least + 3, took
+        good = await upload(base, jfk["wav"])
+        assert good.status == 202, good.body

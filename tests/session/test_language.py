@@ -10,14 +10,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-import uvicorn
 from websockets.asyncio.client import connect
 
 from engine.weights import ModelNotInstalledError, resolve_model
-from server.app import create_app
-from server.settings import Settings
 from session.language import LanguageDetector, LanguagePinned
-from tests.conftest import free_port
+from tests.appserver import serve_app
 from tests.corpus import clip
 from tests.fakes import FakeRecognizer
 from tests.wsclient import StreamResult, receive_all, stream_pcm, stream_url
@@ -63,23 +60,8 @@ def test_a_missing_wheel_names_the_extra(tmp_path: Path) -> None:
 @asynccontextmanager
 async def serving(recognizer: FakeRecognizer) -> AsyncIterator[str]:
     """The real app under uvicorn on a free port with `recognizer` as its engine."""
-    port = free_port()
-    settings = Settings.from_env({}, port=port, static_dir="/nonexistent")
-    app = create_app(settings, lambda s: recognizer)
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, ws="websockets-sansio", log_config=None
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while not server.started:  # noqa: ASYNC110 - uvicorn has no started event
-                await asyncio.sleep(0.01)
-            await app.state.parley.loader
-        yield f"ws://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serve_app(lambda s: recognizer) as server:
+        yield server.ws_url
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import pytest
 
-from session.protocol import ProtocolError
 from session.store import (
     FinalRecord,
     NewFinal,
@@ -22,6 +21,7 @@ from session.store import (
 )
 from tests.conftest import StoreFactory
 from tests.redis_support import MS
+from wire.errors import ProtocolError
 
 
 def new_final(state: SourceState, index: int, text: str | None = None) -> NewFinal:

@@ -1,4 +1,8 @@
-"""Render a meeting's finals as JSON, plain text, SRT or WebVTT. Pure functions."""
+"""Render a meeting's finals as JSON, plain text, SRT or WebVTT. Pure functions.
+
+The JSON form is the finals as `transcript.final` messages (without live timings), so a
+client that recorded a meeting's finals renders what `GET …/transcript` answers.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from typing import Any
 
 import orjson
 
-from session.store import FinalRecord
+from wire.build import transcript_final
+from wire.messages import Final
 
 
 class TranscriptFormat(enum.StrEnum):
@@ -28,9 +33,10 @@ class TranscriptFormat(enum.StrEnum):
 
 
 def render(
-    meeting_id: str, finals: Sequence[FinalRecord], fmt: TranscriptFormat, *, labels: bool = True
+    meeting_id: str, finals: Sequence[Final], fmt: TranscriptFormat, *, labels: bool = True
 ) -> str:
-    """`labels=False` leaves the participant out of TXT, SRT and VTT (a single-speaker file)."""
+    """`labels=False` leaves the participant out of TXT, SRT and VTT (a single-speaker file);
+    a diarized final's speaker label is always shown."""
     if fmt is TranscriptFormat.JSON:
         return render_json(meeting_id, finals)
     if fmt is TranscriptFormat.TXT:
@@ -40,15 +46,15 @@ def render(
     return render_vtt(finals, labels=labels)
 
 
-def render_json(meeting_id: str, finals: Sequence[FinalRecord]) -> str:
+def render_json(meeting_id: str, finals: Sequence[Final]) -> str:
     body: dict[str, Any] = {
         "meeting_id": meeting_id,
-        "finals": [f.message() for f in finals],
+        "finals": [transcript_final(f) for f in finals],
     }
     return orjson.dumps(body).decode()
 
 
-def utterances(finals: Sequence[FinalRecord]) -> list[dict[str, Any]]:
+def utterances(finals: Sequence[Final]) -> list[dict[str, Any]]:
     """The finals as plain utterances (`start`, `end`, `text`, `words` when known): the
     transcript of one uploaded file, without the meeting's bookkeeping."""
     out: list[dict[str, Any]] = []
@@ -56,17 +62,19 @@ def utterances(finals: Sequence[FinalRecord]) -> list[dict[str, Any]]:
         item: dict[str, Any] = {"start": f.start, "end": f.end, "text": f.text}
         if f.words:
             item["words"] = f.words
+        if f.speaker is not None:
+            item["speaker"] = f.speaker
         out.append(item)
     return out
 
 
-def render_txt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
+def render_txt(finals: Sequence[Final], *, labels: bool = True) -> str:
     return "".join(
         f"[{_clock(f.start, '.')}] {_label(f, labels)}{_one_line(f.text)}\n" for f in finals
     )
 
 
-def render_srt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
+def render_srt(finals: Sequence[Final], *, labels: bool = True) -> str:
     cues = [
         f"{i}\n{_clock(f.start, ',')} --> {_clock(_cue_end(f), ',')}\n"
         f"{_label(f, labels)}{_one_line(f.text)}\n"
@@ -75,21 +83,28 @@ def render_srt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
     return "\n".join(cues)
 
 
-def render_vtt(finals: Sequence[FinalRecord], *, labels: bool = True) -> str:
+def render_vtt(finals: Sequence[Final], *, labels: bool = True) -> str:
     cues = [
         f"{_clock(f.start, '.')} --> {_clock(_cue_end(f), '.')}\n"
-        + (f"<v {_escape(f.participant)}>" if labels else "")
+        + (f"<v {_escape(_who(f, labels))}>" if labels or f.speaker else "")
         + f"{_escape(f.text)}\n"
         for f in finals
     ]
     return "WEBVTT\n\n" + "\n".join(cues)
 
 
-def _label(final: FinalRecord, labels: bool) -> str:
-    return f"{final.participant}: " if labels else ""
+def _label(final: Final, labels: bool) -> str:
+    return f"{_who(final, labels)}: " if labels or final.speaker else ""
 
 
-def _cue_end(final: FinalRecord) -> float:
+def _who(final: Final, labels: bool) -> str:
+    """ "ana", "ana (S2)" for a diarized source, or "S2" when the participant is not shown."""
+    if final.speaker is None:
+        return final.participant
+    return f"{final.participant} ({final.speaker})" if labels else final.speaker
+
+
+def _cue_end(final: Final) -> float:
     return max(final.end, final.start + 0.001)
 
 

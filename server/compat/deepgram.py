@@ -1,0 +1,365 @@
+"""Deepgram's live streaming protocol (`/v1/listen`) as a translation of protocol v1.
+
+Sans-I/O: `parse_options` reads the query string, `DeepgramCodec` turns Deepgram client
+frames into protocol v1 frames and protocol v1 server messages into Deepgram's
+(`Results`, `SpeechStarted`, `UtteranceEnd`, `Metadata`, `Error`). docs/compat.md is the
+contract: what is honoured, what is accepted and ignored, what is refused (HTTP 400).
+
+Mapping:
+- audio: binary frames pass through (linear16 at `sample_rate`); an empty binary frame is
+  Deepgram's old way to close the stream and means `CloseStream`;
+- `KeepAlive` → `keepalive`, `Finalize` → `finalize`, `CloseStream` → `stop`;
+- `transcript.partial` → `Results` with `is_final: false`; `transcript.final` → `Results`
+  with `is_final: true`, `speech_final: true` when the VAD heard the speech stop inside
+  the utterance (a long utterance cut while speech goes on is not speech-final), and
+  `from_finalize: true` on the final a `Finalize` closed (or on an empty `Results` when
+  there was nothing to close): the actor acknowledges each finalize in order, and the
+  messages that come meanwhile wait for that acknowledgement;
+- `vad.speech_started` → `SpeechStarted` (`vad_events=true`); a speech-final `Results`
+  is followed by `UtteranceEnd` (`utterance_end_ms` set); `session.ended` → `Metadata`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from server.compat.bridge import Inbound, Message, audio, control, http_status
+from wire.codes import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, CloseCode, Encoding, ErrorCode
+from wire.errors import ProtocolError
+from wire.query import StreamConfig, validate_id
+
+CHANNEL_INDEX = [0, 1]  # channel 0 of 1: Parley streams are mono
+MAX_UTTERANCE_END_MS = 60_000
+_LANGUAGE = re.compile(r"^([a-z]{2,3})(-[A-Za-z0-9]{1,8})*$")
+_PUNCTUATION = re.compile(r"[^\w\s']|(?<!\w)'|'(?!\w)")
+_TRUE, _FALSE = "true", "false"
+# Refused: honouring them is impossible here, and ignoring them would hand the client
+# something else than it asked for (results elsewhere, text it wanted redacted).
+_REFUSED = {
+    "callback": "callbacks are not supported: results come on this socket",
+    "callback_method": "callbacks are not supported: results come on this socket",
+}
+
+
+def bad(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.BAD_CONFIG, CloseCode.BAD_REQUEST, message)
+
+
+@dataclass(frozen=True, slots=True)
+class DeepgramOptions:
+    """The query parameters Parley honours, validated."""
+
+    meeting_id: str
+    participant: str | None  # None: the default ("speaker"), or a meeting token's
+    language: str  # a code the model takes, or "auto" (Deepgram's `multi`)
+    sample_rate: int
+    interim_results: bool
+    punctuate: bool  # `punctuate` or `smart_format`: Whisper's text as it is
+    diarize: bool
+    vad_events: bool
+    endpointing: bool  # false: no result is speech-final
+    utterance_end_ms: int | None
+    model: str | None  # reported back, not chosen: the server runs one model
+
+    def stream_config(self) -> StreamConfig:
+        return StreamConfig(
+            meeting_id=self.meeting_id,
+            participant=self.participant or "speaker",
+            language=self.language,
+            sample_rate=self.sample_rate,
+            encoding=Encoding.PCM_S16LE,
+            interim_results=self.interim_results,
+            diarize=self.diarize,
+        )
+
+
+def _flag(query: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = query.get(name)
+    if raw is None:
+        return default
+    if raw.lower() not in (_TRUE, _FALSE):
+        raise bad(f"{name} must be true or false, not {raw[:32]!r}")
+    return raw.lower() == _TRUE
+
+
+def _integer(query: Mapping[str, str], name: str) -> int | None:
+    raw = query.get(name)
+    if raw is None:
+        return None
+    if not raw.isdigit() or len(raw) > 9:
+        raise bad(f"{name} must be a non-negative integer, not {raw[:32]!r}")
+    return int(raw)
+
+
+def parse_options(
+    query: Mapping[str, str], *, meeting_id: str, default_language: str
+) -> DeepgramOptions:
+    """Validate the query string; ProtocolError (bad_config, answered HTTP 400) on a
+    malformed value or a feature Parley cannot honour. Other Deepgram parameters
+    (keywords, keyterm, numerals, profanity_filter, filler_words, tag, extra, ...) are
+    accepted and ignored, as are unknown ones."""
+    for name, why in _REFUSED.items():
+        if name in query:
+            raise bad(f"{name}: {why}")
+    if query.get("redact", _FALSE).lower() != _FALSE:
+        raise bad("redact is not supported: Parley would return the text unredacted")
+    encoding = query.get("encoding", "linear16")
+    if encoding != "linear16":
+        raise bad(f"encoding {encoding[:32]!r} is not supported: send raw linear16 PCM")
+    if query.get("channels", "1") != "1" or _flag(query, "multichannel", False):
+        raise bad("only mono audio is supported: channels=1, multichannel=false")
+    sample_rate = _integer(query, "sample_rate") or 16_000
+    if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
+        raise bad(f"sample_rate must lie in {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz")
+    endpointing = query.get("endpointing")
+    if endpointing is not None and endpointing.lower() not in (_TRUE, _FALSE):
+        _integer(query, "endpointing")  # a number of milliseconds: Parley's VAD decides
+    utterance_end_ms = _integer(query, "utterance_end_ms")
+    if utterance_end_ms is not None and not 0 < utterance_end_ms <= MAX_UTTERANCE_END_MS:
+        raise bad(f"utterance_end_ms must lie in 1..{MAX_UTTERANCE_END_MS}")
+    participant = query.get("participant")
+    return DeepgramOptions(
+        meeting_id=validate_id("meeting_id", meeting_id),
+        participant=None if participant is None else validate_id("participant", participant),
+        language=_language(query.get("language", default_language)),
+        sample_rate=sample_rate,
+        interim_results=_flag(query, "interim_results", False),
+        punctuate=_flag(query, "punctuate", False) or _flag(query, "smart_format", False),
+        diarize=_flag(query, "diarize", False) or "diarize_model" in query,
+        vad_events=_flag(query, "vad_events", False),
+        endpointing=(endpointing or "").lower() != _FALSE,
+        utterance_end_ms=utterance_end_ms,
+        model=query.get("model"),
+    )
+
+
+def _language(tag: str) -> str:
+    """A BCP-47 tag (`en-US`) → its language (`en`); `multi` → `auto`."""
+    if tag in ("multi", "auto"):
+        return "auto"
+    match = _LANGUAGE.match(tag)
+    if match is None:
+        raise bad("language must be a BCP-47 tag such as 'en' or 'en-US', or 'multi'")
+    return match.group(1)
+
+
+def plain(text: str) -> str:
+    """Deepgram's text without `punctuate`: lower case, no punctuation."""
+    return " ".join(_PUNCTUATION.sub("", text.lower()).split())
+
+
+def denial(request_id: str) -> Any:
+    """The HTTP answer to a refused handshake, as Deepgram gives it: `dg-error` and
+    `dg-request-id` headers, and a JSON body."""
+
+    def respond(error: ProtocolError) -> Response:
+        body = {"err_code": error.code.value, "err_msg": error.message, "request_id": request_id}
+        reason = error.message.encode("ascii", "backslashreplace").decode()[:200]
+        headers = {"dg-error": reason, "dg-request-id": request_id}  # headers are latin-1
+        if error.retry_after is not None:
+            headers["retry-after"] = str(round(error.retry_after))
+        return Response(
+            orjson.dumps(body), http_status(error), headers, media_type="application/json"
+        )
+
+    return respond
+
+
+def error_message(code: str, description: str) -> str:
+    return orjson.dumps({"type": "Error", "variant": code, "description": description}).decode()
+
+
+def farewell(error: ProtocolError) -> str:
+    return error_message(error.code.value, error.message)
+
+
+class DeepgramCodec:
+    """One `/v1/listen` stream's translation, both ways."""
+
+    def __init__(self, options: DeepgramOptions, *, request_id: str, model_name: str) -> None:
+        self.options = options
+        self.request_id = request_id
+        self.created = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        self._sha256 = hashlib.sha256()
+        self._model_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"parley:{model_name}"))
+        self._model_info = {
+            "name": options.model or model_name,
+            "version": model_name,
+            "arch": "parley",
+        }
+        self._finalizes = 0  # Finalize messages not yet acknowledged by the actor
+        self._held: list[Message] = []  # Deepgram messages waiting for that acknowledgement
+        self._speech_stopped: float | None = None
+        self._last_end = 0.0
+        self._speakers: dict[Any, int] = {}
+
+    # ------------------------------------------------------------------ client → actor
+
+    def from_client(self, message: Message) -> Inbound:
+        data: bytes | None = message.get("bytes")
+        if data is not None:
+            if not data:
+                return Inbound([control("stop")])
+            self._sha256.update(data)
+            return Inbound([audio(data)])
+        text = message.get("text") or ""
+        try:
+            kind = orjson.loads(text).get("type")
+        except (orjson.JSONDecodeError, AttributeError):
+            kind = None
+        if kind == "KeepAlive":
+            return Inbound([control("keepalive")])
+        if kind == "Finalize":
+            self._finalizes += 1
+            return Inbound([control("finalize")])
+        if kind == "CloseStream":
+            return Inbound([control("stop")])
+        raise ProtocolError(
+            ErrorCode.INVALID_MESSAGE,
+            CloseCode.INVALID_PAYLOAD,
+            "a text frame must be a JSON object with type KeepAlive, Finalize or CloseStream",
+        )
+
+    # ------------------------------------------------------------------ actor → client
+
+    def from_server(self, message: Message) -> list[str]:
+        kind = message["type"]
+        out: list[Message] = []
+        if kind == "vad.speech_started" and self.options.vad_events:
+            out.append(
+                {"type": "SpeechStarted", "channel": CHANNEL_INDEX, "timestamp": message["t"]}
+            )
+        elif kind == "vad.speech_stopped":
+            self._speech_stopped = message["t"]
+        elif kind == "transcript.partial":
+            out.append(self._results(message, is_final=False, speech_final=False))
+        elif kind == "transcript.final":
+            out += self._final(message)
+        elif kind == "finalize.done":
+            return self._release(message["utterance_id"])
+        elif kind == "error":
+            return [*self._release_all(), error_message(message["code"], message["message"])]
+        elif kind == "session.ended":
+            return [*self._release_all(), self._dumps(self._metadata(message))]
+        if self._finalizes:
+            self._held += out
+            return []
+        return [self._dumps(m) for m in out]
+
+    def _final(self, message: Message) -> list[Message]:
+        stopped = self._speech_stopped
+        speech_final = (
+            self.options.endpointing
+            and stopped is not None
+            and message["start"] <= stopped <= message["end"] + 0.001
+        )
+        self._last_end = message["end"]
+        results = self._results(message, is_final=True, speech_final=speech_final)
+        if speech_final and self.options.utterance_end_ms is not None:
+            end = {
+                "type": "UtteranceEnd",
+                "channel": CHANNEL_INDEX,
+                "last_word_end": message["end"],
+            }
+            return [results, end]
+        return [results]
+
+    def _release(self, utterance_id: str | None) -> list[str]:
+        """The actor acknowledged the oldest Finalize: mark the final it produced."""
+        self._finalizes = max(0, self._finalizes - 1)
+        marked = False
+        for held in self._held:
+            if held.get("is_final") and held.pop("_utterance_id", None) == utterance_id:
+                held["from_finalize"] = marked = True
+        if not marked:  # nothing was in progress, or it was not speech: say it is done
+            empty = {
+                "type": "transcript.final",
+                "text": "",
+                "start": self._last_end,
+                "end": self._last_end,
+            }
+            self._held.append(self._results(empty, is_final=True, speech_final=False))
+            self._held[-1]["from_finalize"] = True
+        if self._finalizes:
+            return []
+        return self._release_all()
+
+    def _release_all(self) -> list[str]:
+        self._finalizes = 0
+        held, self._held = self._held, []
+        return [self._dumps(m) for m in held]
+
+    def _results(self, message: Message, *, is_final: bool, speech_final: bool) -> Message:
+        text = message["text"]
+        words = [self._word(w, message.get("speaker")) for w in message.get("words") or []]
+        confidences = [w["confidence"] for w in words]
+        start = message["start"]
+        alternative: Message = {
+            "transcript": text if self.options.punctuate else plain(text),
+            "confidence": round(sum(confidences) / len(confidences), 4) if confidences else 1.0,
+            "words": words,
+        }
+        if self.options.diarize and message.get("speaker") is not None:
+            alternative["speaker"] = self._speaker(message["speaker"])  # words may be empty
+        return {
+            "type": "Results",
+            "channel_index": CHANNEL_INDEX,
+            "duration": round(message["end"] - start, 3),
+            "start": start,
+            "is_final": is_final,
+            "speech_final": speech_final,
+            "from_finalize": False,
+            "channel": {"alternatives": [alternative]},
+            "metadata": {
+                "request_id": self.request_id,
+                "model_info": self._model_info,
+                "model_uuid": self._model_uuid,
+            },
+            "_utterance_id": message.get("utterance_id"),
+        }
+
+    def _word(self, word: Message, speaker: Any) -> Message:
+        text = str(word.get("word", "")).strip()
+        out: Message = {
+            "word": plain(text),
+            "start": word["start"],
+            "end": word["end"],
+            "confidence": word.get("probability", 1.0),
+        }
+        if self.options.punctuate:
+            out["punctuated_word"] = text
+        label = word.get("speaker", speaker)
+        if self.options.diarize and label is not None:
+            out["speaker"] = self._speaker(label)
+        return out
+
+    def _speaker(self, label: Any) -> int:
+        """Parley's speaker labels ("S1", "S2", ...) as Deepgram's 0, 1, ... in order."""
+        return self._speakers.setdefault(label, len(self._speakers))
+
+    def _metadata(self, ended: Message) -> Message:
+        return {
+            "type": "Metadata",
+            "transaction_key": "deprecated",
+            "request_id": self.request_id,
+            "sha256": self._sha256.hexdigest(),
+            "created": self.created,
+            "duration": ended["audio_seconds"],
+            "channels": 1,
+            "models": [self._model_uuid],
+            "model_info": {self._model_uuid: self._model_info},
+        }
+
+    @staticmethod
+    def _dumps(message: Message) -> str:
+        message.pop("_utterance_id", None)
+        return orjson.dumps(message).decode()

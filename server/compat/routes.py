@@ -1,0 +1,155 @@
+"""The compat WebSocket endpoints: Deepgram's `/v1/listen` and OpenAI's `/v1/realtime`.
+
+Each authenticates in the vendor's terms, builds a protocol v1 stream config, and hands
+the socket, wrapped in its codec, to `serve_source`: the same admission, quotas, store,
+limits, actor and metrics as a protocol v1 stream. Meeting and participant come from the
+extra query parameters `meeting_id` and `participant`; without `meeting_id` each
+connection is a meeting of its own, named after its request (Deepgram) or session
+(OpenAI) id, so its transcript can be read back at `/v1/meetings/{id}/transcript`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import uuid
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from server.compat import deepgram, openai_realtime
+from server.compat.bridge import (
+    CompatHandshake,
+    TranslatingConnection,
+    compat_principal,
+    subprotocol_credential,
+)
+from server.state import AppState, app_state
+from server.stream import bind_participant, refuse, serve_source
+from wire.codes import CloseCode, ErrorCode
+from wire.errors import ProtocolError
+from wire.query import validate_id
+
+logger = logging.getLogger(__name__)
+
+DEEPGRAM_SCHEMES = ("token", "bearer")
+OPENAI_SUBPROTOCOL = "realtime"
+OPENAI_KEY_SUBPROTOCOL = "openai-insecure-api-key."  # + a meeting token (never an API key)
+
+
+async def listen_endpoint(websocket: WebSocket) -> None:
+    """Deepgram live streaming."""
+    state = app_state(websocket)
+    request_id = str(uuid.uuid4())
+    offered = [str(p) for p in websocket.scope.get("subprotocols") or []]
+    via_subprotocol = subprotocol_credential(offered, DEEPGRAM_SCHEMES)
+    handshake = CompatHandshake(
+        websocket,
+        denial=deepgram.denial(request_id),
+        farewell=deepgram.farewell,
+        headers={"dg-request-id": request_id},
+        subprotocol=via_subprotocol[0] if via_subprotocol else None,
+    )
+    query = dict(websocket.query_params)
+    try:
+        meeting_id = query.get("meeting_id") or request_id
+        principal = await compat_principal(
+            handshake,
+            state.auth,
+            meeting_id,
+            schemes=DEEPGRAM_SCHEMES,
+            subprotocol_token=via_subprotocol[1] if via_subprotocol else None,
+        )
+        options = deepgram.parse_options(
+            query, meeting_id=meeting_id, default_language=state.settings.default_language
+        )
+        config = bind_participant(options.stream_config(), principal, _named(query))
+    except WebSocketDisconnect:
+        return
+    except ProtocolError as exc:
+        await refuse(state, handshake, exc)
+        return
+    codec = deepgram.DeepgramCodec(
+        options, request_id=request_id, model_name=state.recognizer_name or "loading"
+    )
+    connection = TranslatingConnection(
+        websocket, codec, max_frame_bytes=state.settings.max_frame_bytes
+    )
+    await serve_source(
+        state, handshake, config, {}, principal, connection=connection, acknowledge_finalize=True
+    )
+
+
+async def realtime_endpoint(websocket: WebSocket) -> None:
+    """OpenAI realtime transcription sessions (`intent=transcription`)."""
+    state = app_state(websocket)
+    session_id = "sess_" + secrets.token_hex(12)
+    offered = [str(p) for p in websocket.scope.get("subprotocols") or []]
+    token = next(
+        (p[len(OPENAI_KEY_SUBPROTOCOL) :] for p in offered if p.startswith(OPENAI_KEY_SUBPROTOCOL)),
+        None,
+    )
+    codec = openai_realtime.RealtimeCodec(
+        session_id=session_id,
+        beta="realtime=v1" in websocket.headers.get("openai-beta", ""),
+        vad=_vad(state),
+        default_language=state.settings.default_language,
+        model=websocket.query_params.get("model") or "whisper-1",
+    )
+    handshake = CompatHandshake(
+        websocket,
+        denial=openai_realtime.denial,
+        farewell=codec.farewell,
+        subprotocol=OPENAI_SUBPROTOCOL if OPENAI_SUBPROTOCOL in offered else None,
+    )
+    query = dict(websocket.query_params)
+    connection = TranslatingConnection(
+        websocket, codec, max_frame_bytes=state.settings.max_frame_bytes
+    )
+    try:
+        meeting_id = validate_id("meeting_id", query.get("meeting_id") or session_id)
+        participant = validate_id("participant", query.get("participant", "speaker"))
+        if query.get("intent", "transcription") != "transcription":
+            raise ProtocolError(
+                ErrorCode.BAD_CONFIG,
+                CloseCode.BAD_REQUEST,
+                "only transcription sessions are served here: connect with intent=transcription",
+            )
+        principal = await compat_principal(
+            handshake, state.auth, meeting_id, schemes=("bearer",), subprotocol_token=token
+        )
+        await handshake.accept()
+        await websocket.send_text(codec.created())
+        # The session is configured by messages, before its audio: serve them first.
+        async with asyncio.timeout(state.settings.idle_timeout_s):
+            if not await connection.prime():
+                return
+        config = bind_participant(codec.stream_config(meeting_id, participant), principal, query)
+    except TimeoutError:  # before OSError, its base class
+        error = ProtocolError(
+            ErrorCode.TIMEOUT,
+            CloseCode.TIMEOUT,
+            f"no audio for {state.settings.idle_timeout_s:g} s",
+        )
+        await refuse(state, handshake, error)
+        return
+    except ProtocolError as exc:
+        await refuse(state, handshake, exc)
+        return
+    except (WebSocketDisconnect, OSError):
+        return
+    await serve_source(state, handshake, config, {}, principal, connection=connection)
+
+
+def _named(query: dict[str, str]) -> dict[str, str]:
+    """The query as `bind_participant` reads it: whether a participant was named."""
+    return {"participant": query["participant"]} if "participant" in query else {}
+
+
+def _vad(state: AppState) -> openai_realtime.Vad:
+    settings = state.settings
+    return openai_realtime.Vad(
+        threshold=settings.vad_threshold,
+        prefix_padding_ms=round(settings.pre_roll_ms),
+        silence_duration_ms=round(settings.min_silence_ms),
+    )

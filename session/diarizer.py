@@ -1,0 +1,437 @@
+"""Sans-I/O diarization of one audio source: speaker embeddings in, labels out.
+
+A `Diarizer` holds one source's labelled segments. For each utterance, with the
+embeddings of its back-to-back windows (engine/speakers.py):
+
+1. `split(windows, levels)` says where a speaker change falls inside the utterance: the
+   window boundary where the mean embeddings on either side are least alike, if they are
+   unlike enough (and each side is a different speaker); the cut then moves to the quietest
+   point near that boundary (the pause between the two turns), so no word is cut. Each
+   part is transcribed and labelled on its own.
+2. `assign(key, start, end, embedding)` labels one part online: the speaker whose centroid
+   is most alike, or a new speaker ("S1", "S2", …, at most `max_speakers`) when none is
+   alike enough and the part is long enough to tell.
+3. `recluster()` (every `recluster_every_s` of new speech, and at the end) clusters every
+   segment again, agglomeratively (average linkage on cosine similarity) with no speaker
+   count given: clusters merge while they are more alike than `merge_similarity`, and
+   down to `max_speakers`. Clusters take the labels they overlap most (so labels stay
+   stable), and it returns the segments whose label changed.
+
+Everything here is plain numpy and does no I/O; `recluster` costs O(n³) in the segments
+it sees, so it looks at the last `recluster_window` of them (older ones keep their label)
+and the caller runs it off the event loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.api import SpeakerWindows
+
+FloatArray = npt.NDArray[np.float32]
+
+LABEL_PREFIX = "S"
+
+
+@dataclass(frozen=True, slots=True)
+class DiarizerConfig:
+    max_speakers: int = 6
+    new_speaker_similarity: float = 0.72  # below this to every centroid: a new speaker
+    min_silhouette: float = 0.4  # a source whose best split into speakers scores below: one
+    split_margin: float = 0.12  # sides of an utterance less alike than threshold - this: split
+    min_new_speaker_s: float = 1.2  # shorter parts never open a new speaker
+    min_cluster_s: float = 1.0  # shorter segments are attached after clustering, not clustered
+    min_speaker_s: float = 3.0  # a cluster with less speech joins the one it is most alike,
+    min_speaker_share: float = 0.05  # ... and so does one with less than this share of it
+    min_part_windows: int = 1  # windows each side of a split keeps at least
+    recluster_every_s: float = 15.0  # seconds of new speech between two re-clusterings
+    recluster_window: int = 400  # segments re-clustered (the most recent)
+    cut_search_s: float = 0.8  # a split moves to the quietest point within this of its boundary
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_speakers <= 26:
+            raise ValueError("max_speakers must lie in 1..26")
+        for name in ("new_speaker_similarity", "min_silhouette"):
+            if not -1.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must lie in [-1, 1]")
+        if self.recluster_window < 2:
+            raise ValueError("recluster_window must be at least 2")
+
+
+@dataclass(slots=True)
+class Segment:
+    """One labelled stretch of the source: an utterance, or a part of one."""
+
+    key: str  # the utterance id its final carries
+    start: float
+    end: float
+    embedding: FloatArray
+    weight: float  # seconds of audio the embedding stands for
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A stretch of one utterance that one speaker holds: samples from its start."""
+
+    start: int
+    end: int
+    embedding: FloatArray | None  # None: too short to embed (it takes the nearest label)
+
+
+@dataclass(frozen=True, slots=True)
+class Relabel:
+    key: str
+    label: str
+
+
+@dataclass
+class Diarizer:
+    config: DiarizerConfig = field(default_factory=DiarizerConfig)
+    segments: list[Segment] = field(default_factory=list)
+    _sums: dict[str, FloatArray] = field(default_factory=dict)  # label → weighted sum
+    _since_recluster: float = 0.0
+    threshold: float = -1.0  # new-speaker similarity now: the config's, adapted by re-clustering
+
+    def __post_init__(self) -> None:
+        if self.threshold < 0:
+            self.threshold = self.config.new_speaker_similarity
+
+    # ------------------------------------------------------------------ online
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self._sums)
+
+    def parts(self, audio: FloatArray, windows: SpeakerWindows) -> list[Part]:
+        """Cut one utterance where its speaker changes; each part with its embedding (the
+        mean of the windows whose middle falls in it)."""
+        bounds = list(windows.bounds)
+        if not bounds:
+            return [Part(0, len(audio), None)]
+        cuts = self.split(windows.embeddings, bounds, levels(audio))
+        edges = [0, *cuts, len(audio)]
+        out: list[Part] = []
+        for start, end in itertools.pairwise(edges):
+            inside = [i for i, (s, e) in enumerate(bounds) if start <= (s + e) // 2 < end]
+            if not inside:  # a sliver: the window it lies in speaks for it
+                inside = [min(range(len(bounds)), key=lambda i: abs(sum(bounds[i]) / 2 - start))]
+            weights = np.array([bounds[i][1] - bounds[i][0] for i in inside], np.float32)
+            out.append(
+                Part(start, end, _unit(weights @ windows.embeddings[inside]).astype(np.float32))
+            )
+        return out
+
+    def split(
+        self, embeddings: FloatArray, bounds: Sequence[tuple[int, int]], levels: FloatArray
+    ) -> list[int]:
+        """Sample offsets (from the utterance's start) to cut the utterance at: empty when
+        one speaker holds it. `embeddings[i]` covers samples `bounds[i]`; `levels` is the
+        utterance's loudness per `len(audio) // len(levels)` samples (say, per 10 ms)."""
+        return sorted(self._split(embeddings, list(bounds), levels, 0, len(bounds)))
+
+    def _split(
+        self,
+        embeddings: FloatArray,
+        bounds: list[tuple[int, int]],
+        levels: FloatArray,
+        first: int,
+        last: int,
+    ) -> list[int]:
+        keep = self.config.min_part_windows
+        if last - first < 2 * keep:
+            return []
+        weights = np.array([e - s for s, e in bounds[first:last]], np.float64)
+        block = embeddings[first:last].astype(np.float64) * weights[:, None]
+        best: tuple[float, int] | None = None
+        for b in range(keep, last - first - keep + 1):
+            left, right = _unit(block[:b].sum(0)), _unit(block[b:].sum(0))
+            similarity = float(left @ right)
+            if best is None or similarity < best[0]:
+                best = (similarity, b)
+        if best is None or best[0] >= self.threshold - self.config.split_margin:
+            return []
+        boundary = first + best[1]
+        left = _unit(block[: best[1]].sum(0))
+        right = _unit(block[best[1] :].sum(0))
+        if self._sums and not self._different(left, right):
+            return []
+        cut = self._quietest(bounds[boundary][0], levels, bounds[-1][1])
+        return [
+            *self._split(embeddings, bounds, levels, first, boundary),
+            cut,
+            *self._split(embeddings, bounds, levels, boundary, last),
+        ]
+
+    def _different(self, left: npt.NDArray[np.float64], right: npt.NDArray[np.float64]) -> bool:
+        """Do two sides of an utterance belong to different speakers, by what is known:
+        each nearest another speaker, or one of them like no known speaker at all."""
+        window_threshold = self.threshold - self.config.split_margin
+        if self._nearest(left) != self._nearest(right):
+            return True
+        return min(self._similarity(left), self._similarity(right)) < window_threshold
+
+    def _quietest(self, boundary: int, levels: FloatArray, total: int) -> int:
+        if len(levels) == 0:
+            return boundary
+        step = max(1, total // len(levels))
+        reach = round(self.config.cut_search_s * 16_000 / step)
+        center = min(len(levels) - 1, boundary // step)
+        low, high = max(1, center - reach), min(len(levels) - 1, center + reach + 1)
+        if high <= low:
+            return boundary
+        smooth = np.convolve(levels, np.ones(5, np.float32) / 5, mode="same")
+        return int((low + int(np.argmin(smooth[low:high]))) * step)
+
+    def assign(self, key: str, start: float, end: float, embedding: FloatArray | None) -> str:
+        """Label a segment now (a final is about to be sent) and remember it. A segment
+        too short to embed takes the label of the one before it and is not kept."""
+        if embedding is None:
+            return self.segments[-1].label if self.segments else self._new_label()
+        weight = max(0.0, end - start)
+        label = self._nearest(embedding)
+        if label is None or (
+            self._similarity(embedding) < self.threshold
+            and weight >= self.config.min_new_speaker_s
+            and len(self._sums) < self.config.max_speakers
+        ):
+            label = self._new_label()
+        segment = Segment(key, start, end, embedding, weight, label)
+        self.segments.append(segment)
+        self._add(segment)
+        self._since_recluster += weight
+        return label
+
+    def label_of(self, key: str) -> str | None:
+        for segment in reversed(self.segments):
+            if segment.key == key:
+                return segment.label
+        return None
+
+    def due(self) -> bool:
+        """Enough new speech since the last re-clustering to run another."""
+        return self._since_recluster >= self.config.recluster_every_s
+
+    # ------------------------------------------------------------------ re-clustering
+
+    def recluster(self) -> list[Relabel]:
+        """Cluster the recent segments again; relabel those whose speaker changed."""
+        self._since_recluster = 0.0
+        recent = self.segments[-self.config.recluster_window :]
+        anchors = [s for s in recent if s.weight >= self.config.min_cluster_s]
+        if len(anchors) < 2:
+            return []
+        vectors = np.stack([s.embedding for s in anchors]).astype(np.float64)
+        weights = np.array([s.weight for s in anchors])
+        clusters = cluster(vectors, weights, self.config.max_speakers, self.config.min_silhouette)
+        smallest = max(self.config.min_speaker_s, self.config.min_speaker_share * weights.sum())
+        clusters = _absorb_small(clusters, vectors, weights, smallest)
+        centroids = [_unit((vectors[c] * weights[c, None]).sum(0)) for c in clusters]
+        self._adapt(vectors, clusters, centroids)
+        members: list[list[Segment]] = [[anchors[i] for i in c] for c in clusters]
+        # Segments too short to cluster join the cluster they are most alike.
+        anchored = {id(s) for s in anchors}
+        for segment in recent:
+            if id(segment) not in anchored:
+                sims = [float(segment.embedding @ c) for c in centroids]
+                members[int(np.argmax(sims))].append(segment)
+        changed: list[Relabel] = []
+        for name, group in zip(self._name(members), members, strict=True):
+            for segment in sorted(group, key=lambda s: s.start):
+                if segment.label != name:
+                    segment.label = name
+                    changed.append(Relabel(segment.key, name))
+        self._sums = {}
+        for segment in self.segments:
+            self._add(segment)
+        self._sums = dict(sorted(self._sums.items(), key=lambda kv: _label_number(kv[0])))
+        return changed
+
+    def _adapt(
+        self,
+        vectors: npt.NDArray[np.float64],
+        clusters: list[list[int]],
+        centroids: list[npt.NDArray[np.float64]],
+    ) -> None:
+        """Move the online new-speaker threshold halfway between how alike a segment is
+        to its own speaker and how alike the two closest speakers are (voices differ in
+        how far apart they lie: synthetic voices sit much closer than real ones)."""
+        if len(clusters) < 2:
+            return
+        own = np.concatenate([vectors[c] @ centroids[i] for i, c in enumerate(clusters)])
+        between = max(float(a @ b) for a, b in itertools.combinations(centroids, 2))
+        middle = (float(np.percentile(own, 10)) + between) / 2
+        self.threshold = min(0.95, max(self.config.new_speaker_similarity, middle))
+
+    def _name(self, members: list[list[Segment]]) -> list[str]:
+        """Give each cluster the label it overlaps most, one cluster per label; the rest
+        get labels not in use by any segment kept outside the window."""
+        old = sorted({s.label for group in members for s in group}, key=_label_number)
+        overlap = np.zeros((len(members), max(1, len(old))))
+        for i, group in enumerate(members):
+            for segment in group:
+                if segment.label in old:
+                    overlap[i, old.index(segment.label)] += segment.weight
+        best: tuple[float, tuple[int, ...]] = (-1.0, ())
+        slots = list(range(max(len(old), len(members))))
+        for perm in itertools.permutations(slots, len(members)):
+            score = sum(overlap[i, j] for i, j in enumerate(perm) if j < len(old))
+            if score > best[0]:
+                best = (score, perm)
+        recent = {id(s) for group in members for s in group}
+        taken = {s.label for s in self.segments if id(s) not in recent}
+        names: list[str] = []
+        for i, j in enumerate(best[1]):
+            if j < len(old) and overlap[i, j] > 0:
+                names.append(old[j])
+        in_use = set(names) | taken
+        result: list[str] = []
+        fresh = (f"{LABEL_PREFIX}{n}" for n in itertools.count(1))
+        kept = iter(names)
+        for i, j in enumerate(best[1]):
+            if j < len(old) and overlap[i, j] > 0:
+                result.append(next(kept))
+            else:
+                label = next(name for name in fresh if name not in in_use)
+                in_use.add(label)
+                result.append(label)
+        return result
+
+    # ------------------------------------------------------------------ helpers
+
+    def _add(self, segment: Segment) -> None:
+        total = self._sums.get(segment.label)
+        contribution = segment.embedding.astype(np.float32) * np.float32(segment.weight)
+        self._sums[segment.label] = contribution if total is None else total + contribution
+
+    def _nearest(self, embedding: npt.NDArray[np.floating]) -> str | None:
+        if not self._sums:
+            return None
+        return max(self._sums, key=lambda label: float(_unit(self._sums[label]) @ embedding))
+
+    def _similarity(self, embedding: npt.NDArray[np.floating]) -> float:
+        if not self._sums:
+            return -1.0
+        return max(float(_unit(total) @ embedding) for total in self._sums.values())
+
+    def _new_label(self) -> str:
+        used = set(self._sums) | {s.label for s in self.segments}
+        return next(
+            f"{LABEL_PREFIX}{n}" for n in itertools.count(1) if f"{LABEL_PREFIX}{n}" not in used
+        )
+
+
+def cluster(
+    vectors: npt.NDArray[np.float64],
+    weights: npt.NDArray[np.float64],
+    max_clusters: int,
+    min_silhouette: float,
+) -> list[list[int]]:
+    """Average-linkage agglomerative clustering on cosine similarity (rows are unit
+    vectors, weighted by `weights`), with the number of clusters chosen by silhouette:
+    among the dendrogram's cuts into 2..`max_clusters` clusters the one with the highest
+    weighted mean silhouette, unless even that is below `min_silhouette` (one cluster)."""
+    count = len(vectors)
+    similarity = np.clip(vectors @ vectors.T, -1.0, 1.0)
+    cuts = _dendrogram_cuts(similarity, weights, max_clusters)
+    best: tuple[float, list[list[int]]] = (min_silhouette, [list(range(count))])
+    for k in range(2, min(max_clusters, count) + 1):
+        score = _silhouette(1.0 - similarity, weights, cuts[k])
+        if score > best[0]:
+            best = (score, cuts[k])
+    return best[1]
+
+
+def _absorb_small(
+    clusters: list[list[int]],
+    vectors: npt.NDArray[np.float64],
+    weights: npt.NDArray[np.float64],
+    min_weight: float,
+) -> list[list[int]]:
+    """Fold clusters lighter than `min_weight` into the cluster most alike."""
+    clusters = sorted(clusters, key=lambda c: -weights[c].sum())
+    while len(clusters) > 1 and weights[clusters[-1]].sum() < min_weight:
+        small = clusters.pop()
+        centre = _unit((vectors[small] * weights[small, None]).sum(0))
+        sims = [float(_unit((vectors[c] * weights[c, None]).sum(0)) @ centre) for c in clusters]
+        clusters[int(np.argmax(sims))].extend(small)
+    return clusters
+
+
+def _dendrogram_cuts(
+    similarity: npt.NDArray[np.float64], weights: npt.NDArray[np.float64], max_clusters: int
+) -> dict[int, list[list[int]]]:
+    """The clusters at each count 1..max_clusters, merging the most alike pair each step
+    (Lance–Williams update for average linkage: the merged row is the weighted mean)."""
+    count = len(similarity)
+    sim = similarity.copy()
+    np.fill_diagonal(sim, -np.inf)
+    sizes = weights.astype(np.float64).copy()
+    members: list[list[int]] = [[i] for i in range(count)]
+    alive = np.ones(count, bool)
+    cuts: dict[int, list[list[int]]] = {}
+    for clusters in range(count, 0, -1):
+        if clusters <= max_clusters:
+            cuts[clusters] = [list(members[i]) for i in range(count) if alive[i]]
+        if clusters == 1:
+            break
+        a, b = divmod(int(np.argmax(sim)), count)
+        merged = (sim[a] * sizes[a] + sim[b] * sizes[b]) / (sizes[a] + sizes[b])
+        sim[a, :] = merged
+        sim[:, a] = merged
+        sim[a, a] = -np.inf
+        sim[b, :] = -np.inf
+        sim[:, b] = -np.inf
+        sizes[a] += sizes[b]
+        members[a].extend(members[b])
+        members[b] = []
+        alive[b] = False
+    return cuts
+
+
+def _silhouette(
+    distance: npt.NDArray[np.float64], weights: npt.NDArray[np.float64], clusters: list[list[int]]
+) -> float:
+    """Weighted mean silhouette (a member of a singleton cluster scores 0)."""
+    assignment = np.empty(len(distance), int)
+    for c, group in enumerate(clusters):
+        assignment[group] = c
+    # Weighted mean distance from every point to every cluster: [n, k].
+    mass = np.zeros((len(distance), len(clusters)))
+    for c, group in enumerate(clusters):
+        mass[:, c] = distance[:, group] @ weights[group]
+    totals = np.array([weights[g].sum() for g in clusters])
+    own = assignment
+    rows = np.arange(len(distance))
+    own_total = totals[own] - weights  # leave the point itself out
+    inner = np.where(own_total > 0, mass[rows, own] / np.maximum(own_total, 1e-12), 0.0)
+    between = mass / totals[None, :]
+    between[rows, own] = np.inf
+    outer = between.min(axis=1)
+    score = np.where(
+        own_total > 0, (outer - inner) / np.maximum(np.maximum(outer, inner), 1e-12), 0.0
+    )
+    return float(score @ weights / weights.sum())
+
+
+def _unit(vector: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:
+    norm = float(np.linalg.norm(vector))
+    out: npt.NDArray[np.float64] = (vector / norm if norm > 0 else vector).astype(np.float64)
+    return out
+
+
+def _label_number(label: str) -> int:
+    return int(label[len(LABEL_PREFIX) :]) if label[len(LABEL_PREFIX) :].isdigit() else 10**6
+
+
+def levels(audio: FloatArray, step: int = 160) -> FloatArray:
+    """Loudness (mean square) per `step` samples: where to look for a pause."""
+    count = max(1, len(audio) // step)
+    frames = audio[: count * step].reshape(count, step) if len(audio) >= step else audio[None, :]
+    out: FloatArray = np.mean(np.square(frames, dtype=np.float32), axis=1).astype(np.float32)
+    return out

@@ -1,0 +1,182 @@
+"""End to end through the vendors' official SDKs: a real server (real model), real speech.
+
+deepgram-sdk on `/v1/listen` and openai on `/v1/realtime`, each as its users would write
+it: interim results before finals, final text within WER 0.15, `Finalize` answered with
+`from_finalize`, `CloseStream` ending in `Metadata` and close 1000; the Deepgram stream
+joins a meeting whose protocol v1 listener and stored transcript see its finals."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+
+from loadgen.wer import error_rate
+from tests.compat_clients import (
+    WEBSOCKETS_LEGACY,
+    Received,
+    b64,
+    deepgram_client,
+    openai_client,
+    pcm16_at,
+    receive_deepgram,
+    receive_openai,
+    transcription_session,
+)
+from tests.conftest import ServerProcess
+from tests.corpus import clip
+from tests.wsclient import StreamResult, receive_all
+
+pytestmark = [pytest.mark.slow, WEBSOCKETS_LEGACY]
+
+SPEED = 2.0  # × real time
+FRAME_S = 0.1
+TIMEOUT = 120.0
+
+
+async def paced(pcm: bytes, rate: int, send: Callable[[bytes], Awaitable[None]]) -> None:
+    """Send PCM16 at `rate` in 100 ms frames, SPEED × real time."""
+    step = int(rate * FRAME_S) * 2
+    for offset in range(0, len(pcm), step):
+        await send(pcm[offset : offset + step])
+        await asyncio.sleep(FRAME_S / SPEED)
+
+
+async def settled(received: Received, quiet: float = 3.0, patience: float = 20.0) -> None:
+    """Wait until the session has gone quiet after its last completed transcript (the
+    protocol has no end-of-stream message): `quiet` seconds without an event after a
+    `completed`, or `patience` seconds without any (an utterance too short to be one)."""
+    count, since = len(received.messages), time.monotonic()
+    while True:
+        await asyncio.sleep(0.25)
+        if len(received.messages) != count:
+            count, since = len(received.messages), time.monotonic()
+        idle = time.monotonic() - since
+        last = received.messages[-1].type if received.messages else None
+        done = last == "conversation.item.input_audio_transcription.completed"
+        if (done and idle >= quiet) or idle >= patience:
+            return
+
+
+def finals(received: Received) -> list[str]:
+    return [
+        m.channel.alternatives[0].transcript
+        for m in received.of_type("Results")
+        if m.is_final and m.channel.alternatives[0].transcript
+    ]
+
+
+async def test_deepgram_sdk_stream_joins_a_meeting(parley_server: ServerProcess) -> None:
+    """The SDK streams JFK into a meeting: interim Results come before finals, the finals'
+    text is within WER 0.15, VAD events and UtteranceEnd come, CloseStream ends in Metadata
+    and close 1000, and a protocol v1 listener and the stored transcript hold the same
+    finals."""
+    meeting = "compat-dg-meeting"
+    heard = StreamResult()
+    client = deepgram_client(parley_server.http_url, parley_server.ws_url)
+    async with connect(f"{parley_server.ws_url}/v1/meetings/{meeting}/events") as listener:
+        listening = asyncio.create_task(receive_all(listener, heard))
+        async with client.listen.v1.connect(
+            model="nova-3",
+            encoding="linear16",
+            sample_rate=16000,
+            interim_results="true",
+            punctuate="true",
+            vad_events="true",
+            utterance_end_ms=1000,
+            request_options={
+                "additional_query_parameters": {"meeting_id": meeting, "participant": "dg-bot"}
+            },
+        ) as connection:
+            received = Received()
+            reader = asyncio.create_task(receive_deepgram(connection, received))
+            jfk = clip("en_jfk")
+            await paced(jfk.pcm16(), 16_000, connection.send_media)
+            await connection.send_close_stream()
+            await asyncio.wait_for(reader, TIMEOUT)
+        await heard.wait_for(lambda h: len(h.finals) >= len(finals(received)))
+        await listener.close()
+        await listening
+    kinds = [m.type for m in received.messages]
+    results = received.of_type("Results")
+    first_final = next(i for i, m in enumerate(results) if m.is_final)
+    assert any(not m.is_final for m in results[:first_final]), "no interim before the final"
+    text = " ".join(finals(received))
+    wer = error_rate(jfk.reference, text)
+    print(f"deepgram en_jfk: WER {wer:.3f}, {first_final} interim Results before the first final")
+    assert wer <= 0.15, text
+    assert kinds[-1] == "Metadata" and received.close_code == 1000, kinds[-3:]
+    metadata = received.messages[-1]
+    assert metadata.duration == pytest.approx(jfk.duration, abs=0.05)
+    assert "SpeechStarted" in kinds and "UtteranceEnd" in kinds
+    assert any(m.speech_final for m in results)
+    assert {m.metadata.model_info.name for m in results} == {"nova-3"}
+    # The same finals reach the meeting's listener and its stored transcript.
+    assert [f["text"] for f in heard.finals] == finals(received)
+    assert {f["participant"] for f in heard.finals} == {"dg-bot"}
+    status, body = parley_server.get(f"/v1/meetings/{meeting}/transcript")
+    assert status == 200
+    assert [f["text"] for f in orjson.loads(body)["finals"]] == finals(received)
+
+
+async def test_deepgram_finalize_gives_from_finalize(parley_server: ServerProcess) -> None:
+    """Finalize in the middle of speech: the utterance so far comes back at once as a final
+    Results marked from_finalize; the stream goes on and closes cleanly."""
+    client = deepgram_client(parley_server.http_url, parley_server.ws_url)
+    pcm = clip("en_ls_1089-134686-0001").pcm16()
+    async with client.listen.v1.connect(
+        model="nova-3", encoding="linear16", sample_rate=16000, interim_results="false"
+    ) as connection:
+        received = Received()
+        reader = asyncio.create_task(receive_deepgram(connection, received))
+        cut = 16_000 * 2 * 3  # 3 s in: mid-sentence
+        await paced(pcm[:cut], 16_000, connection.send_media)
+        await connection.send_finalize()
+        await received.wait_for(lambda r: any(m.from_finalize for m in r.of_type("Results")), 60)
+        await paced(pcm[cut:], 16_000, connection.send_media)
+        await connection.send_close_stream()
+        await asyncio.wait_for(reader, TIMEOUT)
+    [finalized] = [m for m in received.of_type("Results") if m.from_finalize]
+    assert finalized.is_final and finalized.channel.alternatives[0].transcript
+    assert finalized.start + finalized.duration <= 3.05
+    assert not any(not m.is_final for m in received.of_type("Results"))  # interim off
+    assert received.messages[-1].type == "Metadata" and received.close_code == 1000
+
+
+async def test_openai_sdk_transcription_session(parley_server: ServerProcess) -> None:
+    """The openai SDK's realtime transcription session on a LibriSpeech clip at 24 kHz:
+    speech_started/stopped, deltas before the completed transcripts, committed items in
+    order, completed text within WER 0.15."""
+    speech = clip("en_ls_2412-153948-0000")
+    client = openai_client(parley_server.http_url)
+    async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+        received = Received()
+        reader = asyncio.create_task(receive_openai(connection, received))
+        await connection.session.update(session=transcription_session())
+
+        async def append(chunk: bytes) -> None:
+            await connection.input_audio_buffer.append(audio=b64(chunk))
+
+        await paced(pcm16_at(speech.samples(), 24_000), 24_000, append)
+        await connection.input_audio_buffer.commit()
+        await settled(received)
+        await connection.close()
+        await reader
+    kinds = [m.type for m in received.messages]
+    assert kinds[0] == "session.created" and "session.updated" in kinds
+    completed = received.of_type("conversation.item.input_audio_transcription.completed")
+    first_done = kinds.index("conversation.item.input_audio_transcription.completed")
+    assert "conversation.item.input_audio_transcription.delta" in kinds[:first_done]
+    assert kinds.index("input_audio_buffer.speech_started") < first_done
+    committed = received.of_type("input_audio_buffer.committed")
+    assert [c.item_id for c in committed] == [c.item_id for c in completed]
+    assert [c.previous_item_id for c in committed[1:]] == [c.item_id for c in committed[:-1]]
+    text = " ".join(c.transcript for c in completed)
+    wer = error_rate(speech.reference, text)
+    deltas = len(received.of_type("conversation.item.input_audio_transcription.delta"))
+    print(f"openai {speech.id}: WER {wer:.3f}, {len(completed)} items, {deltas} deltas")
+    assert wer <= 0.15, text

@@ -1,0 +1,155 @@
+"""The compat codecs without sockets: protocol v1 messages in, vendor messages out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from server.compat.deepgram import DeepgramCodec, parse_options, plain
+from server.compat.openai_realtime import RealtimeCodec, Vad
+from wire.errors import ProtocolError
+
+
+def deepgram(**query: str) -> DeepgramCodec:
+    options = parse_options(query, meeting_id="m", default_language="en")
+    return DeepgramCodec(options, request_id="r", model_name="tiny.en")
+
+
+def out(texts: list[str]) -> list[dict[str, Any]]:
+    return [orjson.loads(t) for t in texts]
+
+
+def final(index: int, text: str, start: float, end: float, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "transcript.final",
+        "utterance_id": f"s-{index}",
+        "seq": index + 1,
+        "participant": "p",
+        "text": text,
+        "start": start,
+        "end": end,
+        "language": "en",
+        **extra,
+    }
+
+
+def test_deepgram_words_carry_timings_confidence_and_speakers() -> None:
+    """Word timings and probabilities of a final become Deepgram words; speakers become
+    0, 1, ... in order of appearance; without punctuate the text is plain."""
+    words = [
+        {"word": " Hello,", "start": 0.1, "end": 0.4, "probability": 0.9, "speaker": "S2"},
+        {"word": " world.", "start": 0.5, "end": 0.9, "probability": 0.7, "speaker": "S1"},
+    ]
+    codec = deepgram(punctuate="true", diarize="true")
+    [results] = out(codec.from_server(final(0, "Hello, world.", 0.0, 1.0, words=words)))
+    alternative = results["channel"]["alternatives"][0]
+    assert alternative["transcript"] == "Hello, world."
+    assert alternative["confidence"] == pytest.approx(0.8)
+    assert [(w["word"], w["punctuated_word"], w["speaker"]) for w in alternative["words"]] == [
+        ("hello", "Hello,", 0),
+        ("world", "world.", 1),
+    ]
+    [later] = out(codec.from_server(final(1, "Again.", 1.0, 2.0, speaker="S1")))
+    assert later["channel"]["alternatives"][0]["speaker"] == 1  # no words: on the alternative
+    assert results["is_final"] and results["duration"] == 1.0
+    [bare] = out(deepgram().from_server(final(0, "Hello, world.", 0.0, 1.0, words=words)))
+    assert bare["channel"]["alternatives"][0]["transcript"] == "hello world"
+    assert "speaker" not in bare["channel"]["alternatives"][0]["words"][0]
+    assert plain("Don't stop — 'now'!") == "don't stop now"
+
+
+def test_deepgram_speech_final_and_utterance_end() -> None:
+    """A final is speech-final when speech stopped inside it (and endpointing is on);
+    UtteranceEnd follows it; a cut without a stop is not speech-final."""
+    codec = deepgram(utterance_end_ms="1000")
+    assert codec.from_server({"type": "vad.speech_stopped", "t": 1.8}) == []
+    first = out(codec.from_server(final(0, "one", 0.2, 1.9)))
+    assert [m["type"] for m in first] == ["Results", "UtteranceEnd"]
+    assert first[0]["speech_final"] and first[1]["last_word_end"] == 1.9
+    [cut] = out(codec.from_server(final(1, "two", 2.0, 17.0)))
+    assert not cut["speech_final"]
+    off = deepgram(endpointing="false")
+    off.from_server({"type": "vad.speech_stopped", "t": 1.8})
+    assert not out(off.from_server(final(0, "one", 0.2, 1.9)))[0]["speech_final"]
+
+
+def test_deepgram_finalize_marks_its_final_and_keeps_order() -> None:
+    """While a Finalize is under way messages wait; its acknowledgement releases them in
+    order with from_finalize on the final it closed (an empty final when there was none)."""
+    codec = deepgram(interim_results="true")
+    assert [m["text"] for m in codec.from_client({"text": '{"type": "Finalize"}'}).to_actor] == [
+        '{"type":"finalize"}'
+    ]
+    partial = {"type": "transcript.partial", "utterance_id": "s-0", "text": "a", "start": 0.0}
+    assert codec.from_server({**partial, "end": 0.5}) == []
+    assert codec.from_server(final(0, "a b", 0.0, 1.0)) == []
+    released = out(codec.from_server({"type": "finalize.done", "utterance_id": "s-0"}))
+    assert [(m["is_final"], m["from_finalize"]) for m in released] == [
+        (False, False),
+        (True, True),
+    ]
+    codec.from_client({"text": '{"type": "Finalize"}'})
+    [empty] = out(codec.from_server({"type": "finalize.done", "utterance_id": None}))
+    assert empty["from_finalize"] and empty["is_final"]
+    assert empty["channel"]["alternatives"][0]["transcript"] == ""
+    assert empty["start"] == 1.0 and empty["duration"] == 0.0
+
+
+def test_deepgram_client_frames() -> None:
+    """KeepAlive, CloseStream and an empty binary frame map to v1 controls; anything else
+    is an invalid message."""
+    codec = deepgram()
+    for frame, kind in [
+        ({"text": '{"type": "KeepAlive"}'}, "keepalive"),
+        ({"text": '{"type": "CloseStream"}'}, "stop"),
+        ({"bytes": b""}, "stop"),
+    ]:
+        [message] = codec.from_client(frame).to_actor
+        assert orjson.loads(message["text"]) == {"type": kind}
+    assert codec.from_client({"bytes": b"\x01\x00"}).to_actor[0]["bytes"] == b"\x01\x00"
+    with pytest.raises(ProtocolError) as raised:
+        codec.from_client({"text": '{"type": "Configure"}'})
+    assert raised.value.close_code == 1007
+
+
+def realtime() -> RealtimeCodec:
+    codec = RealtimeCodec(
+        session_id="sess_1",
+        beta=False,
+        vad=Vad(threshold=0.5, prefix_padding_ms=200, silence_duration_ms=500),
+        default_language="en",
+        model="whisper-1",
+    )
+    codec.from_server({"type": "session.started", "session_id": "s"})
+    return codec
+
+
+def test_openai_deltas_add_stable_words_then_complete() -> None:
+    """Deltas carry the words a partial adds (its last word held back); a rewrite adds
+    nothing; the final commits the item, sends the remainder, then the transcript."""
+    codec = realtime()
+    [started] = out(codec.from_server({"type": "vad.speech_started", "t": 0.35}))
+    assert started["item_id"] == "item_s-0" and started["audio_start_ms"] == 350
+
+    def partial(text: str) -> list[dict[str, Any]]:
+        message = {"type": "transcript.partial", "utterance_id": "s-0", "text": text}
+        return out(codec.from_server({**message, "start": 0.1, "end": 1.0}))
+
+    assert [m["delta"] for m in partial("And so my")] == ["And so "]
+    assert [m["delta"] for m in partial("And so my fellow Americans")] == ["my fellow "]
+    assert partial("And sew my fellow") == []  # rewrote sent words: nothing to add
+    events = out(codec.from_server(final(0, "And so my fellow Americans, ask", 0.1, 2.3)))
+    assert [e["type"] for e in events] == [
+        "input_audio_buffer.committed",
+        "conversation.item.input_audio_transcription.delta",
+        "conversation.item.input_audio_transcription.completed",
+    ]
+    assert events[1]["delta"] == "Americans, ask"
+    assert events[2]["transcript"] == "And so my fellow Americans, ask"
+    assert events[2]["usage"] == {"type": "duration", "seconds": 2.2}
+    [started] = out(codec.from_server({"type": "vad.speech_started", "t": 3.0}))
+    assert started["item_id"] == "item_s-1"
+    committed = out(codec.from_server(final(1, "next", 3.0, 4.0)))[0]
+    assert committed["previous_item_id"] == "item_s-0"

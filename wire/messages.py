@@ -1,0 +1,161 @@
+"""Every message the server sends, as TypedDicts (they serialise with orjson as they
+are), and `Final`: one final transcript as the protocol carries it, parsed.
+
+Build messages with `wire.build`, never inline: it is the one place that knows their
+fields and precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, NotRequired, TypedDict
+
+
+class Word(TypedDict):
+    word: str
+    start: float
+    end: float
+
+
+class Timing(TypedDict):
+    """Server-side latency breakdown of one final, in seconds."""
+
+    queue: float
+    inference: float
+    total: float  # from the end of the utterance's audio arriving to the final being sent
+
+
+class SessionStarted(TypedDict):
+    type: Literal["session.started"]
+    protocol: int
+    session_id: str
+    meeting_id: str
+    participant: str
+    config: dict[str, Any]
+    resume_token: str
+    resume_from: float  # seconds of audio the client must (re)send from; 0.0 on a new stream
+    resumed: bool  # this connection continues an earlier one of the same source
+    last_seq: int  # highest `seq` of the meeting when the session started
+
+
+class SessionLanguage(TypedDict):
+    """A `language=auto` stream's language, pinned once (v1 extension)."""
+
+    type: Literal["session.language"]
+    language: str
+    # The model's probability of `language` over the utterances it was detected from;
+    # None when it was not detected on this connection (an English-only model, a resume).
+    probability: float | None
+    utterances: int  # how many of the source's utterances it was detected from
+
+
+class SpeechStarted(TypedDict):
+    type: Literal["vad.speech_started"]
+    t: float
+
+
+class SpeechStopped(TypedDict):
+    type: Literal["vad.speech_stopped"]
+    t: float
+
+
+class TranscriptPartial(TypedDict):
+    type: Literal["transcript.partial"]
+    utterance_id: str
+    participant: str
+    text: str
+    start: float
+    end: float
+
+
+class TranscriptFinal(TypedDict):
+    type: Literal["transcript.final"]
+    utterance_id: str
+    seq: int
+    participant: str
+    text: str
+    start: float
+    end: float
+    language: str
+    words: NotRequired[list[Word]]
+    timing: NotRequired[Timing]
+    # `diarize=true` sources only: "S1", "S2", … stable within the source (v1 extension).
+    speaker: NotRequired[str]
+
+
+class TranscriptSpeaker(TypedDict):
+    """A logged final's speaker label changed after a re-clustering (v1 extension)."""
+
+    type: Literal["transcript.speaker"]
+    utterance_id: str
+    speaker: str
+
+
+class ErrorMessage(TypedDict):
+    type: Literal["error"]
+    code: str
+    message: str
+    retry_after: NotRequired[float]  # seconds; with `overloaded` and `quota_exceeded`
+
+
+class FinalizeDone(TypedDict):
+    """Internal, not protocol v1: sent only to a connection that asks for it (the compat
+    adapters, which must know which final a `finalize` produced). It follows, in order,
+    the final of `utterance_id` (the utterance the finalize closed; None if none was in
+    progress), or takes its place when that final was empty."""
+
+    type: Literal["finalize.done"]
+    utterance_id: str | None
+
+
+class SessionEnded(TypedDict):
+    type: Literal["session.ended"]
+    reason: str
+    audio_seconds: float
+    utterances: int
+    finals: int
+
+
+ServerMessage = (
+    SessionStarted
+    | SessionLanguage
+    | SpeechStarted
+    | SpeechStopped
+    | TranscriptPartial
+    | TranscriptFinal
+    | TranscriptSpeaker
+    | ErrorMessage
+    | SessionEnded
+    | FinalizeDone
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    """One final of a meeting's transcript: what `transcript.final` carries but its
+    server-side timing. `seq` is per meeting, starts at 1 and has no gaps."""
+
+    seq: int
+    utterance_id: str
+    participant: str
+    text: str
+    start: float
+    end: float
+    language: str
+    words: list[Word] = field(default_factory=list)
+    speaker: str | None = None  # diarized sources only; re-clustering may change it
+
+    @classmethod
+    def from_message(cls, message: TranscriptFinal) -> Final:
+        """A received `transcript.final` (its `timing` is left out)."""
+        return cls(
+            seq=message["seq"],
+            utterance_id=message["utterance_id"],
+            participant=message["participant"],
+            text=message["text"],
+            start=message["start"],
+            end=message["end"],
+            language=message["language"],
+            words=list(message.get("words", [])),
+            speaker=message.get("speaker"),
+        )
