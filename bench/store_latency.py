@@ -18,8 +18,10 @@ from dataclasses import replace
 
 from redis.asyncio import Redis
 
-from session.redis_store import RedisStore
-from session.store import MemoryStore, NewFinal, SourceState, Store
+from store.api import Store
+from store.memory import MemoryStore
+from store.records import NewFinal, SourceState
+from store.redis_store import RedisStore
 
 
 async def timed(n: int, call: Callable[[int], Awaitable[object]]) -> list[float]:

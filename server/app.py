@@ -37,8 +37,8 @@ from session.diarizer import DiarizerConfig
 from session.partials import PartialPolicyConfig
 from session.segmenter import SegmenterConfig
 from session.services import SessionServices
-from session.store import open_store
 from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer
+from store.factory import open_store
 
 logger = logging.getLogger(__name__)
 

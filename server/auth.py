@@ -32,7 +32,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from server.tokens import TokenGrant, TokenStore
-from session.store import SourceState, Store, StoreError
+from store.api import Store
+from store.errors import StoreError
+from store.records import SourceState
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 
@@ -226,6 +228,24 @@ class Authenticator:
         if tenant is None:
             raise unauthorized("unknown API key")
         return self._principal(tenant)
+
+    async def presented(
+        self, authorization: str | None, url_token: str | None, meeting_id: str, scope: Scope
+    ) -> Principal | None:
+        """The principal of the credentials a request brings: the Authorization header
+        (which must be `Bearer`: an API key or a meeting token), else a meeting token from
+        its URL (`access_token`, the token subprotocol). None when it brings neither.
+        Raises ProtocolError as `resolve` does."""
+        if not self.enabled:
+            return ANONYMOUS
+        if authorization is not None:
+            credential = bearer(authorization)
+            if credential is None:
+                raise unauthorized("the Authorization header must be: Bearer <credential>")
+            return await self.resolve(credential, meeting_id, scope, keys_allowed=True)
+        if url_token is not None:
+            return await self.resolve(url_token, meeting_id, scope, keys_allowed=False)
+        return None
 
     async def resolve(
         self, credential: str, meeting_id: str, scope: Scope, *, keys_allowed: bool

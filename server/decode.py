@@ -8,7 +8,7 @@ CPU, memory and output-size limits before it reads the file.
 The result is a raw mono pcm_s16le file at 16 kHz on disk: the server never holds a
 whole recording in memory, and reads it back in chunks.
 
-Every way the decode can fail becomes a DecodeError with the HTTP status, code and
+Every way the decode can fail becomes a Refusal with the HTTP status, code and
 reason the client gets: the worker's own refusals (415 unsupported format, 422 damaged,
 truncated or too long), and the limits that stopped it (422 `decode_limit`).
 """
@@ -29,6 +29,7 @@ from typing import Any
 
 from engine.api import SAMPLE_RATE
 from server import decode_worker
+from server.decode_worker import Refusal
 from server.sandbox import EXIT_SIGNAL_BASE, UNCONFINED, Sandbox
 
 logger = logging.getLogger(__name__)
@@ -62,16 +63,6 @@ class DecodedAudio:
         return self.samples / OUTPUT_RATE
 
 
-class DecodeError(Exception):
-    """The file was refused; `status` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
 _SIGNALS: dict[int, str] = {
     signal.SIGXCPU: "its CPU-time limit",
     signal.SIGXFSZ: "its output-size limit",
@@ -84,7 +75,7 @@ _SIGNALS: dict[int, str] = {
 async def decode_file(
     src: Path, dst: Path, limits: DecodeLimits, sandbox: Sandbox = UNCONFINED
 ) -> DecodedAudio:
-    """Decode `src` into raw 16 kHz mono s16le at `dst`, or raise DecodeError."""
+    """Decode `src` into raw 16 kHz mono s16le at `dst`, or raise Refusal."""
     started = time.monotonic()
     argv = [
         sys.executable,
@@ -113,7 +104,7 @@ async def decode_file(
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), limits.wall_seconds)
     except TimeoutError:
-        raise DecodeError(
+        raise Refusal(
             422,
             "decode_limit",
             f"decoding the file took longer than {limits.wall_seconds:.0f} s; refused",
@@ -138,20 +129,20 @@ async def decode_file(
     if process.returncode == decode_worker.EXIT_REFUSED and report is not None:
         if int(report["status"]) >= 500:  # the decoder's own failure, not the file's
             logger.error("decoder could not run: %s", report["message"])
-        raise DecodeError(int(report["status"]), str(report["code"]), str(report["message"]))
+        raise Refusal(int(report["status"]), str(report["code"]), str(report["message"]))
     code = process.returncode or 0
     detail = stderr[-MAX_REPORT_BYTES:].decode(errors="replace")
     if sandbox.confined and detail.startswith("bwrap:"):
         logger.error("the decoder sandbox could not start: %s", detail.strip())
-        raise DecodeError(500, "internal", "the decoder could not start; see server log")
+        raise Refusal(500, "internal", "the decoder could not start; see server log")
     if code > EXIT_SIGNAL_BASE and sandbox.confined:  # bwrap reports a signal as 128 + N
         code = EXIT_SIGNAL_BASE - code
     if code < 0:
         cause = _SIGNALS.get(-code, f"signal {-code}")
         logger.warning("decoder stopped by %s after %.1f s", cause, elapsed)
-        raise DecodeError(422, "decode_limit", f"decoding the file was stopped by {cause}")
+        raise Refusal(422, "decode_limit", f"decoding the file was stopped by {cause}")
     logger.error("decoder failed with exit code %s: %s", code, detail)
-    raise DecodeError(422, "invalid_audio", "the file could not be decoded")
+    raise Refusal(422, "invalid_audio", "the file could not be decoded")
 
 
 def _report(stdout: bytes) -> dict[str, Any] | None:

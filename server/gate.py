@@ -16,13 +16,11 @@ import logging
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server.auth import (
-    ANONYMOUS,
     SUBPROTOCOL,
     TOKEN_SUBPROTOCOL,
     Authenticator,
     Principal,
     Scope,
-    bearer,
     forbidden,
     unauthorized,
 )
@@ -91,17 +89,14 @@ async def authenticate(
     websocket = handshake.websocket
     if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
         raise forbidden("this page's Origin may not open Parley sockets (PARLEY_ALLOWED_ORIGINS)")
-    if not auth.enabled:
-        return ANONYMOUS
-    header = websocket.headers.get("authorization")
-    if header is not None:
-        credential = bearer(header)
-        if credential is None:
-            raise unauthorized("the Authorization header must be: Bearer <credential>")
-        return await auth.resolve(credential, meeting_id, scope, keys_allowed=True)
-    token = handshake.token_subprotocol() or websocket.query_params.get("access_token")
-    if token is not None:
-        return await auth.resolve(token, meeting_id, scope, keys_allowed=False)
+    principal = await auth.presented(
+        websocket.headers.get("authorization"),
+        handshake.token_subprotocol() or websocket.query_params.get("access_token"),
+        meeting_id,
+        scope,
+    )
+    if principal is not None:
+        return principal
     await handshake.accept()
     if not waiting.acquire(ALL):
         raise overloaded(f"{waiting.limit} sockets are waiting to authenticate; retry later")

@@ -35,8 +35,9 @@ from server.sandbox import UNCONFINED, Sandbox
 from server.settings import Settings
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import SessionServices
-from session.store import SourceState, StoreError
 from session.vad import VadScorer
+from store.errors import StoreError
+from store.records import SourceState
 from wire.transcript import TranscriptFormat, render, utterances
 
 logger = logging.getLogger(__name__)

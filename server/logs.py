@@ -28,6 +28,20 @@ class RedactTokens(logging.Filter):
         return True
 
 
+# Client faults that uvicorn's websockets-sansio implementation logs at ERROR with a
+# traceback, though it handles them as the protocol says (closing 1007). They are the
+# client's error, not the server's: one WARNING line each, no traceback.
+_CLIENT_FAULTS = frozenset({"Invalid UTF-8 sequence received from client."})
+
+
+class ClientFaultsAsWarnings(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "uvicorn.error" and record.msg in _CLIENT_FAULTS:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = record.exc_text = None
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -50,6 +64,7 @@ def configure(level: str, fmt: str) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RedactTokens())
+    handler.addFilter(ClientFaultsAsWarnings())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -8,12 +8,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.auth import ANONYMOUS, Principal, Scope, bearer, meeting_access, unauthorized
+from server.auth import Principal, Scope, bearer, meeting_access, unauthorized
 from server.limits import overloaded, quota_exceeded
 from server.metrics import CONTENT_TYPE
 from server.state import ModelState, app_state
 from server.tokens import TokenQuotaExceeded
-from session.store import StoreError
+from store.errors import StoreError
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 from wire.query import validate_id
@@ -136,19 +136,15 @@ async def transcript(request: Request) -> Response:
 async def _reader(request: Request, meeting_id: str) -> Principal:
     """Who reads a transcript: an API key or a meeting token as the bearer, or a meeting
     token in `access_token` (the browser's download link)."""
-    auth = app_state(request).auth
-    if not auth.enabled:
-        return ANONYMOUS
-    header = request.headers.get("authorization")
-    if header is not None:
-        credential = bearer(header)
-        if credential is None:
-            raise unauthorized("the Authorization header must be: Bearer <credential>")
-        return await auth.resolve(credential, meeting_id, Scope.TRANSCRIPT, keys_allowed=True)
-    token = request.query_params.get("access_token")
-    if token is None:
+    principal = await app_state(request).auth.presented(
+        request.headers.get("authorization"),
+        request.query_params.get("access_token"),
+        meeting_id,
+        Scope.TRANSCRIPT,
+    )
+    if principal is None:
         raise unauthorized("authentication required: Authorization: Bearer <api key>")
-    return await auth.resolve(token, meeting_id, Scope.TRANSCRIPT, keys_allowed=False)
+    return principal
 
 
 async def healthz(request: Request) -> Response:

@@ -16,8 +16,8 @@ from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
 from session.services import SessionServices
-from session.store import Store
 from session.vad import VadScorer
+from store.api import Store
 
 
 class ModelState(enum.Enum):

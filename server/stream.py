@@ -26,15 +26,9 @@ from server.registry import AdmissionRefused
 from server.state import AppState, app_state
 from session.actor import Connection, SessionActor
 from session.services import SessionServices
-from session.store import (
-    FinalRecord,
-    ResumeRefused,
-    SourceState,
-    Store,
-    StoreError,
-    SubscriberLagged,
-    UnknownResumeToken,
-)
+from store.api import Store
+from store.errors import ResumeRefused, StoreError, SubscriberLagged, UnknownResumeToken
+from store.records import FinalRecord, SourceState
 from wire.build import encode, transcript_final
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError

@@ -18,7 +18,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from session.store import StoreError, StoreOverloaded, StoreUnavailable
+from store.errors import StoreError, StoreOverloaded, StoreUnavailable
 
 MAX_MEMORY_TOKENS = 100_000  # outstanding tokens one node holds before minting is refused
 PER_TENANT = 1000  # outstanding tokens per tenant (PARLEY_MAX_TOKENS_PER_TENANT)

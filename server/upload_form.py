@@ -25,6 +25,8 @@ from typing import BinaryIO
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from server.decode_worker import Refusal
+
 FILE_FIELD = "file"
 MAX_FIELD_BYTES = 1024  # a text field's value
 MAX_HEADER_BYTES = 8 << 10  # a part's headers, names and values together
@@ -33,24 +35,12 @@ FORM_OVERHEAD = 64 << 10  # body bytes allowed beyond the file: boundaries, head
 FLUSH_BYTES = 1 << 20  # file data buffered before a write
 
 
-class FormRefused(Exception):
-    """The request body is refused; `status` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+def _bad(message: str) -> Refusal:
+    return Refusal(400, "bad_request", message)
 
 
-def _bad(message: str) -> FormRefused:
-    return FormRefused(400, "bad_request", message)
-
-
-def too_large(limit: int) -> FormRefused:
-    return FormRefused(
-        413, "upload_too_large", f"the file is larger than the limit of {limit} bytes"
-    )
+def too_large(limit: int) -> Refusal:
+    return Refusal(413, "upload_too_large", f"the file is larger than the limit of {limit} bytes")
 
 
 @dataclass
@@ -65,7 +55,7 @@ class FormReceiver:
     """Parse a multipart/form-data body fed in chunks of any size.
 
     `feed()` returns the file part's bytes found in that chunk (for the caller to write)
-    and raises FormRefused on a malformed body (400), an unknown or oversized field
+    and raises Refusal on a malformed body (400), an unknown or oversized field
     (400), or a file past `max_file_bytes` (413).
     """
 
@@ -208,14 +198,14 @@ class ReceivedForm:
     fields: dict[str, str]
 
 
-def too_slow(message: str) -> FormRefused:
-    return FormRefused(408, "upload_timeout", message)
+def too_slow(message: str) -> Refusal:
+    return Refusal(408, "upload_timeout", message)
 
 
 async def _chunks(
     stream: AsyncIterator[bytes], idle_timeout_s: float, receive_timeout_s: float
 ) -> AsyncGenerator[bytes, None]:
-    """The body's chunks; FormRefused (408) after `idle_timeout_s` without a byte or
+    """The body's chunks; Refusal (408) after `idle_timeout_s` without a byte or
     `receive_timeout_s` in all."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + receive_timeout_s

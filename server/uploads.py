@@ -22,13 +22,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from server.auth import ANONYMOUS, Principal, bearer, create_owned_source
-from server.decode import DecodeError
+from server.decode_worker import Refusal
 from server.jobs import Job, JobOptions, JobsFull, JobStatus
 from server.settings import Settings
 from server.state import app_state
-from server.upload_form import FORM_OVERHEAD, FormRefused, receive_form, too_large
+from server.upload_form import FORM_OVERHEAD, receive_form, too_large
 from session.services import SessionServices
-from session.store import StoreError
+from store.errors import StoreError
 from wire.errors import ProtocolError
 from wire.query import is_language, parse_flag, validate_id
 from wire.transcript import TranscriptFormat
@@ -49,10 +49,10 @@ def _problem(
 
 
 def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions, bool]:
-    """Validate the options (query string, then form fields); raise FormRefused (400)."""
+    """Validate the options (query string, then form fields); raise Refusal (400)."""
 
-    def bad(code: str, message: str) -> FormRefused:
-        return FormRefused(400, code, message)
+    def bad(code: str, message: str) -> Refusal:
+        return Refusal(400, code, message)
 
     try:
         fmt = TranscriptFormat(raw.get("format", "json"))
@@ -95,14 +95,14 @@ def _check_language(language: str | None, known: frozenset[str], model: str) -> 
         if known == {"en"}
         else "use another code, or language=auto"
     )
-    raise FormRefused(
+    raise Refusal(
         400, "bad_config", f"model {model} does not transcribe language {language!r}: {hint}"
     )
 
 
 def _check_diarize(diarize: bool, services: SessionServices) -> None:
     if diarize and services.speakers is None:
-        raise FormRefused(
+        raise Refusal(
             400, "bad_config", "diarization is off on this server (PARLEY_DIARIZATION=false)"
         )
 
@@ -120,7 +120,7 @@ async def create_transcription(request: Request) -> Response:
         return _problem(400, "bad_request", f"unknown query parameter {sorted(unknown)[0]!r}")
     try:
         options, wait = _parse_options(query, settings)
-    except FormRefused as exc:
+    except Refusal as exc:
         return _problem(exc.status, exc.code, exc.message)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > settings.max_upload_bytes + FORM_OVERHEAD:
@@ -135,7 +135,7 @@ async def create_transcription(request: Request) -> Response:
     try:
         _check_language(options.language, services.languages, state.recognizer_name)
         _check_diarize(options.diarize, services)
-    except FormRefused as exc:
+    except Refusal as exc:
         return _problem(exc.status, exc.code, exc.message)
     try:
         job = state.jobs.admit(options)
@@ -166,7 +166,7 @@ async def create_transcription(request: Request) -> Response:
                 state.store, options.meeting_id, options.participant, {}, principal
             )
         state.jobs.start(job, audio, services, file_vad, source)
-    except (FormRefused, DecodeError) as exc:
+    except Refusal as exc:
         await state.jobs.discard(job)
         logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)
         return _problem(exc.status, exc.code, exc.message)
@@ -210,13 +210,10 @@ def _tenant(request: Request) -> str | Response | None:
     """With authentication on, uploads take an API key (`Authorization: Bearer`); its
     tenant owns the job. None while authentication is off."""
     auth = app_state(request).auth
-    if not auth.enabled:
-        return None
-    credential = bearer(request.headers.get("authorization", ""))
-    tenant = None if credential is None else auth.key_tenant(credential)
-    if tenant is None:
-        return _problem(401, "unauthorized", "authentication required: Bearer <api key>")
-    return tenant
+    try:
+        return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
+    except ProtocolError as exc:
+        return _problem(401, exc.code.value, exc.message)
 
 
 def _job(request: Request) -> Job | Response:

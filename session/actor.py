@@ -49,7 +49,7 @@ from session.pipeline import AudioPipeline, seconds
 from session.segmenter import PartialDue, SegmentEvent, SpeechStarted, SpeechStopped, UtteranceEnded
 from session.services import SessionServices
 from session.speakers import SpeakerLabeller
-from session.store import FinalRecord, SourceState
+from store.records import FinalRecord, SourceState
 from wire import build
 from wire.codes import CloseCode, ErrorCode
 from wire.control import ControlType, parse_control

@@ -47,8 +47,9 @@ from session.language import LanguageGate, LanguagePinned
 from session.pipeline import FloatArray, seconds
 from session.segmenter import UtteranceEnded
 from session.speakers import LabelledPart, SpeakerLabeller, relabel
-from session.store import FinalRecord, NewFinal, SourceState, Store
 from session.telemetry import NullTelemetry, Telemetry
+from store.api import Store
+from store.records import FinalRecord, NewFinal, SourceState
 from wire import build
 from wire.messages import ServerMessage, Word
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from session.outbox import SlowConsumer
-from session.store import SourceSuperseded, StoreError
+from store.errors import SourceSuperseded, StoreError
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 

@@ -41,8 +41,8 @@ from session.pipeline import AudioPipeline
 from session.segmenter import SegmentEvent, UtteranceEnded
 from session.services import SessionServices
 from session.speakers import SpeakerLabeller
-from session.store import FinalRecord, SourceState
 from session.vad import WINDOW, VadScorer
+from store.records import FinalRecord, SourceState
 from wire.codes import Encoding
 from wire.messages import ServerMessage
 

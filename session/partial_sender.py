@@ -31,8 +31,8 @@ from session.outbox import Outbox, OutboxState
 from session.partials import PartialPolicy, PartialPolicyConfig
 from session.pipeline import seconds
 from session.segmenter import PartialDue
-from session.store import Store
 from session.telemetry import Telemetry
+from store.api import Store
 from wire import build
 
 logger = logging.getLogger(__name__)

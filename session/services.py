@@ -10,9 +10,9 @@ from engine.api import Recognition, SpeakerEmbedding
 from session.diarizer import DiarizerConfig
 from session.partials import PartialPolicyConfig
 from session.segmenter import SegmenterConfig
-from session.store import Store
 from session.telemetry import NullTelemetry, Telemetry
 from session.vad import VadScorer
+from store.api import Store
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,8 @@ from engine.api import (
     WordTiming,
 )
 from session.diarizer import Diarizer, DiarizerConfig, Part, Relabel
-from session.store import Store, StoreError
+from store.api import Store
+from store.errors import StoreError
 from wire import build
 from wire.messages import TranscriptSpeaker
 

@@ -21,8 +21,9 @@ import pytest
 from redis.asyncio import Redis
 
 from engine.weights import resolve_model
-from session.redis_store import RedisStore
-from session.store import MemoryStore, Store
+from store.api import Store
+from store.memory import MemoryStore
+from store.redis_store import RedisStore
 from tests.corpus import REPO
 from tests.redis_support import ManualClock, RedisServer, redis_answers
 

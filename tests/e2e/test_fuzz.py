@@ -31,6 +31,16 @@ from tests.hardclient import RawText, bearer, exchange
 from tests.wsclient import StreamResult, stream_pcm
 from wire.messages import ServerMessage
 
+# The clients and servers beside the generator (a real-time room on another thread, the
+# in-process app) send WebSocket keepalive pings whose payload websockets and uvicorn draw
+# from the global `random` module. When a ping lands while hypothesis draws an example,
+# hypothesis takes it for a strategy using `random` and warns (an error under
+# filterwarnings=error). The strategies here use no global randomness.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Do not use the `random` module inside strategies"
+    ":hypothesis.errors.HypothesisDeprecationWarning"
+)
+
 MAX_FRAME = 1 << 20  # PARLEY_MAX_FRAME_BYTES default (the session server's)
 CASES_PER_EXAMPLE = 4  # run concurrently, each on its own connection
 EXAMPLES = int(os.environ.get("PARLEY_FUZZ_EXAMPLES", "500"))  # x4 cases: about a minute

@@ -27,7 +27,8 @@ from server.limits import CapacityMonitor, LimitedConnection, RealtimeBudget, Sl
 from server.logs import RedactTokens
 from server.settings import Settings
 from server.tokens import MemoryTokens, RedisTokens, TokenGrant, TokenQuotaExceeded
-from session.store import MemoryStore, StoreOverloaded
+from store.errors import StoreOverloaded
+from store.memory import MemoryStore
 from wire.codes import CloseCode
 from wire.errors import ProtocolError
 

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from server.decode import DecodeError, DecodeLimits, decode_file
+from server.decode import DecodeLimits, decode_file
+from server.decode_worker import Refusal
 from server.sandbox import SandboxMode, open_sandbox
 from tests import audiofiles
 from tests.corpus import clip
@@ -61,7 +62,7 @@ async def test_decoder_refuses_hostile_files(
     tmp_path: Path, name: str, data: bytes, status: int, code: str
 ) -> None:
     """Playlists, images, noise and absurd headers are refused with a status and reason."""
-    with pytest.raises(DecodeError) as caught:
+    with pytest.raises(Refusal) as caught:
         await decode_bytes(tmp_path, data)
     assert (caught.value.status, caught.value.code) == (status, code), caught.value.message
     assert caught.value.message
@@ -73,7 +74,7 @@ async def test_decoder_refuses_truncated_files(
 ) -> None:
     """A file cut in half is refused as damaged (422), never transcribed in part."""
     data = jfk[name]
-    with pytest.raises(DecodeError) as caught:
+    with pytest.raises(Refusal) as caught:
         await decode_bytes(tmp_path, data[: len(data) // 2 + 1])
     assert caught.value.status == 422 and caught.value.code == "invalid_audio"
     assert "truncated" in caught.value.message or "damaged" in caught.value.message
@@ -82,7 +83,7 @@ async def test_decoder_refuses_truncated_files(
 async def test_decoder_counts_duration_it_cannot_read_from_the_header(tmp_path: Path) -> None:
     """A WAV of unknown length is decoded and stopped as soon as it passes the cap."""
     limits = DecodeLimits(max_seconds=5, cpu_seconds=30, memory_bytes=512 << 20, wall_seconds=30)
-    with pytest.raises(DecodeError) as caught:
+    with pytest.raises(Refusal) as caught:
         await decode_bytes(tmp_path, audiofiles.unknown_length_wav(8000, 20), limits)
     assert caught.value.code == "audio_too_long"
     assert "decodes to more than 5 s" in caught.value.message
@@ -91,7 +92,7 @@ async def test_decoder_counts_duration_it_cannot_read_from_the_header(tmp_path: 
 async def test_decoder_wall_clock_limit_kills_it(tmp_path: Path, jfk: dict[str, bytes]) -> None:
     """A decoder over its wall-clock limit is killed and the upload refused (422)."""
     limits = DecodeLimits(max_seconds=60, cpu_seconds=30, memory_bytes=512 << 20, wall_seconds=0.01)
-    with pytest.raises(DecodeError) as caught:
+    with pytest.raises(Refusal) as caught:
         await decode_bytes(tmp_path, jfk["wav"], limits)
     assert (caught.value.status, caught.value.code) == (422, "decode_limit")
 
@@ -102,7 +103,7 @@ async def test_decoder_refuses_garbled_files(tmp_path: Path, jfk: dict[str, byte
     rng = np.random.default_rng(1)
     spots = rng.integers(1000, len(data), len(data) // 50)
     data[spots] = rng.integers(0, 256, len(spots), dtype=np.uint8)
-    with pytest.raises(DecodeError) as caught:
+    with pytest.raises(Refusal) as caught:
         await decode_bytes(tmp_path, data.tobytes())
     assert caught.value.status == 422 and "damaged" in caught.value.message
 
@@ -122,6 +123,6 @@ async def test_decoder_that_cannot_start_is_a_server_error(
 ) -> None:
     """Limits too tight for the decoder to even start are the server's fault: 500."""
     limits = DecodeLimits(max_seconds=60, cpu_seconds=30, memory_bytes=48 << 20, wall_seconds=30)
-    with pytest.raises(DecodeError) as caught:
+    with pytest.raises(Refusal) as caught:
         await decode_bytes(tmp_path, jfk["wav"], limits)
     assert (caught.value.status, caught.value.code) == (500, "internal")

@@ -19,7 +19,8 @@ from server.__main__ import WS_IMPLEMENTATION, uvicorn_config
 from server.gate import MAX_CLOSE_REASON, close_reason
 from server.limits import ALL
 from server.settings import Settings
-from session.store import UnknownResumeToken, hash_token
+from store.errors import UnknownResumeToken
+from store.records import hash_token
 from tests.appserver import AppServer, serve_app
 from tests.hardclient import STOP, error_of, exchange
 from tests.httpclient import multipart, post_form

@@ -1,19 +1,22 @@
 """Tenancy: three keys, three meetings each. Every cross attempt (join, listen, resume,
 transcript read, token mint, token use elsewhere, token reuse, expired token) is refused
-with its documented code, and no transcript byte crosses."""
+with its documented code, and no transcript byte crosses. Every test runs on both stores:
+in process memory, and on Redis (meetings and meeting tokens there)."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pytest
+from redis.asyncio import Redis
 
 from server.auth import OWNER_FIELD
-from session.store import SourceState
+from store.records import SourceState
 from tests import audiofiles
 from tests.appserver import AppServer, serve_app
 from tests.corpus import clip
@@ -46,14 +49,20 @@ class Meeting:
         ]
 
 
-@pytest.fixture(scope="module")
-async def tenancy() -> AsyncIterator[tuple[AppServer, list[Meeting]]]:
-    """An authenticated server; each tenant has streamed speech into three meetings."""
+@pytest.fixture(scope="module", params=["memory", "redis"])
+async def tenancy(
+    request: pytest.FixtureRequest, redis_url: str
+) -> AsyncIterator[tuple[AppServer, list[Meeting]]]:
+    """An authenticated server (in-memory or Redis store); each tenant has streamed speech
+    into three meetings."""
+    prefix = f"parley-test:{uuid.uuid4().hex[:12]}:"
+    store = {"redis_url": redis_url, "store_prefix": prefix} if request.param == "redis" else {}
     async with serve_app(
         api_keys=",".join(f"{t}:{k}" for t, k in KEYS.items()),
         fast_replay_tenants="*",
         allowed_origins=APP_ORIGIN,
         auth_timeout_s=0.5,
+        **store,
     ) as server:
         meetings = [
             Meeting(tenant, f"{tenant}-meeting-{i}", f"{tenant}-speaker-{i}")
@@ -76,6 +85,18 @@ async def tenancy() -> AsyncIterator[tuple[AppServer, list[Meeting]]]:
             assert meeting.stream.close_code == 1000, meeting.stream.messages[-2:]
             assert meeting.stream.finals, meeting
         yield server, meetings
+    if store:
+        await delete_keys(redis_url, prefix)
+
+
+async def delete_keys(redis_url: str, prefix: str) -> None:
+    client = Redis.from_url(redis_url)
+    try:
+        keys = [key async for key in client.scan_iter(match=prefix + "*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
 
 
 def _leaks(payload: str, victims: list[Meeting]) -> list[str]:

@@ -142,7 +142,7 @@ async def test_sandboxed_decoder_killed_by_its_cpu_limit_is_a_decode_limit(
     sandbox = open_sandbox(SandboxMode.BWRAP)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(decode, "WORKER", script)
-        with pytest.raises(decode.DecodeError) as caught:
+        with pytest.raises(decode.Refusal) as caught:
             await asyncio.wait_for(decode_file(src, tmp_path / "out", LIMITS, sandbox), 20)
     assert (caught.value.status, caught.value.code) == (422, "decode_limit")
     assert "CPU-time" in caught.value.message

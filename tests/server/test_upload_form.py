@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.upload_form import FormReceiver, FormRefused
+from server.decode_worker import Refusal
+from server.upload_form import FormReceiver
 from tests import audiofiles
 from tests.httpclient import multipart
 
@@ -55,7 +56,7 @@ def test_form_receiver_refuses_bad_bodies(case: str, status: int) -> None:
             f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="x"\r\n\r\n'
         ).encode()
         pieces = [part, data, b"\r\n", part, data, b"\r\n", f"--{boundary}--\r\n".encode()]
-    with pytest.raises(FormRefused) as caught:
+    with pytest.raises(Refusal) as caught:
         parse_form(pieces, content_type)
     assert caught.value.status == status, caught.value.message
 
@@ -68,7 +69,7 @@ def test_form_receiver_bounds_a_parts_headers() -> None:
     pads = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 3000) for i in range(6))
     body = head + pads + b"\r\nRIFF\r\n--b--\r\n"
     receiver = FormReceiver("multipart/form-data; boundary=b", 4 << 20, {"language"})
-    with pytest.raises(FormRefused) as caught:
+    with pytest.raises(Refusal) as caught:
         for i in range(0, len(body), 1024):
             receiver.feed(body[i : i + 1024])
         receiver.finish()

@@ -16,8 +16,8 @@ from session.committer import CONTEXT_CHARS
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.segmenter import SegmenterConfig
 from session.services import SessionServices
-from session.store import MemoryStore
 from session.vad import DirectScorer, SileroVad
+from store.memory import MemoryStore
 from tests.conftest import StoreFactory
 from tests.corpus import clip
 from tests.fakes import FakeRecognizer

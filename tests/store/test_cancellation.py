@@ -11,7 +11,9 @@ from typing import Any
 
 import orjson
 
-from session.store import NewFinal, SourceState, Store, StoreError
+from store.api import Store
+from store.errors import StoreError
+from store.records import NewFinal, SourceState
 from tests.appserver import serve_app
 from tests.conftest import StoreFactory
 from tests.corpus import clip

@@ -12,17 +12,10 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from session.redis_store import RedisStore
-from session.store import (
-    FinalRecord,
-    SourceState,
-    StoreOverloaded,
-    StoreUnavailable,
-    SubscriberLagged,
-    SubscriptionLost,
-    hash_token,
-    open_store,
-)
+from store.errors import StoreOverloaded, StoreUnavailable, SubscriberLagged, SubscriptionLost
+from store.factory import open_store
+from store.records import FinalRecord, SourceState, hash_token
+from store.redis_store import RedisStore
 from tests.redis_support import MS, ManualClock, RedisServer, free_port
 from tests.store.test_store import emit, next_event
 

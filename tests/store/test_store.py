@@ -9,16 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from session.store import (
-    FinalRecord,
-    NewFinal,
-    ResumeTokenMismatch,
-    SourceState,
-    SourceSuperseded,
-    Store,
-    SubscriberLagged,
-    UnknownResumeToken,
-)
+from store.api import Store
+from store.errors import ResumeTokenMismatch, SourceSuperseded, SubscriberLagged, UnknownResumeToken
+from store.records import FinalRecord, NewFinal, SourceState
 from tests.conftest import StoreFactory
 from tests.redis_support import MS
 from wire.errors import ProtocolError

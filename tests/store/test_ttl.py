@@ -11,9 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from session.redis_store import Keys, RedisStore
-from session.store import MemoryStore, UnknownResumeToken
-from session.ttl import MIN_TTL_MS, TTLSettings, draw_jitter, ttl_bounds_ms, ttl_ms
+from store.errors import UnknownResumeToken
+from store.memory import MemoryStore
+from store.redis_scripts import Keys
+from store.redis_store import RedisStore
+from store.ttl import MIN_TTL_MS, TTLSettings, draw_jitter, ttl_bounds_ms, ttl_ms
 from tests.redis_support import MS, ManualClock
 from tests.store.test_store import emit
 

@@ -1,0 +1,17 @@
+"""The meeting store: config, audio sources (for resume), the finals log with its
+gap-free `seq`, and live event fan-out. docs/store.md describes keys, TTLs and faults.
+
+- `store.api`            the `Store` interface the sessions and routes use
+- `store.errors`         what it raises on purpose
+- `store.records`        what it keeps: finals, source state, health
+- `store.ttl`            how long a meeting lives: a decaying, activity-aware TTL
+- `store.listener`       one listener's bounded event queue
+- `store.memory`         `MemoryStore`: the embedded single-node default
+- `store.redis_store`    `RedisStore`: the same semantics across processes, built from
+                         `redis_scripts` (keys, Lua), `redis_buffer` (writes held while
+                         Redis is away), `redis_events` (pub/sub), `redis_link` (is Redis
+                         there) and `keyed_locks`
+- `store.factory`        `open_store()`: the store the settings ask for
+
+store imports only `wire` of the project.
+"""
