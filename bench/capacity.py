@@ -1,23 +1,56 @@
-"""Capacity benchmark: start a server with the given settings, then search for the most
-concurrent real-time rooms whose final-latency P95 stays within the SLO.
+"""Capacity benchmark: one server configuration, real-time rooms of corpus speech, one table.
 
-    python -m bench.capacity --slo-p95 1.2 --duration 40 PARLEY_TORCH_THREADS=1
+    python -m bench.capacity --rooms 4,8,16 --duration 60                  # partials on
+    python -m bench.capacity --rooms 4,8,16 --interim both PARLEY_MAX_BATCH_SIZE=1
+    python -m bench.capacity --find-max-rooms --rooms 2 --max-rooms 32     # double, bisect
 
 Each KEY=VALUE argument is a server environment variable, so one command measures one
-configuration; the printed line and the loadgen report are what docs/performance.md
-records. Run it on an otherwise idle machine: the server and the load generator share it.
+configuration. The command starts `python -m server` with them, then runs the load
+generator (`loadgen.run`) against it: at each listed room count (with partials on, off
+or both: `--interim`), or as a search for the most rooms within the SLO. Every run gets
+one row:
+
+- rooms, partials on/off, pass/fail against the SLO (P95, lost finals, growing lag);
+- final latency P50/P95/P99 (client-side, DESIGN.md's definition), WER, lost finals;
+- partial cadence: median time to an utterance's first partial, and partials per 2 s of
+  speech (the worst room, and the median room);
+- the finals' queue wait P50/P95 (the server's own `timing.queue`);
+- model utilization: model-busy seconds over wall seconds per worker (`/metrics`:
+  `parley_model_seconds_total`, or `parley_inference_seconds_sum` on older servers), and
+  the share of it spent on partials;
+- server CPU in cores (the server process and its children, from /proc).
+
+Rows go to stdout as a markdown table and to `REPORT_DIR/capacity.json`; each run's
+loadgen report lands beside it. Run it on an otherwise idle machine (`flock -x
+/tmp/parley-cpu.lock` on the shared dev box): the server and the load generator share it.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
+
+import orjson
+
+from loadgen.corpus import default_corpus_dir
+from loadgen.report import Limits
+from loadgen.run import (
+    LoadSettings,
+    SearchSettings,
+    find_max_rooms,
+    prepare_corpus,
+    run_load,
+    write_report,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,14 +77,222 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300)
     raise SystemExit("server not ready in time")
 
 
+# ---------------------------------------------------------------------- server probe
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and every descendant process (model worker processes count as the server)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, frontier = [root], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        tree += children
+        frontier = children
+    return tree
+
+
+def cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of `root` and its live descendants."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in _process_tree(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+def scrape(url: str) -> dict[str, float]:
+    """`/metrics` as {'name{labels}': value} (comments dropped)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def _sum(samples: dict[str, float], prefix: str, label: str = "") -> float:
+    return sum(v for k, v in samples.items() if k.startswith(prefix) and label in k)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    when: float
+    cpu: float
+    metrics: dict[str, float]
+
+
+class ServerProbe:
+    """CPU and model time of one server between two moments."""
+
+    def __init__(self, url: str, pid: int) -> None:
+        self._url = url
+        self._pid = pid
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(time.monotonic(), cpu_seconds(self._pid), scrape(self._url))
+
+    def between(self, before: Snapshot, after: Snapshot) -> dict[str, float | None]:
+        wall = after.when - before.when
+        workers = after.metrics.get("parley_model_workers", 1.0)
+        if any(k.startswith("parley_model_seconds_total") for k in after.metrics):
+            busy = _sum(after.metrics, "parley_model_seconds_total") - _sum(
+                before.metrics, "parley_model_seconds_total"
+            )
+            partial = _sum(after.metrics, "parley_model_seconds_total", 'kind="partial"') - _sum(
+                before.metrics, "parley_model_seconds_total", 'kind="partial"'
+            )
+        else:  # one worker, no split by kind
+            busy = _sum(after.metrics, "parley_inference_seconds_sum") - _sum(
+                before.metrics, "parley_inference_seconds_sum"
+            )
+            partial = None
+        return {
+            "server_cpu_cores": (after.cpu - before.cpu) / wall,
+            "model_utilization": busy / wall / workers,
+            "partial_share": None if partial is None or busy <= 0 else partial / busy,
+            "workers": workers,
+        }
+
+
+# ---------------------------------------------------------------------- rows
+
+
+def row(report: dict[str, Any], server: dict[str, float | None], interim: bool) -> dict[str, Any]:
+    latency = report["latency"]
+    final, queue = latency["final"], latency["server"]["queue"]
+    cadence = report["partials_per_2s"]
+    return {
+        "rooms": report["totals"]["rooms"],
+        "partials": "on" if interim else "off",
+        "passed": report["verdict"]["passed"],
+        "reasons": report["verdict"]["reasons"],
+        "final_p50": final["p50"],
+        "final_p95": final["p95"],
+        "final_p99": final["p99"],
+        "trend": latency["final_trend"],
+        "lost": report["totals"]["lost"],
+        "wer": report["wer"]["overall"],
+        "first_partial_p50": latency["first_partial"]["p50"] if interim else None,
+        "partials_per_2s_min": cadence["min"] if interim else None,
+        "partials_per_2s_p50": cadence["p50"] if interim else None,
+        "queue_wait_p50": queue["p50"],
+        "queue_wait_p95": queue["p95"],
+        **server,
+    }
+
+
+COLUMNS = (
+    ("rooms", "rooms", "{}"),
+    ("partials", "partials", "{}"),
+    ("final P50/P95/P99 (s)", ("final_p50", "final_p95", "final_p99"), "{:.2f}"),
+    ("WER", "wer", "{:.3f}"),
+    ("lost", "lost", "{}"),
+    ("first partial P50 (s)", "first_partial_p50", "{:.2f}"),
+    ("partials/2 s min/P50", ("partials_per_2s_min", "partials_per_2s_p50"), "{:.2f}"),
+    ("final queue P50/P95 (s)", ("queue_wait_p50", "queue_wait_p95"), "{:.2f}"),
+    ("model util.", "model_utilization", "{:.0%}"),
+    ("partial share", "partial_share", "{:.0%}"),
+    ("server CPU (cores)", "server_cpu_cores", "{:.2f}"),
+    ("result", "result", "{}"),
+)
+
+
+def _cell(values: dict[str, Any], keys: str | tuple[str, ...], fmt: str) -> str:
+    if keys == "result":
+        if values["passed"]:
+            return "pass"
+        return "fail: " + "; ".join(values["reasons"])
+    parts = [values[k] for k in ((keys,) if isinstance(keys, str) else keys)]
+    return " / ".join("—" if v is None else fmt.format(v) for v in parts)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| " + " | ".join(title for title, _, _ in COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    for values in rows:
+        lines.append("| " + " | ".join(_cell(values, k, f) for _, k, f in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- runs
+
+
+def _modes(interim: str) -> list[bool]:
+    return {"on": [True], "off": [False], "both": [True, False]}[interim]
+
+
+async def measure(args: argparse.Namespace, url: str, probe: ServerProbe) -> list[dict[str, Any]]:
+    report_dir = Path(args.report_dir)
+    limits = Limits(slo_p95=args.slo_p95)
+    base = LoadSettings(
+        server=url.replace("http://", "ws://"),
+        corpus=default_corpus_dir(),
+        duration_s=args.duration,
+        progress=False,
+    )
+    corpus = prepare_corpus(base)
+    rows: list[dict[str, Any]] = []
+    for interim in _modes(args.interim):
+        settings = replace(base, stream=replace(base.stream, interim_results=interim))
+        if args.find_max_rooms:
+            before = probe.snapshot()
+
+            def on_trial(rooms: int, report: dict[str, Any], interim: bool = interim) -> None:
+                nonlocal before
+                after = probe.snapshot()
+                rows.append(row(report, probe.between(before, after), interim))
+                print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+                before = after
+
+            search = SearchSettings(args.rooms[0], args.max_rooms, args.search_budget)
+            summary, best = await find_max_rooms(settings, limits, search, on_trial)
+            mode = "on" if interim else "off"
+            print(f"partials {mode}: max rooms at the SLO: {summary['max_rooms']}", flush=True)
+            if best is not None:
+                write_report(best, report_dir / f"best-{mode}", summary)
+            continue
+        for count in args.rooms:
+            trial = replace(settings, rooms=count)
+            before = probe.snapshot()
+            report = await run_load(trial, limits, corpus)
+            rows.append(row(report, probe.between(before, probe.snapshot()), interim))
+            print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+            write_report(report, report_dir / f"{count}-{'on' if interim else 'off'}")
+            await asyncio.sleep(args.pause)  # let the last finals' batches clear
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("settings", nargs="*", help="KEY=VALUE server environment variables")
+    parser.add_argument(
+        "--rooms",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[2, 4, 8],
+        help="room counts to run, comma separated (the search's start with --find-max-rooms)",
+    )
+    parser.add_argument("--interim", choices=("on", "off", "both"), default="on")
+    parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--slo-p95", type=float, default=1.2)
-    parser.add_argument("--duration", type=float, default=40.0)
-    parser.add_argument("--rooms", type=int, default=4, help="first trial's room count")
+    parser.add_argument("--find-max-rooms", action="store_true")
     parser.add_argument("--max-rooms", type=int, default=128)
     parser.add_argument("--search-budget", type=float, default=900.0)
+    parser.add_argument("--pause", type=float, default=3.0, help="seconds between runs")
     parser.add_argument("--report-dir", default="reports/capacity")
     args = parser.parse_args()
     env = dict(os.environ, PARLEY_LOG_LEVEL="warning")
@@ -59,8 +300,10 @@ def main() -> int:
         key, _, value = item.partition("=")
         env[key] = value
     port = free_port()
-    Path(args.report_dir).parent.mkdir(parents=True, exist_ok=True)
-    log = open(Path(args.report_dir).with_suffix(".server.log"), "wb")  # noqa: SIM115
+    url = f"http://127.0.0.1:{port}"
+    report_dir = Path(args.report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    log = open(report_dir / "server.log", "wb")  # noqa: SIM115
     server = subprocess.Popen(
         [sys.executable, "-m", "server", "--port", str(port)],
         cwd=REPO,
@@ -69,30 +312,16 @@ def main() -> int:
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_ready(f"http://127.0.0.1:{port}", server)
-        command = [
-            sys.executable,
-            "-m",
-            "loadgen",
-            "--server",
-            f"ws://127.0.0.1:{port}",
-            "--find-max-rooms",
-            "--slo-p95",
-            str(args.slo_p95),
-            "--rooms",
-            str(args.rooms),
-            "--duration",
-            str(args.duration),
-            "--max-rooms",
-            str(args.max_rooms),
-            "--search-budget",
-            str(args.search_budget),
-            "--report-dir",
-            args.report_dir,
-            "--no-progress",
-        ]
+        wait_ready(url, server)
         print("settings:", " ".join(args.settings) or "(defaults)", flush=True)
-        return subprocess.run(command, cwd=REPO, check=False).returncode
+        print(markdown([]), flush=True)
+        rows = asyncio.run(measure(args, url, ServerProbe(url, server.pid)))
+        (report_dir / "capacity.json").write_bytes(
+            orjson.dumps({"settings": args.settings, "rows": rows}, option=orjson.OPT_INDENT_2)
+        )
+        print()
+        print(markdown(rows))
+        return 0 if rows and all(r["passed"] for r in rows) else 1
     finally:
         server.terminate()
         server.wait(60)

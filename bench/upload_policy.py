@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,9 @@ class SleepyRecognizer:
     def warmup(self) -> None:
         return None
 
-    def transcribe(self, batch: Sequence[Utterance]) -> list[Transcription]:
+    def transcribe(
+        self, batch: Sequence[Utterance], should_stop: Callable[[], bool] | None = None
+    ) -> list[Transcription]:
         longest = max(u.duration for u in batch)
         window = next((w for w in WINDOWS if longest + 0.5 <= w), WINDOWS[-1])
         time.sleep((self.base + self.per_item * len(batch)) * window / 10.0)

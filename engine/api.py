@@ -3,8 +3,9 @@
 A session builds an `Utterance` (16 kHz mono audio, an optional pinned language and a
 decoding draft), wraps it in a `RecognitionRequest` with a `Priority`, and `submit`s it
 to the shared `Recognition` (the `BatchScheduler`); it awaits the returned future for a
-`RecognitionResult`, or `cancel`s what it no longer needs. `load` says how busy the
-model is, so a session can thin its partials before the queue fills.
+`RecognitionResult`, or `cancel`s what it no longer needs. A session submits every
+partial it would like shown; the engine keeps the newest per session and, under load,
+thins them out for every session alike (finals never wait for them).
 
 Errors (every one a `SchedulerError`):
 
@@ -134,16 +135,12 @@ class EngineDead(SchedulerError):
 class Recognition(Protocol):
     """What a session may ask of the engine (`BatchScheduler` implements it)."""
 
-    @property
-    def load(self) -> float:
-        """How busy the model is: below 1 there is spare capacity, above it a backlog."""
-        ...
-
     async def submit(self, request: RecognitionRequest) -> asyncio.Future[RecognitionResult]:
         """Queue `request`; return the future of its result.
 
-        A partial replaces the session's queued partial, or fails with SchedulerFull when
-        the queue is full; finals and file requests wait for room. Raises
+        A partial replaces the session's queued partial (the newer audio; the older
+        future fails with RequestSuperseded), or fails with SchedulerFull when the queue
+        is full; finals and file requests wait for room. Raises
         SchedulerStopped or EngineDead when nothing will run it.
         """
         ...

@@ -41,6 +41,7 @@ same length) and none on the encoder states (Whisper was trained on zero-padded 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,8 @@ from transformers.models.whisper.modeling_whisper import (
     WhisperDecoder,
     WhisperDecoderLayer,
 )
+
+from engine.recognizer import Interrupted
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +157,7 @@ class GreedyDecoder:
         prompts: torch.Tensor,
         budgets: list[int],
         drafts: list[list[int]] | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Greedy:
         """Greedy tokens after the prompt (batch, n) that follows <|startoftranscript|>;
         row i decodes at most `budgets[i]` tokens.
@@ -164,6 +168,9 @@ class GreedyDecoder:
         produced anyway and decodes on from there, one token per step. In float32 the
         result is greedy decoding's whatever the drafts hold (see the module doc for
         int8); a good draft saves most of the steps.
+
+        `should_stop`, if given, is called before every decoder pass; when it returns True
+        the decoding ends with `Interrupted` (the scheduler stops a batch that way).
         """
         cache = started.take_cache()
         batch = prompts.shape[0]
@@ -175,6 +182,7 @@ class GreedyDecoder:
         budgets = [min(budget, room) for budget in budgets]
         if min(budgets) < 1:
             raise ValueError("the prompt leaves no room to decode")
+        _check(should_stop)
         logits = self._project(self._step(cache, prompts)[:, -1])
         logits[:, self._begin_suppress] = -torch.inf
         logits[:, self._suppress] = -torch.inf
@@ -184,6 +192,7 @@ class GreedyDecoder:
             for i in range(batch)
         ]
         if any(guesses):
+            _check(should_stop)
             tokens, logprobs = self._check_drafts(cache, logits, guesses)
         else:
             picked, chosen = _pick(logits)
@@ -191,6 +200,7 @@ class GreedyDecoder:
             logprobs = [[p] for p in chosen.tolist()]
         done = [row[-1] == self._end or len(row) >= budgets[i] for i, row in enumerate(tokens)]
         while not all(done):
+            _check(should_stop)
             pending = [self._end if done[i] else row[-1] for i, row in enumerate(tokens)]
             ids = torch.tensor(pending, dtype=torch.long, device=prompts.device)[:, None]
             before = cache.lengths.clone()
@@ -308,6 +318,11 @@ class GreedyDecoder:
         """(batch, n, heads * head_dim) to (batch, heads, n, head_dim)."""
         batch, n, _ = states.shape
         return states.view(batch, n, self._heads, self._head_dim).transpose(1, 2)
+
+
+def _check(should_stop: Callable[[], bool] | None) -> None:
+    if should_stop is not None and should_stop():
+        raise Interrupted("the batch was stopped")
 
 
 def _pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,9 @@ class ModelConfig:
     `model` is a packaged name (`tiny.en`, `base`), a Hugging Face Whisper folder, or a
     hub id already in the local hub cache. Packaged models are converted once into
     `cache`. `device="auto"` picks cuda when present; `dtype="auto"` is float32 on the CPU
-    and float16 on cuda. `torch_threads=0` uses every core.
+    and float16 on cuda. `workers` model workers run batches at once (`worker_plan`; 0:
+    one per core on the CPU, one on cuda), each with `torch_threads` threads (0: the
+    cores shared out among the workers).
     """
 
     model: str = DEFAULT_MODEL
@@ -39,8 +41,36 @@ class ModelConfig:
     dtype: DType = "auto"
     int8: bool = False
     drafts: bool = True
+    workers: int = 0
     torch_threads: int = 0
     max_batch_size: int = 16
+
+
+def resolve_device(config: ModelConfig) -> str:
+    """The torch device: the configured one, or for `auto` cuda where torch sees a GPU."""
+    if config.device != "auto":
+        return config.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def worker_plan(config: ModelConfig) -> tuple[int, int]:
+    """(model workers, torch threads for each). On the CPU one worker per core with one
+    thread each: a decoder step is ~150 small operations that a second thread hardly
+    speeds up, while a second worker runs a second batch (docs/performance.md). On cuda
+    one worker: the GPU batches rows; more workers would only contend for it."""
+    cores = os.cpu_count() or 1
+    workers = config.workers or (cores if resolve_device(config) == "cpu" else 1)
+    return workers, config.torch_threads or max(1, cores // workers)
+
+
+def set_torch_threads(threads: int) -> None:
+    """This thread's torch thread count (OpenMP's is per OS thread): each model worker
+    calls it once when it starts."""
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def load_whisper(config: ModelConfig) -> Recognizer:
@@ -50,10 +80,9 @@ def load_whisper(config: ModelConfig) -> Recognizer:
     from engine.whisper import WhisperRecognizerConfig
 
     # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
+    # This is the loading thread's count; each model worker sets its own (`worker_plan`).
     torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
-    device = config.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(config)
     whisper = WhisperRecognizerConfig(
         device=device,
         dtype=None if config.dtype == "auto" else config.dtype,

@@ -1,20 +1,23 @@
-"""BatchScheduler: one queue for every session, one worker thread for the model.
+"""BatchScheduler: one queue for every session, a few model workers, one policy.
 
-Sessions `submit()` recognition requests and await the result. A single loop takes the
-most urgent requests (finals before file work before partials, oldest first), waits up
-to `max_wait` for a batch to fill, runs the recognizer on the dedicated worker thread,
-and settles one future per request. The event loop never waits on the model.
+Sessions `submit()` recognition requests and await the result. The scheduler keeps the
+queue and the futures; `engine.policy` decides what runs: finals first on any free worker,
+a running partial batch stopped when finals find no worker free, partials on their share
+of the model's time, stalest session first. Each worker is a thread of its own that runs
+one batch at a time on the recognizer (which must be safe to call from several threads:
+`WhisperRecognizer` holds no batch state); the event loop never waits on the model.
 
 Rules:
 - A session has at most one queued partial: a newer one replaces it (the old future
-  fails with RequestSuperseded).
+  fails with RequestSuperseded). A partial batch that is stopped puts its partials back
+  in the queue, still the stalest, unless a newer one of the session came meanwhile.
 - The queue is bounded. A partial that finds it full fails with SchedulerFull at once
   (partials thin out first); a final or file request waits for room instead, so finals
   are never dropped — the wait pushes back on the session that submitted it.
 - A batch's results come back as a list the same length as its input; a recognizer
-  error (or a length mismatch) fails every future of that batch, and the loop goes on.
-- If the loop itself dies (a bug, an observer that raises), the scheduler is DEAD: every
-  queued request, the batch it was running and every later `submit` fail at once with
+  error (or a length mismatch) fails every future of that batch, and the workers go on.
+- If the scheduler itself fails (a bug, an observer that raises), it is DEAD: every
+  queued request, the batches running and every later `submit` fail at once with
   EngineDead and its reason, instead of waiting for a loop that is gone.
 
 The request types, priorities and errors are engine/api.py's: sessions see the scheduler
@@ -27,6 +30,7 @@ import asyncio
 import enum
 import itertools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -43,7 +47,8 @@ from engine.api import (
     SchedulerFull,
     SchedulerStopped,
 )
-from engine.recognizer import Recognizer
+from engine.policy import PartialBudget, PolicyConfig, Queued, Running, plan
+from engine.recognizer import Interrupted, Recognizer
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +59,7 @@ class SchedulerState(enum.Enum):
     CREATED = "created"
     RUNNING = "running"
     STOPPED = "stopped"
-    DEAD = "dead"  # the loop died: every waiting and later request fails with EngineDead
+    DEAD = "dead"  # it failed: every waiting and later request fails with EngineDead
 
 
 @dataclass(slots=True)
@@ -62,10 +67,27 @@ class _Entry:
     request: RecognitionRequest
     future: asyncio.Future[RecognitionResult]
     submitted_at: float
-    order: int
+    key: int
+    since: float  # the policy's order: a final's submit time, a partial's staleness
 
-    def sort_key(self) -> tuple[int, int]:
-        return (self.request.priority, self.order)
+    def view(self) -> Queued:
+        return Queued(self.key, self.request.priority, self.since)
+
+
+@dataclass(slots=True)
+class _Worker:
+    """A model thread and the batch it runs (none while `batch` is empty)."""
+
+    index: int
+    executor: ThreadPoolExecutor
+    stop: threading.Event = field(default_factory=threading.Event)
+    batch: list[_Entry] = field(default_factory=list)
+    partial: bool = False
+    started: float = 0.0
+    task: asyncio.Task[None] | None = None
+
+    def view(self) -> Running:
+        return Running(self.index, self.partial, self.stop.is_set())
 
 
 @dataclass
@@ -77,6 +99,11 @@ class SchedulerStats:
     failed_batches: int = 0
     partials_superseded: int = 0
     partials_rejected: int = 0
+    preempted_batches: int = 0  # partial batches stopped for finals
+    # Model time by the kind of batch (a stopped partial batch's time counts as partial).
+    model_seconds: dict[Priority, float] = field(
+        default_factory=lambda: dict.fromkeys(Priority, 0.0)
+    )
     batch_sizes: list[int] = field(default_factory=list)  # the last `history` batches
     batch_sessions: list[frozenset[str]] = field(default_factory=list)
     history: int = 1000
@@ -94,15 +121,18 @@ BatchObserver = Callable[[Sequence[RecognitionRequest], Sequence[RecognitionResu
 
 
 class BatchScheduler:
-    """Batches recognition requests from all sessions onto one model worker thread."""
+    """Batches recognition requests from all sessions onto `workers` model threads."""
 
     def __init__(
         self,
         recognizer: Recognizer,
         *,
+        workers: int = 1,
         max_batch_size: int = 16,
         max_wait: float = 0.02,
         max_queue: int = 256,
+        partial_share: float = 0.5,
+        worker_init: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_batch_size < 1:
@@ -110,23 +140,36 @@ class BatchScheduler:
         if max_queue < max_batch_size:
             raise ValueError("max_queue must be >= max_batch_size")
         self._recognizer = recognizer
-        self._max_batch_size = min(max_batch_size, recognizer.max_batch_size)
-        self._max_wait = max_wait
+        batch = min(max_batch_size, recognizer.max_batch_size)
+        self._policy = PolicyConfig(
+            workers=workers,
+            max_batch_size=batch,
+            max_wait=max_wait,
+            max_partial_batch=batch,
+            partial_share=partial_share,
+        )
         self._max_queue = max_queue
         self._clock = clock
-        self._queue: list[_Entry] = []
+        self._budget = PartialBudget(self._policy, clock())
+        self._queue: dict[int, _Entry] = {}  # by key, in arrival order
         self._partials: dict[str, _Entry] = {}  # session_id → its queued partial
-        self._order = itertools.count()
+        self._keys = itertools.count()
         self._wakeup = asyncio.Event()
         self._room = asyncio.Event()  # set whenever the queue drops below its bound
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parley-model")
+        self._workers = [
+            _Worker(
+                i,
+                ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix=f"parley-model-{i}", initializer=worker_init
+                ),
+            )
+            for i in range(workers)
+        ]
         self._task: asyncio.Task[None] | None = None
-        self._running_batch: list[_Entry] = []
-        self._batch_started: float | None = None
         self._busy: deque[tuple[float, float]] = deque()  # recent (start, end) of batches
         self._observers: list[BatchObserver] = []
         self.state = SchedulerState.CREATED
-        self.death: EngineDead | None = None  # why the loop died (state DEAD)
+        self.death: EngineDead | None = None  # why it died (state DEAD)
         self.stats = SchedulerStats()
 
     # ------------------------------------------------------------------ lifecycle
@@ -147,20 +190,20 @@ class BatchScheduler:
         return True
 
     async def stop(self) -> None:
-        """Fail what is still queued, finish the batch in flight, stop the worker thread."""
+        """Fail what is still queued or running, stop the batches, stop the worker threads."""
         if self.state is SchedulerState.STOPPED:
             return
         self.state = SchedulerState.STOPPED  # a DEAD scheduler keeps its `death`
-        for entry in self._queue:
-            _fail(entry, SchedulerStopped("scheduler stopped before the request ran"))
-        self._queue.clear()
-        self._partials.clear()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        self._fail_all(SchedulerStopped("scheduler stopped before the request ran"))
+        tasks = [t for t in (self._task, *(w.task for w in self._workers)) if t is not None]
+        for worker in self._workers:
+            worker.stop.set()  # a batch in flight stops at its next step
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._room.set()
-        # The batch in flight (if any) still holds the thread: wait for it off the loop.
-        await asyncio.to_thread(self._executor.shutdown, wait=True)
+        for worker in self._workers:  # a batch in flight still holds its thread
+            await asyncio.to_thread(worker.executor.shutdown, wait=True)
 
     def add_observer(self, observer: BatchObserver) -> None:
         """Call `observer(requests, results)` on the event loop after each good batch."""
@@ -169,35 +212,32 @@ class BatchScheduler:
     # ------------------------------------------------------------------ front
 
     @property
+    def workers(self) -> int:
+        return len(self._workers)
+
+    @property
     def queue_depth(self) -> int:
         return len(self._queue)
 
     def depth_by_priority(self) -> dict[Priority, int]:
         depth = dict.fromkeys(Priority, 0)
-        for entry in self._queue:
+        for entry in self._queue.values():
             depth[entry.request.priority] += 1
         return depth
 
     @property
     def utilization(self) -> float:
-        """Fraction of the last `LOAD_WINDOW` seconds the model worker spent on batches."""
+        """Fraction of the last `LOAD_WINDOW` seconds the workers spent on batches."""
         now = self._clock()
         horizon = now - LOAD_WINDOW
         while self._busy and self._busy[0][1] <= horizon:
             self._busy.popleft()
         busy = sum(end - max(start, horizon) for start, end in self._busy)
-        if self._batch_started is not None:
-            busy += now - max(self._batch_started, horizon)
-        return min(1.0, busy / LOAD_WINDOW)
-
-    @property
-    def load(self) -> float:
-        """How busy the model is: its recent utilization (0..1) plus the queued requests
-        per batch slot. Below 1 there is spare capacity; above it, a backlog."""
-        return self.utilization + len(self._queue) / self._max_batch_size
+        busy += sum(now - max(w.started, horizon) for w in self._workers if w.batch)
+        return min(1.0, busy / (LOAD_WINDOW * len(self._workers)))
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._queue or self._running_batch)
+        return bool(self._queue or any(w.batch for w in self._workers))
 
     async def submit(self, request: RecognitionRequest) -> asyncio.Future[RecognitionResult]:
         """Queue a request; return the future of its result.
@@ -207,10 +247,13 @@ class BatchScheduler:
         """
         if self.state is not SchedulerState.RUNNING:
             raise self._refusal()
+        now = self._clock()
+        since = now
         if request.priority is Priority.PARTIAL:
             previous = self._partials.pop(request.session_id, None)
             if previous is not None:
-                self._queue.remove(previous)
+                del self._queue[previous.key]
+                since = previous.since  # the session has been waiting since then
                 self.stats.partials_superseded += 1
                 _fail(previous, RequestSuperseded("a newer partial replaced this one"))
             elif len(self._queue) >= self._max_queue:
@@ -222,13 +265,10 @@ class BatchScheduler:
                 await self._room.wait()
             if self.state is not SchedulerState.RUNNING:
                 raise self._refusal()
-        entry = _Entry(
-            request=request,
-            future=asyncio.get_running_loop().create_future(),
-            submitted_at=self._clock(),
-            order=next(self._order),
-        )
-        self._queue.append(entry)
+            since = now = self._clock()
+        key = next(self._keys)
+        entry = _Entry(request, asyncio.get_running_loop().create_future(), now, key, since)
+        self._queue[key] = entry
         if request.priority is Priority.PARTIAL:
             self._partials[request.session_id] = entry
         self._wakeup.set()
@@ -242,12 +282,12 @@ class BatchScheduler:
         """
         dropped = [
             e
-            for e in self._queue
+            for e in self._queue.values()
             if e.request.session_id == session_id
             and (not partials_only or e.request.priority is Priority.PARTIAL)
         ]
         for entry in dropped:
-            self._queue.remove(entry)
+            del self._queue[entry.key]
             entry.future.cancel()
         self._partials.pop(session_id, None)
         self._room.set()
@@ -270,91 +310,143 @@ class BatchScheduler:
             logger.exception("the scheduler's loop died; failing every request from now on")
             self._die(f"the scheduler's loop died: {type(exc).__name__}: {exc}")
 
-    def _die(self, reason: str) -> None:
-        """DEAD: fail what waits (and the batch the loop held) now, and every later submit."""
-        self.state = SchedulerState.DEAD
-        self.death = EngineDead(reason)
-        for entry in (*self._running_batch, *self._queue):
-            _fail(entry, self.death)
-        self._queue.clear()
-        self._partials.clear()
-        self._running_batch = []
-        self._room.set()  # finals waiting for room see the state and raise
+    async def _loop(self) -> None:
+        while True:
+            now = self._clock()
+            running = sorted((w for w in self._workers if w.batch), key=lambda w: w.started)
+            decision = plan(
+                [e.view() for e in self._queue.values()],
+                [w.index for w in self._workers if not w.batch],
+                [w.view() for w in running],
+                self._budget,
+                self._policy,
+                now,
+            )
+            for index in decision.preempt:
+                self._workers[index].stop.set()
+                self.stats.preempted_batches += 1
+            for start in decision.starts:
+                self._launch(self._workers[start.worker], start.keys, start.partial)
+            self._wakeup.clear()
+            timeout = None if decision.wake_at is None else max(0.0, decision.wake_at - now)
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                pass
 
-    def _take_batch(self) -> list[_Entry]:
-        self._queue.sort(key=_Entry.sort_key)
-        batch = self._queue[: self._max_batch_size]
-        del self._queue[: self._max_batch_size]
-        for entry in batch:
+    def _launch(self, worker: _Worker, keys: Sequence[int], partial: bool) -> None:
+        entries = [self._queue.pop(key) for key in keys]
+        for entry in entries:
             if entry.request.priority is Priority.PARTIAL:
                 self._partials.pop(entry.request.session_id, None)
-        return batch
+        self._room.set()
+        live = [e for e in entries if not e.future.done()]
+        if not live:
+            return
+        worker.batch, worker.partial, worker.started = live, partial, self._clock()
+        worker.stop.clear()
+        worker.task = asyncio.create_task(self._run_batch(worker), name=f"batch-{worker.index}")
 
-    async def _loop(self) -> None:
+    async def _run_batch(self, worker: _Worker) -> None:
+        live, started = worker.batch, worker.started
+        try:
+            results = await self._transcribe(worker, live)
+            if results is not None:
+                for observer in self._observers:
+                    observer([e.request for e in live], results)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here, or an observer that raised
+            logger.exception("the scheduler failed after a batch; failing every request")
+            self._die(f"the scheduler's loop died: {type(exc).__name__}: {exc}")
+        finally:
+            ended = self._clock()
+            self._busy.append((started, ended))
+            kind = Priority.PARTIAL if worker.partial else min(e.request.priority for e in live)
+            self.stats.model_seconds[kind] += ended - started
+            if worker.partial:
+                self._budget.charge(ended - started, ended)
+            worker.batch, worker.task = [], None
+            self._wakeup.set()
+
+    async def _transcribe(
+        self, worker: _Worker, live: list[_Entry]
+    ) -> list[RecognitionResult] | None:
+        """Run one batch and settle its futures; None if it failed or was stopped."""
         loop = asyncio.get_running_loop()
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            if not self._queue:
-                continue
-            # Let a batch fill: up to max_wait after the oldest request arrived.
-            oldest = min(e.submitted_at for e in self._queue)
-            remaining = self._max_wait - (self._clock() - oldest)
-            if remaining > 0 and len(self._queue) < self._max_batch_size:
-                await asyncio.sleep(remaining)
-            batch = self._take_batch()
-            if self._queue:
-                self._wakeup.set()
-            self._room.set()
-            live = [e for e in batch if not e.future.done()]
-            if not live:
-                continue
-            self._running_batch = live
-            started = self._clock()
-            self._batch_started = started
-            try:
-                transcriptions = await loop.run_in_executor(
-                    self._executor,
-                    self._recognizer.transcribe,
-                    [e.request.utterance for e in live],
+        started = worker.started
+        try:
+            transcriptions = await loop.run_in_executor(
+                worker.executor,
+                self._recognizer.transcribe,
+                [e.request.utterance for e in live],
+                worker.stop.is_set,
+            )
+            if len(transcriptions) != len(live):
+                raise BatchFailed(
+                    f"recognizer returned {len(transcriptions)} results for a batch of {len(live)}"
                 )
-                if len(transcriptions) != len(live):
-                    raise BatchFailed(
-                        f"recognizer returned {len(transcriptions)} results for a batch of "
-                        f"{len(live)}"
-                    )
-            except asyncio.CancelledError:
-                for entry in live:
-                    _fail(entry, SchedulerStopped("scheduler stopped during the batch"))
-                raise
-            except Exception as exc:
-                logger.exception("recognition batch of %d failed", len(live))
-                self.stats.failed_batches += 1
-                error = exc if isinstance(exc, BatchFailed) else BatchFailed(str(exc))
-                error.__cause__ = exc if error is not exc else None
-                for entry in live:
-                    _fail(entry, error)
+        except asyncio.CancelledError:
+            for entry in live:
+                _fail(entry, SchedulerStopped("scheduler stopped during the batch"))
+            raise
+        except Interrupted:
+            self._requeue(live)
+            return None
+        except Exception as exc:
+            logger.exception("recognition batch of %d failed", len(live))
+            self.stats.failed_batches += 1
+            error = exc if isinstance(exc, BatchFailed) else BatchFailed(str(exc))
+            error.__cause__ = exc if error is not exc else None
+            for entry in live:
+                _fail(entry, error)
+            return None
+        inference = self._clock() - started
+        self.stats.record_batch(live)
+        results = [
+            RecognitionResult(
+                transcription=t,
+                queue_wait=started - e.submitted_at,
+                inference=inference,
+                batch_size=len(live),
+            )
+            for e, t in zip(live, transcriptions, strict=True)
+        ]
+        for entry, result in zip(live, results, strict=True):
+            if not entry.future.done():
+                entry.future.set_result(result)
+        return results
+
+    def _requeue(self, stopped: list[_Entry]) -> None:
+        """Put a stopped batch's partials back, unless newer ones of their sessions came."""
+        for entry in stopped:
+            session = entry.request.session_id
+            if entry.future.done() or self.state is not SchedulerState.RUNNING:
                 continue
-            finally:
-                self._running_batch = []
-                self._batch_started = None
-                self._busy.append((started, self._clock()))
-            inference = self._clock() - started
-            self.stats.record_batch(live)
-            results = [
-                RecognitionResult(
-                    transcription=t,
-                    queue_wait=started - e.submitted_at,
-                    inference=inference,
-                    batch_size=len(live),
-                )
-                for e, t in zip(live, transcriptions, strict=True)
-            ]
-            for entry, result in zip(live, results, strict=True):
-                if not entry.future.done():
-                    entry.future.set_result(result)
-            for observer in self._observers:
-                observer([e.request for e in live], results)
+            if entry.request.priority is not Priority.PARTIAL:
+                _fail(entry, BatchFailed("batch stopped"))  # only partial batches are stopped
+            elif session in self._partials:
+                self.stats.partials_superseded += 1
+                _fail(entry, RequestSuperseded("a newer partial replaced this one"))
+            else:
+                self._queue[entry.key] = entry
+                self._partials[session] = entry
+
+    def _fail_all(self, error: Exception) -> None:
+        for entry in (*self._queue.values(), *(e for w in self._workers for e in w.batch)):
+            _fail(entry, error)
+        self._queue.clear()
+        self._partials.clear()
+
+    def _die(self, reason: str) -> None:
+        """DEAD: fail what waits (and the batches running) now, and every later submit."""
+        self.state = SchedulerState.DEAD
+        self.death = EngineDead(reason)
+        self._fail_all(self.death)
+        for worker in self._workers:
+            worker.stop.set()
+        self._room.set()  # finals waiting for room see the state and raise
 
 
 def _fail(entry: _Entry, error: Exception) -> None:

@@ -55,6 +55,7 @@ from engine.decoding import read_row, token_budget
 from engine.greedy import GreedyDecoder, Started
 from engine.guard import GuardConfig, Verdict, judge, looped
 from engine.int8 import int8_available, quantize_linears
+from engine.recognizer import Interrupted, StopCheck
 from engine.windows import WindowedEncoders
 
 logger = logging.getLogger(__name__)
@@ -236,18 +237,27 @@ class WhisperRecognizer:
         for window in self.windows:
             self._forward([silence], window)
 
-    def transcribe(self, batch: Sequence[Utterance]) -> list[Transcription]:
-        """One result per utterance, in order; batches above `max_batch_size` are split."""
+    def transcribe(
+        self, batch: Sequence[Utterance], should_stop: StopCheck | None = None
+    ) -> list[Transcription]:
+        """One result per utterance, in order; batches above `max_batch_size` are split.
+
+        `should_stop` is polled before each encoder pass (on the CPU the rows are encoded
+        one by one: it costs the same per row) and before each decoder step; when it
+        returns True the batch raises `Interrupted`.
+        """
         results: list[Transcription] = []
         size = self.config.max_batch_size
         for start in range(0, len(batch), size):
-            results.extend(self._transcribe_batch(batch[start : start + size]))
+            results.extend(self._transcribe_batch(batch[start : start + size], should_stop))
         if len(results) != len(batch):
             raise RuntimeError(f"{len(results)} results for {len(batch)} utterances")
         return results
 
     @torch.inference_mode()
-    def _transcribe_batch(self, batch: Sequence[Utterance]) -> list[Transcription]:
+    def _transcribe_batch(
+        self, batch: Sequence[Utterance], should_stop: StopCheck | None
+    ) -> list[Transcription]:
         longest = max(utterance.duration for utterance in batch)
         window = self._encoders.for_duration(longest + self.config.window_margin)
         if longest > window:
@@ -257,13 +267,15 @@ class WhisperRecognizer:
                 window,
                 window,
             )
-        decoded = self._forward(batch, window)
+        decoded = self._forward(batch, window, should_stop)
         retry = [i for i, item in enumerate(decoded) if self._should_retry(item, window)]
         if retry:
             logger.debug(
                 "%d looped in the %.0f s window; retrying on the full one", len(retry), window
             )
-            again = self._forward([batch[i] for i in retry], self._encoders.full_window)
+            again = self._forward(
+                [batch[i] for i in retry], self._encoders.full_window, should_stop
+            )
             for i, item in zip(retry, again, strict=True):
                 decoded[i] = item
         return [self._postprocess(item) for item in decoded]
@@ -278,10 +290,12 @@ class WhisperRecognizer:
             and looped(item.text, item.exhausted, guard)
         )
 
-    def _forward(self, batch: Sequence[Utterance], window: float) -> list[_Decoded]:
+    def _forward(
+        self, batch: Sequence[Utterance], window: float, should_stop: StopCheck | None = None
+    ) -> list[_Decoded]:
         """Features, encoder and greedy decoding for one window; no guard."""
         features = self._preprocess(batch, window)
-        hidden = self._encoders.encode(window, features)
+        hidden = self._encode(window, features, should_stop)
         budgets = [
             token_budget(u.duration, self.config.max_tokens_per_second, self._max_new_tokens_cap)
             for u in batch
@@ -290,7 +304,26 @@ class WhisperRecognizer:
         positions = 2 + len(self._prompt_tail) + max(budgets)
         started = self._greedy.start(hidden, min(positions, self._greedy.max_positions))
         no_speech, languages, probabilities = self._read_first_step(started.logits, batch)
-        return self._decode(started, batch, budgets, no_speech.tolist(), languages, probabilities)
+        return self._decode(
+            started, batch, budgets, no_speech.tolist(), languages, probabilities, should_stop
+        )
+
+    def _encode(
+        self, window: float, features: torch.Tensor, should_stop: StopCheck | None
+    ) -> torch.Tensor:
+        """Encoder states for a batch; with `should_stop` on the CPU, one row at a time so
+        a stop takes effect within one row's encoding (the encoder is compute-bound there:
+        a row costs the same alone as in a batch)."""
+        if should_stop is None:
+            return self._encoders.encode(window, features)
+        if self._device.type != "cpu":
+            _check(should_stop)
+            return self._encoders.encode(window, features)
+        rows = []
+        for row in torch.split(features, 1):
+            _check(should_stop)
+            rows.append(self._encoders.encode(window, row))
+        return torch.cat(rows)
 
     def _preprocess(self, batch: Sequence[Utterance], window: float) -> torch.Tensor:
         samples = round(window * SAMPLE_RATE)
@@ -350,6 +383,7 @@ class WhisperRecognizer:
         no_speech: list[float],
         languages: list[str],
         probabilities: list[float | None],
+        should_stop: StopCheck | None = None,
     ) -> list[_Decoded]:
         rows = [
             [self._lang_to_id[language], *self._prompt_tail]
@@ -361,7 +395,7 @@ class WhisperRecognizer:
         drafts = [
             self._draft_tokens(utterance.draft) if self.config.drafts else [] for utterance in batch
         ]
-        greedy = self._greedy.decode(started, prompts, budgets, drafts)
+        greedy = self._greedy.decode(started, prompts, budgets, drafts, should_stop)
         decoded = []
         for i, tokens in enumerate(greedy.tokens.tolist()):
             row = read_row(tokens, greedy.logprobs[i], end_token=self._eot, budget=budgets[i])
@@ -401,6 +435,11 @@ class WhisperRecognizer:
             no_speech_prob=decoded.no_speech_prob,
             language_probability=decoded.language_probability,
         )
+
+
+def _check(should_stop: StopCheck) -> None:
+    if should_stop():
+        raise Interrupted("the batch was stopped")
 
 
 def _token_setting(generation: GenerationConfig, name: str) -> int:

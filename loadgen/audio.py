@@ -1,7 +1,8 @@
 """Decode audio files into the stream format of protocol v1: 16 kHz mono signed 16-bit PCM.
 
 A WAV file already in that format is read with the standard library; anything else
-(other WAV layouts, mp3, m4a, flac, ogg, opus, ...) is decoded and resampled by PyAV.
+(other WAV layouts, mp3, m4a, flac, ogg, opus, ...) is decoded and resampled by PyAV,
+imported only then (the corpus is WAV: a load generator on a bare machine needs no PyAV).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import wave
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 import numpy.typing as npt
 
@@ -40,6 +40,8 @@ def _read_plain_wav(path: Path) -> Samples | None:
 
 
 def _decode_with_av(path: Path) -> Samples:
+    import av
+
     try:
         container = av.open(str(path))
     except av.error.FFmpegError as exc:

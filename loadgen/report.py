@@ -9,7 +9,8 @@ Definitions (the report's `definitions` field repeats them):
   its audio span; spurious: a final overlapping no reference utterance;
 - duplicate: another copy of a final whose `utterance_id` was already received;
 - WER: per participant, its references joined in order against its finals ordered by
-  `start` (first copy of each), summed over the room (or the run) before dividing.
+  `start` (first copy of each), summed over the room (or the run) before dividing;
+- partial cadence: a room's partials per 2 s of its reference speech (the clips' spans).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ DEFINITIONS = {
     "send_lag": "per paced frame: time it left - time it was due (includes socket backpressure)",
     "loop_lag": "client event loop oversleep on a 50 ms timer: the client's own health",
     "server": "the finals' own `timing` (queue wait, batch inference, total), as the server saw it",
+    "partials_per_2s": "a room's partials received per 2 s of its reference speech",
 }
 
 
@@ -211,6 +213,7 @@ def build_report(
     room_rows = []
     totals: Counter[str] = Counter()
     send_lags: list[float] = []
+    cadences: list[float] = []  # per room: partials per 2 s of speech
     for index, room in enumerate(rooms):
         room_wer = ErrorCounts(0, 0, 0, 0)
         room_points: list[tuple[float, float]] = []
@@ -253,6 +256,10 @@ def build_report(
         totals.update(row_counts)
         errors.update(room_errors)
         total_wer += room_wer
+        speech = sum(u.end - u.start for u in room.plan.utterances)
+        cadence = 2 * row_counts["partials"] / speech if speech else None
+        if cadence is not None:
+            cadences.append(cadence)
         room_rows.append(
             {
                 "room": index,
@@ -260,6 +267,8 @@ def build_report(
                 "participants": len(room.plan.participants),
                 "audio_seconds": room.plan.audio_seconds,
                 **{k: row_counts[k] for k in ("utterances", "finals", "partials")},
+                "speech_seconds": speech,
+                "partials_per_2s": cadence,
                 **{k: row_counts[k] for k in ("lost", "duplicates", "spurious")},
                 "wer": room_wer.rate,
                 "wer_counts": _counts_dict(room_wer),
@@ -300,6 +309,7 @@ def build_report(
             },
         },
         "wer": {"overall": total_wer.rate, **_counts_dict(total_wer)},
+        "partials_per_2s": summarize(cadences),  # per room
         "errors": dict(errors),
         "server_errors": dict(server_errors),
         "client": {
@@ -375,13 +385,14 @@ def render_summary(report: Mapping[str, Any]) -> str:
             + "".join(f"{_fmt(row[f'p{q}']):>9}" for q in PERCENTILES)
             + f"{_fmt(row['max']):>9}"
         )
-    wer = report["wer"]
+    wer, cadence = report["wer"], report["partials_per_2s"]
     room_wers = [r["wer"] for r in report["rooms"]]
     lines += [
         "",
         f"utterances {totals['utterances']}  finals {totals['finals']}  lost {totals['lost']}  "
         f"duplicates {totals['duplicates']}  spurious {totals['spurious']}  "
-        f"partials {totals['partials']}",
+        f"partials {totals['partials']} (per 2 s of speech: room min "
+        f"{_fmt(cadence['min'], 2)}, median {_fmt(cadence['p50'], 2)})",
         f"WER {_fmt(wer['overall'])} ({wer['reference_words']} words)"
         + (f"  rooms min {_fmt(min(room_wers))} max {_fmt(max(room_wers))}" if room_wers else ""),
         f"sessions clean {totals['sessions_clean']}/{totals['sources']}  errors "

@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from engine.loading import ModelConfig, load_whisper
+from engine.loading import ModelConfig, load_whisper, set_torch_threads, worker_plan
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
@@ -34,7 +35,6 @@ from server.settings import Settings
 from server.state import AppState, ModelState
 from server.tokens import open_tokens
 from session.diarizer import DiarizerConfig
-from session.partials import PartialPolicyConfig
 from session.segmenter import SegmenterConfig
 from session.services import SessionServices
 from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer
@@ -53,6 +53,7 @@ def model_config(settings: Settings) -> ModelConfig:
         dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
         int8=settings.quantize == "int8",
         drafts=settings.drafts,
+        workers=settings.model_workers,
         torch_threads=settings.torch_threads,
         max_batch_size=settings.max_batch_size,
     )
@@ -91,11 +92,15 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         return
     vad: VadScorer = VadBatcher(vad_model) if settings.vad_batch else DirectScorer(vad_model)
     state.file_vad = DirectScorer(vad_model)  # uploads score runs of windows, unbatched
+    workers, threads = worker_plan(model_config(settings))
     scheduler = BatchScheduler(
         recognizer,
+        workers=workers,
         max_batch_size=settings.max_batch_size,
         max_wait=settings.batch_wait_ms / 1000,
         max_queue=settings.max_queue,
+        partial_share=settings.partial_share,
+        worker_init=partial(set_torch_threads, threads),
     )
     scheduler.add_observer(state.metrics.observe_batch)
     scheduler.add_observer(state.capacity.observe_batch)
@@ -109,19 +114,13 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         segmenter=segmenter_config(settings),
         max_frame_bytes=settings.max_frame_bytes,
         outbox_limit=settings.outbox_limit,
-        partials=PartialPolicyConfig(
-            interval=settings.partial_interval_s or 1.0,
-            stretch=settings.partial_stretch,
-            knee=settings.partial_knee,
-            max_load=settings.partial_max_load,
-        ),
         languages=recognizer.languages,
         telemetry=state.metrics,
         speakers=speakers,
         diarizer=DiarizerConfig(max_speakers=settings.diarization_max_speakers),
     )
     state.model_state = ModelState.READY
-    logger.info("model %s ready", recognizer.name)
+    logger.info("model %s ready: %d workers, %d threads each", recognizer.name, workers, threads)
 
 
 async def drain(state: AppState) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult
@@ -116,7 +116,21 @@ class Metrics:
             counts = current.depth_by_priority() if current else dict.fromkeys(Priority, 0)
             for priority, count in counts.items():
                 depth.add_metric([priority.name.lower()], count)
-            return [active, rooms, depth]
+            workers = GaugeMetricFamily("parley_model_workers", "Model worker threads")
+            workers.add_metric([], current.workers if current else 0)
+            busy = CounterMetricFamily(
+                "parley_model_seconds",
+                "Model time spent on batches, by kind (a stopped partial batch counts)",
+                labels=["kind"],
+            )
+            seconds = current.stats.model_seconds if current else dict.fromkeys(Priority, 0.0)
+            for priority, value in seconds.items():
+                busy.add_metric([priority.name.lower()], value)
+            preempted = CounterMetricFamily(
+                "parley_preempted_batches", "Partial batches stopped so that finals could run"
+            )
+            preempted.add_metric([], current.stats.preempted_batches if current else 0)
+            return [active, rooms, depth, workers, busy, preempted]
 
         self.registry.register(_LiveCollector(read))
 

@@ -46,7 +46,14 @@ class Settings:
         "Seed each decoding of a live utterance with its latest partial's text (faster; "
         "same text in float32).",
     )
-    torch_threads: int = setting(0, "Threads for the model's CPU kernels; 0 = all cores.")
+    model_workers: int = setting(
+        0,
+        "Model workers, each running one batch at a time (threads sharing the model); 0 = "
+        "one per CPU core on the CPU, one on CUDA.",
+    )
+    torch_threads: int = setting(
+        0, "Threads for each model worker's CPU kernels; 0 = the cores shared out among them."
+    )
     max_batch_size: int = setting(16, "Most utterances the model runs in one batch.")
     batch_wait_ms: float = setting(
         20.0, "How long a batch may wait to fill after its oldest request arrived."
@@ -63,14 +70,10 @@ class Settings:
     partial_interval_s: float = setting(
         0.8, "Seconds of new speech between partial transcripts; 0 turns partials off."
     )
-    partial_stretch: float = setting(
-        4.0, "Past the knee, the partial interval grows by this factor per unit of load."
-    )
-    partial_knee: float = setting(
-        0.5, "Model load (utilization + queued batches) below which partials keep cadence."
-    )
-    partial_max_load: float = setting(
-        1.25, "Model load past which partials pause (finals never do)."
+    partial_share: float = setting(
+        0.5,
+        "Most of the model's time partials may take (all workers together); under load "
+        "they slow down alike for every stream, stalest first. Finals never wait for them.",
     )
     diarization: bool = setting(
         True,
@@ -245,6 +248,10 @@ class Settings:
             <= 0
         ):
             raise ValueError("upload duration, time and CPU limits must be positive")
+        if self.model_workers < 0 or self.torch_threads < 0:
+            raise ValueError("MODEL_WORKERS and TORCH_THREADS must be >= 0 (0: automatic)")
+        if not 0.05 <= self.partial_share <= 1:
+            raise ValueError(f"{ENV_PREFIX}PARTIAL_SHARE must lie in [0.05, 1]")
         if not 0.05 <= self.upload_live_share <= 1:
             raise ValueError(f"{ENV_PREFIX}UPLOAD_LIVE_SHARE must lie in [0.05, 1]")
         if self.upload_decode_memory_mb < 256:  # the decoder itself needs ~150 MiB to start

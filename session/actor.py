@@ -164,7 +164,6 @@ class SessionActor:
             services.scheduler,
             services.store,
             self._outbox,
-            services.partials,
             services.telemetry,
             services.clock,
         )

@@ -1,12 +1,13 @@
 """A live source's partial transcripts: admitted, recognized, delivered, or dropped.
 
-Each `PartialDue` the segmenter proposes passes the load-adaptive `PartialPolicy`, goes
-to the engine at `Priority.PARTIAL` (the scheduler keeps at most one queued per source:
-a newer one supersedes it), and its result goes to the client's outbox (merged with any
-partial not yet sent) and to the meeting's listeners, unless its utterance's final was
-committed meanwhile (stale) or it came back empty. A partial's text is also the next
-request's decoding draft for the same utterance. Every partial not sent is counted by
-reason: load, queue_full, superseded, stale, failed.
+Every `PartialDue` the segmenter proposes goes to the engine at `Priority.PARTIAL`: the
+scheduler keeps the newest per source (a newer one supersedes it) and spends the
+partials' share of the model on the stalest sources first, so under load every stream's
+partials slow down alike. A result goes to the client's outbox (merged with any partial
+not yet sent) and to the meeting's listeners, unless its utterance's final was committed
+meanwhile (stale) or it came back empty. A partial's text is also the next request's
+decoding draft for the same utterance. Every partial not sent is counted by reason:
+queue_full, superseded, stale, failed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import logging
 from collections.abc import Callable
 
 from engine.api import (
-    SAMPLE_RATE,
     Priority,
     Recognition,
     RecognitionRequest,
@@ -28,7 +28,6 @@ from engine.api import (
 )
 from session.committer import Committer
 from session.outbox import Outbox, OutboxState
-from session.partials import PartialPolicy, PartialPolicyConfig
 from session.pipeline import seconds
 from session.segmenter import PartialDue
 from session.telemetry import Telemetry
@@ -46,7 +45,6 @@ class PartialSender:
         recognition: Recognition,
         store: Store,
         outbox: Outbox,
-        policy: PartialPolicyConfig,
         telemetry: Telemetry,
         clock: Callable[[], float],
     ) -> None:
@@ -58,7 +56,6 @@ class PartialSender:
         self._recognition = recognition
         self._store = store
         self._outbox = outbox
-        self._policy = PartialPolicy(policy)
         self._telemetry = telemetry
         self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()  # partials awaiting their result
@@ -73,10 +70,7 @@ class PartialSender:
         return text if drafted == index else ""
 
     async def submit(self, event: PartialDue) -> None:
-        """Send the partial to the engine (if the policy admits it) and deliver it later."""
-        if not self._policy.admit(event.index, event.end / SAMPLE_RATE, self._recognition.load):
-            self._drop("load")
-            return
+        """Send the partial to the engine; deliver its result when it comes."""
         utterance = Utterance(event.audio, self._committer.language, self.draft_for(event.index))
         request = RecognitionRequest(self._session_id, Priority.PARTIAL, utterance)
         try:

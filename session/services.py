@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 from engine.api import Recognition, SpeakerEmbedding
 from session.diarizer import DiarizerConfig
-from session.partials import PartialPolicyConfig
 from session.segmenter import SegmenterConfig
 from session.telemetry import NullTelemetry, Telemetry
 from session.vad import VadScorer
@@ -26,7 +25,6 @@ class SessionServices:
     max_frame_bytes: int
     outbox_limit: int
     languages: frozenset[str]  # what the recognizer transcribes (`{'en'}`: English only)
-    partials: PartialPolicyConfig = field(default_factory=PartialPolicyConfig)
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
     # Speaker embeddings for `diarize=true` sources; None: diarization is off.

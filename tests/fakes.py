@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from engine.api import Transcription, Utterance
+from engine.recognizer import Interrupted
 
 
 class FakeRecognizer:
     """Transcribes an utterance as 'n=<sample count>'; records every batch it ran.
 
     `gate` (when set) makes each batch wait until the test releases it, so a test can
-    queue requests while a batch is in flight. `fail_on` makes a batch containing an
-    utterance of that length raise. Given `languages` beyond English it is multilingual:
-    an utterance that pins no language is "detected" as `detects` (code, probability).
+    queue requests while a batch is in flight; a gated batch that the scheduler stops
+    (`should_stop`) raises Interrupted and is recorded in `stopped`. `fail_on` makes a
+    batch containing an utterance of that length raise. Given `languages` beyond English
+    it is multilingual: an utterance that pins no language is "detected" as `detects`
+    (code, probability).
     `asked` records every utterance's `language` (None: detection asked for), `drafts`
     every utterance's (sample count, draft).
     """
@@ -37,6 +41,7 @@ class FakeRecognizer:
         self.wrong_length = False
         self.gate = threading.Semaphore(0) if gated else None
         self.entered = threading.Event()
+        self.stopped: list[list[int]] = []  # batches stopped by `should_stop`
 
     @property
     def name(self) -> str:
@@ -53,14 +58,23 @@ class FakeRecognizer:
     def warmup(self) -> None:
         return None
 
-    def transcribe(self, batch: Sequence[Utterance]) -> list[Transcription]:
+    def transcribe(
+        self, batch: Sequence[Utterance], should_stop: Callable[[], bool] | None = None
+    ) -> list[Transcription]:
         sizes = [len(u.audio) for u in batch]
         self.batches.append(sizes)
         self.asked.extend(u.language for u in batch)
         self.drafts.extend((len(u.audio), u.draft) for u in batch)
         self.entered.set()
         if self.gate is not None:
-            self.gate.acquire(timeout=10)
+            # Wait for the test to release the batch, or for the scheduler to stop it.
+            deadline = time.monotonic() + 10
+            while not self.gate.acquire(timeout=0.005):
+                if should_stop is not None and should_stop():
+                    self.stopped.append(sizes)
+                    raise Interrupted("stopped")
+                if time.monotonic() > deadline:
+                    break
         if self.fail_on is not None and self.fail_on in sizes:
             raise RuntimeError(f"fake failure on n={self.fail_on}")
         results = [self._result(u) for u in batch]

@@ -72,7 +72,8 @@ async def test_batch_size_is_bounded() -> None:
 async def test_finals_are_served_before_partials(
     gated: tuple[BatchScheduler, FakeRecognizer],
 ) -> None:
-    """While a batch runs, queued finals go into the next batch ahead of older partials."""
+    """While a batch runs, queued finals (then file requests) make the next batch, and the
+    older partials the one after: partials never ride in a batch of finals."""
     scheduler, fake = gated
     first = await scheduler.submit(request("busy", 1))
     await wait_entered(fake)
@@ -84,9 +85,11 @@ async def test_finals_are_served_before_partials(
     fake.gate.release()  # type: ignore[union-attr]
     await first
     await wait_entered(fake)
-    assert fake.batches[1] == [20, 21, 30, 10]
-    for _ in range(3):
-        fake.gate.release()  # type: ignore[union-attr]
+    assert fake.batches[1] == [20, 21, 30]
+    fake.gate.release()  # type: ignore[union-attr]
+    await wait_entered(fake)
+    assert fake.batches[2] == [10, 11, 12, 13]
+    fake.gate.release()  # type: ignore[union-attr]
     await asyncio.wait_for(asyncio.gather(*partials, *files, *finals), TIMEOUT)
 
 
@@ -232,24 +235,102 @@ async def test_a_dead_loop_fails_waiting_and_later_requests_at_once(
     assert fake.batches == [[1]] and not scheduler.has_unfinished_requests()
 
 
-async def test_load_counts_recent_model_time_and_backlog() -> None:
-    """load = the worker's utilization over the last window + queued requests per slot."""
+async def test_utilization_counts_recent_model_time_of_every_worker() -> None:
+    """Utilization: the workers' busy time over the last 2 s window, per worker."""
     now = [100.0]
     fake = FakeRecognizer(max_batch_size=4, gated=True)
     scheduler = BatchScheduler(
-        fake, max_batch_size=4, max_wait=0.0, max_queue=8, clock=lambda: now[0]
+        fake, workers=2, max_batch_size=4, max_wait=0.0, max_queue=8, clock=lambda: now[0]
     )
     scheduler.start()
-    assert scheduler.load == 0.0
+    assert scheduler.utilization == 0.0
     busy = await scheduler.submit(request("a", 1))
     await wait_entered(fake)
-    now[0] += 1.0  # one second into a running batch: half of the 2 s window
-    queued = [await scheduler.submit(request("b", 2)), await scheduler.submit(request("c", 3))]
-    assert scheduler.utilization == pytest.approx(0.5)
-    assert scheduler.load == pytest.approx(0.5 + 2 / 4)
+    now[0] += 1.0  # one of two workers, one second into its batch: a quarter of 2 x 2 s
+    assert scheduler.utilization == pytest.approx(0.25)
     fake.gate.release()  # type: ignore[union-attr]
+    await asyncio.wait_for(busy, TIMEOUT)
+    now[0] += 3.0  # the batch ended more than a window ago
+    assert scheduler.utilization == 0.0
+    await scheduler.stop()
+
+
+async def test_a_final_stops_a_running_partial_batch_which_runs_again_after(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """One worker busy with partials: a final stops that batch at its next step and runs
+    first; the partials go back to the queue and run after it (none is lost)."""
+    scheduler, fake = gated
+    partials = [
+        await scheduler.submit(request(f"p{i}", 10 + i, Priority.PARTIAL)) for i in range(2)
+    ]
+    await wait_entered(fake)
+    final = await scheduler.submit(request("f", 20))
+    await wait_entered(fake)
+    assert fake.stopped == [[10, 11]] and fake.batches[-1] == [20]
     fake.gate.release()  # type: ignore[union-attr]
-    await asyncio.wait_for(asyncio.gather(busy, *queued), TIMEOUT)
-    now[0] += 3.0  # both batches ended more than a window ago
-    assert scheduler.utilization == 0.0 and scheduler.load == 0.0
+    result = await asyncio.wait_for(final, TIMEOUT)
+    assert result.queue_wait < 1.0
+    await wait_entered(fake)
+    assert fake.batches[-1] == [10, 11]
+    fake.gate.release()  # type: ignore[union-attr]
+    texts = [(await asyncio.wait_for(p, TIMEOUT)).transcription.text for p in partials]
+    assert texts == ["n=10", "n=11"]
+    assert scheduler.stats.preempted_batches == 1
+    assert scheduler.stats.model_seconds[Priority.PARTIAL] > 0
+    assert scheduler.stats.model_seconds[Priority.FINAL] > 0
+
+
+async def test_a_stopped_partial_gives_way_to_a_newer_one_of_its_session(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """A partial whose batch was stopped is superseded if its session sent a newer one."""
+    scheduler, fake = gated
+    old = await scheduler.submit(request("s", 10, Priority.PARTIAL))
+    await wait_entered(fake)
+    new = await scheduler.submit(request("s", 11, Priority.PARTIAL))
+    final = await scheduler.submit(request("f", 20))
+    await wait_entered(fake)
+    with pytest.raises(RequestSuperseded):
+        await asyncio.wait_for(old, TIMEOUT)
+    for _ in range(2):
+        fake.gate.release()  # type: ignore[union-attr]
+    await asyncio.wait_for(final, TIMEOUT)
+    assert (await asyncio.wait_for(new, TIMEOUT)).transcription.text == "n=11"
+    assert fake.batches == [[10], [20], [11]]
+
+
+async def test_with_two_workers_a_final_runs_beside_a_partial_batch() -> None:
+    """Two workers: partials take one, a final takes the other at once; nothing is stopped."""
+    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    scheduler = BatchScheduler(fake, workers=2, max_batch_size=4, max_wait=0.0)
+    scheduler.start()
+    partial = await scheduler.submit(request("p", 10, Priority.PARTIAL))
+    await wait_entered(fake)
+    final = await scheduler.submit(request("f", 20))
+    await wait_entered(fake)
+    assert fake.batches == [[10], [20]] and fake.stopped == []
+    for _ in range(2):
+        fake.gate.release()  # type: ignore[union-attr]
+    await asyncio.wait_for(asyncio.gather(partial, final), TIMEOUT)
+    await scheduler.stop()
+
+
+async def test_partials_go_stalest_session_first() -> None:
+    """Round robin: a session whose partial just ran waits behind the others, even when
+    its next partial arrives before theirs run."""
+    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    scheduler = BatchScheduler(fake, max_batch_size=1, max_wait=0.0)
+    scheduler.start()
+    busy = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    sessions = [("a", 10), ("b", 20), ("c", 30)]
+    first = [await scheduler.submit(request(s, n, Priority.PARTIAL)) for s, n in sessions]
+    fake.gate.release()  # type: ignore[union-attr]
+    await wait_entered(fake)  # a's partial runs: it waited longest
+    again = await scheduler.submit(request("a", 11, Priority.PARTIAL))
+    for _ in range(4):
+        fake.gate.release()  # type: ignore[union-attr]
+    await asyncio.wait_for(asyncio.gather(busy, *first, again), TIMEOUT)
+    assert fake.batches == [[1], [10], [20], [30], [11]]
     await scheduler.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -25,9 +25,11 @@ class SlowRecognizer(FakeRecognizer):
         super().__init__()
         self.delay = delay
 
-    def transcribe(self, batch: Sequence[Utterance]) -> list[Transcription]:
+    def transcribe(
+        self, batch: Sequence[Utterance], should_stop: Callable[[], bool] | None = None
+    ) -> list[Transcription]:
         time.sleep(self.delay)
-        return super().transcribe(batch)
+        return super().transcribe(batch, should_stop)
 
 
 async def send_speech(ws: ClientConnection, pcm: bytes) -> None:

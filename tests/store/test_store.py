@@ -178,6 +178,20 @@ async def test_append_is_idempotent_per_utterance(store: Store) -> None:
     assert len(await store.finals("m1")) == 1
 
 
+async def test_speakers_are_relabelled_in_the_log(store: Store) -> None:
+    """A diarized final's speaker, changed by set_speakers, is what the log returns;
+    finals without a speaker stay without one."""
+    state, _ = await store.create_source("m1", "room")
+    for speaker in ("S1", "S1", None):
+        final = replace(new_final(state, state.next_utterance), speaker=speaker)
+        after = replace(state, acked_until=final.end, next_utterance=state.next_utterance + 1)
+        await store.append_final("m1", final, after)
+        state = after
+    await store.set_speakers("m1", {f"{state.session_id}-1": "S2"})
+    assert [f.speaker for f in await store.finals("m1")] == ["S1", "S2", None]
+    assert [f.speaker for f in await store.finals("m1", after_seq=1)] == ["S2", None]
+
+
 async def test_append_checks_final_matches_source(store: Store) -> None:
     """A final of one source cannot be logged with another source's state."""
     alice, _ = await store.create_source("m1", "alice")

@@ -1,0 +1,566 @@
+"""GPU check: Whisper throughput on CUDA by architecture, batch and dtype, then the server
+under load on CUDA. One prepared script, under 8 minutes, for a CUDA machine that has
+PyTorch and transformers but no network and none of Parley's other dependencies.
+
+Here (the project's venv, package registries reachable), once:
+
+    python -m bench.gpu_check prepare            # fills .gpu/: wheels, tokenizer, clips
+
+There (the working tree and .gpu/ carried; 64 MiB at most, so no real weights):
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl
+    PYTHONPATH=/tmp/site python3 -m bench.gpu_check run --out "$OUT"
+
+CPU path, to test the script here with tiny sizes:
+
+    python -m bench.gpu_check run --device cpu --dtypes float32 --archs tiny.en \
+        --batches 1 2 --rooms 1 --seconds 8 --server-arch tiny.en
+
+What `run` does:
+
+1. **Recognizer throughput.** For each architecture (tiny.en, base, large-v3-turbo,
+   large-v3: their published dimensions; random weights, since real ones do not fit in
+   what travels) it writes a checkpoint folder and loads it through the production
+   recognizer (`engine.whisper.WhisperRecognizer`: window buckets, the lean greedy
+   decoder). Every row decodes a fixed token budget (8 + `--tokens-per-second` per second
+   of audio: the end token is suppressed, so random weights cannot stop early or run
+   long), with no loop retry. 5 s utterances, batch 1-64, in each dtype; the figure is
+   the median wall time per batch and the audio seconds transcribed per wall second.
+   Every architecture uses tiny.en's English vocabulary and special tokens (51,864
+   entries; the multilingual models have 51,865-51,866: the same cost) and its own
+   mel bins (128 for large-v3 and turbo).
+2. **The server under load.** `python -m server`'s app with `PARLEY_DEVICE=cuda` on the
+   large-v3-turbo checkpoint (through a recognizer wrapper that keeps every final's text,
+   which the hallucination guard would drop as a loop: the text is noise), and the load
+   generator at 32, 64 and 128 real-time rooms of corpus speech for `--seconds` each:
+   final latency P50/P95/P99, partial latency, finals per second, the model's batch size.
+
+Everything prints as one table (and `gpu_check.json` under `--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+BUNDLE = REPO / ".gpu"
+SAMPLE_RATE = 16_000
+BUDGET_S = 8 * 60  # the whole run; later parts are skipped past it
+
+# Published dimensions (openai/whisper's ModelDimensions; HF configs of the same names).
+ARCHS: dict[str, dict[str, int]] = {
+    "tiny.en": {"d_model": 384, "encoder_layers": 4, "decoder_layers": 4, "heads": 6, "mels": 80},
+    "base": {"d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "heads": 8, "mels": 80},
+    "large-v3-turbo": {
+        "d_model": 1280,
+        "encoder_layers": 32,
+        "decoder_layers": 4,
+        "heads": 20,
+        "mels": 128,
+    },
+    "large-v3": {
+        "d_model": 1280,
+        "encoder_layers": 32,
+        "decoder_layers": 32,
+        "heads": 20,
+        "mels": 128,
+    },
+}
+# The server's own dependencies that such a machine lacks (its image has torch,
+# transformers, numpy, onnxruntime, prometheus-client, anyio, h11, click, tqdm): pure
+# Python, or small wheels for its CPython 3.12. PyAV is not needed (the corpus is WAV).
+WHEELS = (
+    "starlette==1.10.0",
+    "uvicorn==0.54.0",
+    "websockets==17.4",
+    "orjson==3.13.0",
+    "soxr==1.1.0",
+    "redis==8.1.0",
+    "python-multipart==0.0.34",
+    "silero-vad==6.2.3",
+)
+TARGET_PYTHON = "3.12"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+# ---------------------------------------------------------------------- prepare (here)
+
+
+def prepare(out: Path) -> None:
+    """Fill `out` with what the GPU machine lacks: wheels, tiny.en's tokenizer, clips."""
+    from engine.loading import DEFAULT_CACHE
+    from engine.weights import resolve_model  # here only: it may convert tiny.en once
+
+    wheels = out / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    command += ["--python-version", TARGET_PYTHON, "--implementation", "cp"]
+    for platform in ("2_28", "2_27", "2_17", "2014", "1"):
+        separator = "_" if "_" in platform else ""
+        command += ["--platform", f"manylinux{separator}{platform}_x86_64"]
+    subprocess.run([*command, "-d", str(wheels), *WHEELS], check=True)
+    tokenizer = out / "tokenizer"
+    tokenizer.mkdir(exist_ok=True)
+    source = resolve_model("tiny.en", DEFAULT_CACHE)
+    for name in TOKENIZER_FILES:
+        shutil.copy2(source / name, tokenizer / name)
+    corpus_dir = Path(os.environ.get("PARLEY_CORPUS") or REPO.parent / "shared" / "corpus")
+    corpus = out / "corpus"
+    (corpus / "wav").mkdir(parents=True, exist_ok=True)
+    kept = []
+    for line in (corpus_dir / "manifest.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["language"] == "en" and float(row["duration_s"]) <= 30:
+            shutil.copy2(corpus_dir / row["path"], corpus / row["path"])
+            kept.append(line)
+    (corpus / "manifest.jsonl").write_text("\n".join(kept) + "\n")
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"{out}: {size / 2**20:.1f} MiB ({len(kept)} clips)")
+
+
+# ---------------------------------------------------------------------- checkpoints
+
+
+def write_checkpoint(arch: str, folder: Path, device: str) -> Path:
+    """A Whisper checkpoint of `arch`'s dimensions with random weights (float16 on disk)."""
+    import torch
+    from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+
+    dims = ARCHS[arch]
+    tokenizer = BUNDLE / "tokenizer"
+    generation = json.loads((tokenizer / "generation_config.json").read_text())
+    end = int(generation["eos_token_id"])
+    config = WhisperConfig(
+        vocab_size=51864,
+        num_mel_bins=dims["mels"],
+        d_model=dims["d_model"],
+        encoder_layers=dims["encoder_layers"],
+        decoder_layers=dims["decoder_layers"],
+        encoder_attention_heads=dims["heads"],
+        decoder_attention_heads=dims["heads"],
+        encoder_ffn_dim=4 * dims["d_model"],
+        decoder_ffn_dim=4 * dims["d_model"],
+        max_source_positions=1500,
+        max_target_positions=448,
+        bos_token_id=end,
+        eos_token_id=end,
+        pad_token_id=end,
+        decoder_start_token_id=int(generation["decoder_start_token_id"]),
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = WhisperForConditionalGeneration(config)
+    torch.nn.Module.to(model, torch.float16 if device != "cpu" else torch.float32)
+    # Random weights never say <|endoftext|>, but suppress it so every row decodes exactly
+    # its budget, whatever the argmax does.
+    generation["suppress_tokens"] = sorted({*generation["suppress_tokens"], end})
+    model.generation_config = GenerationConfig.from_dict(generation)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(tokenizer / name, folder / name)
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "feature_extractor_type": "WhisperFeatureExtractor",
+                "feature_size": dims["mels"],
+                "sampling_rate": SAMPLE_RATE,
+                "hop_length": 160,
+                "n_fft": 400,
+                "chunk_length": 30,
+                "n_samples": 30 * SAMPLE_RATE,
+                "nb_max_frames": 3000,
+                "padding_side": "right",
+                "padding_value": 0.0,
+                "return_attention_mask": False,
+                "dither": 0.0,
+            }
+        )
+    )
+    del model
+    if device != "cpu":
+        torch.cuda.empty_cache()
+    return folder
+
+
+# ---------------------------------------------------------------------- throughput
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Throughput:
+    arch: str
+    dtype: str
+    batch: int
+    seconds: float  # median wall time per batch
+    audio_per_second: float
+    tokens_per_second: float
+
+
+def throughput(
+    arch: str,
+    folder: Path,
+    device: str,
+    dtypes: Sequence[str],
+    batches: Sequence[int],
+    tokens_per_second: float,
+    repeats: int,
+) -> list[Throughput]:
+    import numpy as np
+    import torch
+
+    from engine.api import Utterance
+    from engine.decoding import token_budget
+    from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+
+    if device == "cpu":
+        torch.set_flush_denormal(True)  # random weights make denormals; slow on the CPU
+        torch.set_num_threads(1)  # the CPU path only tests the script
+    rng = np.random.default_rng(0)
+    utterance = Utterance((rng.standard_normal(5 * SAMPLE_RATE) * 0.1).astype(np.float32))
+    tokens = token_budget(utterance.duration, tokens_per_second, 224)
+    rows = []
+    for dtype in dtypes:
+        config = WhisperRecognizerConfig(
+            device=device,
+            dtype=dtype,  # type: ignore[arg-type]
+            max_batch_size=max(batches),
+            max_tokens_per_second=tokens_per_second,
+            retry_loops_on_full_window=False,
+            drafts=False,
+        )
+        recognizer = WhisperRecognizer(folder, config, name=arch)
+        recognizer.warmup()
+        for batch in batches:
+            utterances = [utterance] * batch
+            recognizer.transcribe(utterances)  # this shape's first run
+            times = []
+            for _ in range(repeats):
+                began = time.perf_counter()
+                recognizer.transcribe(utterances)
+                times.append(time.perf_counter() - began)
+            wall = statistics.median(times)
+            rows.append(
+                Throughput(
+                    arch,
+                    dtype,
+                    batch,
+                    wall,
+                    batch * utterance.duration / wall,
+                    batch * tokens / wall,
+                )
+            )
+            print(f"  {arch} {dtype} batch {batch}: {wall * 1000:.0f} ms", flush=True)
+        del recognizer
+        if device != "cpu":
+            torch.cuda.empty_cache()
+    return rows
+
+
+# ---------------------------------------------------------------------- server under load
+
+
+class KeepsText:
+    """A recognizer that passes everything through but keeps every text the guard
+    dropped (random weights only ever "loop"), so each utterance still gets a final."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    @property
+    def name(self) -> str:
+        return str(self._inner.name)
+
+    @property
+    def max_batch_size(self) -> int:
+        return int(self._inner.max_batch_size)
+
+    @property
+    def languages(self) -> frozenset[str]:
+        return frozenset(self._inner.languages)
+
+    def warmup(self) -> None:
+        self._inner.warmup()
+
+    def transcribe(
+        self, batch: Sequence[Any], should_stop: Callable[[], bool] | None = None
+    ) -> Any:
+        results = self._inner.transcribe(batch, should_stop)
+        return [r if r.text else dataclasses.replace(r, text="noise") for r in results]
+
+
+def serve(model: Path, port: int, tokens_per_second: float) -> None:
+    """The server's app on `model`, its recognizer built as the throughput part builds it."""
+    import uvicorn
+
+    from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+    from server.app import create_app
+    from server.settings import Settings
+
+    settings = Settings.from_env(port=port)
+    if settings.device == "cpu":  # the CPU path only tests the script
+        import torch
+
+        torch.set_flush_denormal(True)  # random weights make denormals; slow on the CPU
+
+    def factory(settings: Settings) -> Any:
+        config = WhisperRecognizerConfig(
+            device=settings.device,
+            dtype=None if settings.dtype == "auto" else settings.dtype,  # type: ignore[arg-type]
+            max_batch_size=settings.max_batch_size,
+            max_tokens_per_second=tokens_per_second,
+            retry_loops_on_full_window=False,
+        )
+        return KeepsText(WhisperRecognizer(model, config, name=model.name))
+
+    app = create_app(settings, recognizer_factory=factory)
+    uvicorn.run(app, host="127.0.0.1", port=port, ws="websockets", log_level="warning")
+
+
+def _batch_mean(url: str) -> float | None:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("parley_batch_size_"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    count = values.get("parley_batch_size_count", 0.0)
+    return values.get("parley_batch_size_sum", 0.0) / count if count else None
+
+
+def load_rows(
+    model: Path,
+    device: str,
+    rooms: Sequence[int],
+    seconds: float,
+    tokens_per_second: float,
+    deadline: float,
+    log: Path,
+) -> list[dict[str, Any]]:
+    from bench.capacity import free_port, wait_ready
+    from loadgen.report import Limits
+    from loadgen.run import LoadSettings, prepare_corpus, run_load
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = dict(
+        os.environ,
+        PARLEY_DEVICE=device,
+        PARLEY_MAX_BATCH_SIZE="64",
+        PARLEY_MAX_SESSIONS=str(max(rooms) + 8),
+        PARLEY_ADMIT_MAX_QUEUE_WAIT_MS="0",  # measure overload, do not refuse it
+        PARLEY_LOG_LEVEL="warning",
+    )
+    command = [sys.executable, "-m", "bench.gpu_check", "serve", "--model", str(model)]
+    command += ["--port", str(port), "--tokens-per-second", str(tokens_per_second)]
+    with log.open("wb") as output:
+        server = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_ready(url, server, timeout=300)
+            base = LoadSettings(
+                server=f"ws://127.0.0.1:{port}",
+                corpus=Path(os.environ.get("PARLEY_CORPUS") or BUNDLE / "corpus"),
+                duration_s=seconds,
+                progress=False,
+            )
+            corpus = prepare_corpus(base)
+            rows = []
+            for count in rooms:
+                if time.monotonic() + seconds + 30 > deadline:
+                    print(f"  skipped {count} rooms: the run's time budget is spent", flush=True)
+                    continue
+                settings = dataclasses.replace(base, rooms=count)
+                report = asyncio.run(run_load(settings, Limits(), corpus))
+                latency = report["latency"]
+                rows.append(
+                    {
+                        "rooms": count,
+                        "final": [latency["final"][k] for k in ("p50", "p95", "p99")],
+                        "partial_p50": latency["partial"]["p50"],
+                        "finals_per_s": report["totals"]["finals"]
+                        / report["totals"]["wall_seconds"],
+                        "lost": report["totals"]["lost"],
+                        "errors": report["errors"],
+                        "mean_batch": _batch_mean(url),
+                    }
+                )
+                print(f"  {count} rooms: {rows[-1]}", flush=True)
+            return rows
+        finally:
+            server.terminate()
+            try:
+                server.wait(60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+
+# ---------------------------------------------------------------------- report
+
+
+def table(throughputs: Sequence[Throughput], loads: Sequence[dict[str, Any]], env: str) -> str:
+    lines = [f"## GPU check ({env})", ""]
+    if throughputs:
+        lines += [
+            "Recognizer, 5 s utterances, random weights, fixed token budget: wall time per "
+            "batch (audio seconds per wall second)",
+            "",
+        ]
+        keys = sorted(
+            {(t.arch, t.dtype) for t in throughputs}, key=lambda k: (list(ARCHS).index(k[0]), k[1])
+        )
+        sizes = sorted({t.batch for t in throughputs})
+        lines.append("| model | dtype | " + " | ".join(f"batch {b}" for b in sizes) + " |")
+        lines.append("|---|---|" + "---|" * len(sizes))
+        for arch, dtype in keys:
+            cells = []
+            for size in sizes:
+                found = [
+                    t for t in throughputs if (t.arch, t.dtype, t.batch) == (arch, dtype, size)
+                ]
+                cells.append(
+                    f"{found[0].seconds * 1000:.0f} ms ({found[0].audio_per_second:.0f}x)"
+                    if found
+                    else "—"
+                )
+            lines.append(f"| {arch} | {dtype} | " + " | ".join(cells) + " |")
+    if loads:
+        lines += [
+            "",
+            "Server (large-v3-turbo architecture, random weights), real-time rooms:",
+            "",
+            "| rooms | final P50 / P95 / P99 (s) | partial P50 (s) | finals/s | mean batch "
+            "| lost | errors |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in loads:
+            final = " / ".join("—" if v is None else f"{v:.2f}" for v in row["final"])
+            partial = "—" if row["partial_p50"] is None else f"{row['partial_p50']:.2f}"
+            batch = "—" if row["mean_batch"] is None else f"{row['mean_batch']:.1f}"
+            lines.append(
+                f"| {row['rooms']} | {final} | {partial} | {row['finals_per_s']:.1f} | {batch} "
+                f"| {row['lost']} | {row['errors'] or 'none'} |"
+            )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import transformers
+
+    began = time.monotonic()
+    deadline = began + args.budget
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: use --device cpu for the CPU path", file=sys.stderr)
+        return 2
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
+    env = f"{name}, torch {torch.__version__}, transformers {transformers.__version__}"
+    print(env, flush=True)
+    work = Path(args.work)
+    throughputs: list[Throughput] = []
+    folders: dict[str, Path] = {}
+    for arch in args.archs:
+        if time.monotonic() > deadline - 120:
+            print(f"skipped {arch}: the run's time budget is spent", flush=True)
+            continue
+        folders[arch] = write_checkpoint(arch, work / arch, device)
+        throughputs += throughput(
+            arch,
+            folders[arch],
+            device,
+            args.dtypes,
+            args.batches,
+            args.tokens_per_second,
+            args.repeats,
+        )
+        if arch != args.server_arch:
+            shutil.rmtree(folders.pop(arch))
+    loads: list[dict[str, Any]] = []
+    if args.rooms:
+        if args.server_arch not in folders:
+            folders[args.server_arch] = write_checkpoint(
+                args.server_arch, work / args.server_arch, device
+            )
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        loads = load_rows(
+            folders[args.server_arch],
+            device,
+            args.rooms,
+            args.seconds,
+            args.tokens_per_second,
+            deadline,
+            out / "gpu_check.server.log",
+        )
+    report = table(throughputs, loads, env)
+    print()
+    print(report)
+    print(f"\n(took {time.monotonic() - began:.0f} s)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(
+        json.dumps(
+            {
+                "env": env,
+                "throughput": [dataclasses.asdict(t) for t in throughputs],
+                "server": loads,
+            },
+            indent=2,
+        )
+    )
+    (out / "gpu_check.md").write_text(report + "\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0]
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("prepare", help="here: gather wheels, tokenizer and clips into .gpu/")
+    runner = commands.add_parser("run", help="there: throughput, then the server under load")
+    runner.add_argument("--device", default="cuda")
+    runner.add_argument("--archs", nargs="+", default=list(ARCHS), choices=list(ARCHS))
+    runner.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"])
+    runner.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    runner.add_argument("--repeats", type=int, default=3)
+    runner.add_argument("--tokens-per-second", type=float, default=4.0)
+    runner.add_argument("--server-arch", default="large-v3-turbo", choices=list(ARCHS))
+    runner.add_argument("--rooms", type=int, nargs="*", default=[32, 64, 128])
+    runner.add_argument("--seconds", type=float, default=30.0, help="per load run")
+    runner.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for everything")
+    runner.add_argument("--work", default="/tmp/parley-gpu-check", help="checkpoint folders")
+    runner.add_argument("--out", default=os.environ.get("OUT") or "reports/gpu-check")
+    server = commands.add_parser("serve", help="(used by run) the server on a checkpoint")
+    server.add_argument("--model", type=Path, required=True)
+    server.add_argument("--port", type=int, required=True)
+    server.add_argument("--tokens-per-second", type=float, default=4.0)
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        prepare(BUNDLE)
+        return 0
+    if args.command == "serve":
+        serve(args.model, args.port, args.tokens_per_second)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

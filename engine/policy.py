@@ -1,0 +1,166 @@
+"""What the model workers run next: the scheduler's policy, with no I/O and no clock.
+
+The scheduler (`engine.scheduler`) owns the queue, the futures and the workers; on every
+change it shows this module what is queued, which workers are free and what the busy
+ones run, and `plan` answers with the batches to start, the partial batches to stop and
+when to look again. The rules:
+
+1. **Finals first, on any free worker.** Finals (oldest first), then file requests, in
+   batches of up to `max_batch_size`. A batch waits up to `max_wait` after its oldest
+   request arrived for more to join, unless it is full.
+2. **Finals never wait behind partials.** When finals are queued and no worker is free,
+   a running partial batch is told to stop (the recognizer stops at its next decoder
+   step or encoder row); its partials go back to the queue and the worker takes the
+   finals. File requests do not preempt: they are not waited for live.
+3. **Partials share a budget, stalest first.** Partials run only on a worker no final or
+   file request needs, and only while `PartialBudget` has credit: partials may take at
+   most `partial_share` of the model's time (all workers together), averaged over a few
+   seconds, and at most that share of the workers at once (at least one), so with two
+   workers one is left for finals and preemption stays rare. Among the queued partials
+   (one per session, the latest audio), the one whose session has waited longest since
+   its last partial was taken goes first, so under load every session's partials slow
+   down alike (round robin) instead of some starving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.api import Priority
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    workers: int = 1
+    max_batch_size: int = 16
+    max_wait: float = 0.02  # seconds a batch of finals may wait to fill
+    max_partial_batch: int = 16
+    partial_share: float = 0.5  # most of the model's time partials may take
+    partial_burst: float = 2.0  # model-seconds of unused partial time that may be saved up
+
+    @property
+    def partial_workers(self) -> int:
+        """Most workers running partials at once: their share of the workers, at least one."""
+        return max(1, int(self.partial_share * self.workers))
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.max_batch_size < 1 or self.max_partial_batch < 1:
+            raise ValueError("need at least one worker and batches of at least one")
+        if not 0 < self.partial_share <= 1:
+            raise ValueError(f"partial_share must lie in (0, 1], got {self.partial_share}")
+        if self.max_wait < 0 or self.partial_burst <= 0:
+            raise ValueError("need max_wait >= 0 and partial_burst > 0")
+
+
+class PartialBudget:
+    """A bucket of model time for partials.
+
+    Credit grows by `partial_share x workers` model-seconds per wall second, up to
+    `partial_burst`; every partial batch's model time (run to the end or stopped) is
+    charged when it ends. Partials may start while the credit is positive, so the bucket
+    goes negative by at most the batches in flight, and pays that back before the next.
+    """
+
+    def __init__(self, config: PolicyConfig, now: float) -> None:
+        self._rate = config.partial_share * config.workers
+        self._burst = config.partial_burst
+        self._credit = config.partial_burst
+        self._at = now
+
+    def credit(self, now: float) -> float:
+        self._credit = min(self._burst, self._credit + (now - self._at) * self._rate)
+        self._at = max(self._at, now)
+        return self._credit
+
+    def charge(self, seconds: float, now: float) -> None:
+        self._credit = self.credit(now) - seconds
+
+    def available_at(self, now: float) -> float:
+        """When the credit is positive again (now, if it is)."""
+        credit = self.credit(now)
+        return now if credit > 0 else now + (1e-6 - credit) / self._rate
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A request as the policy sees it. `since`: a final's submit time; a partial's
+    time since its session has been waiting (kept when a newer partial replaces it)."""
+
+    key: int
+    priority: Priority
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A busy worker: what kind of batch it runs, and whether it was told to stop."""
+
+    worker: int
+    partial: bool
+    stopping: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    worker: int
+    keys: tuple[int, ...]
+    partial: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    starts: list[Start] = field(default_factory=list)
+    preempt: list[int] = field(default_factory=list)  # workers whose partial batch stops
+    wake_at: float | None = None  # look again then, if nothing else happens first
+
+
+def plan(
+    queued: Sequence[Queued],
+    free: Sequence[int],
+    running: Sequence[Running],  # in the order the batches started
+    budget: PartialBudget,
+    config: PolicyConfig,
+    now: float,
+) -> Plan:
+    """The batches to start on the `free` workers now, and the partial batches to stop."""
+    urgent = sorted(
+        (q for q in queued if q.priority is not Priority.PARTIAL),
+        key=lambda q: (q.priority, q.since),
+    )
+    partials = sorted((q for q in queued if q.priority is Priority.PARTIAL), key=_staleness)
+    result = Plan()
+    workers = list(free)
+    wake: list[float] = []
+    while urgent and workers:
+        full = len(urgent) >= config.max_batch_size
+        ready_at = min(q.since for q in urgent) + config.max_wait
+        if not full and ready_at > now:
+            wake.append(ready_at)
+            break
+        batch, urgent = urgent[: config.max_batch_size], urgent[config.max_batch_size :]
+        result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), partial=False))
+    finals_left = any(q.priority is Priority.FINAL for q in urgent)
+    if finals_left and not workers and not wake:
+        # Stop partial batches, the newest first, as many as the finals left need.
+        needed = -(-sum(q.priority is Priority.FINAL for q in urgent) // config.max_batch_size)
+        stopping = sum(1 for r in running if r.partial and r.stopping)
+        candidates = [r.worker for r in reversed(running) if r.partial and not r.stopping]
+        result.preempt.extend(candidates[: max(0, needed - stopping)])
+    slots = config.partial_workers - sum(1 for r in running if r.partial and not r.stopping)
+    if partials and workers and not urgent and slots > 0:
+        if budget.credit(now) > 0:
+            for worker in workers[:slots]:
+                batch, partials = (
+                    partials[: config.max_partial_batch],
+                    partials[config.max_partial_batch :],
+                )
+                if batch:
+                    result.starts.append(Start(worker, tuple(q.key for q in batch), partial=True))
+        else:
+            wake.append(budget.available_at(now))
+    return Plan(result.starts, result.preempt, min(wake) if wake else None)
+
+
+def _staleness(queued: Queued) -> tuple[float, int]:
+    return (queued.since, queued.key)

@@ -1,0 +1,102 @@
+"""The scheduler's policy, pure: finals first, preemption of partials, the partial budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.api import Priority
+from engine.policy import PartialBudget, PolicyConfig, Queued, Running, Start, plan
+
+FINAL, FILE, PARTIAL = Priority.FINAL, Priority.FILE, Priority.PARTIAL
+
+
+def config(**overrides: float) -> PolicyConfig:
+    values: dict[str, float] = {"workers": 2, "max_batch_size": 4, "max_wait": 0.0}
+    values.update(overrides)
+    return PolicyConfig(**values)  # type: ignore[arg-type]
+
+
+def test_finals_go_first_then_file_requests_and_partials_wait() -> None:
+    """With one free worker, the finals (oldest first) and then file requests fill the batch."""
+    cfg = config(workers=1)
+    queued = [
+        Queued(1, PARTIAL, 0.0),
+        Queued(2, FILE, 0.5),
+        Queued(3, FINAL, 2.0),
+        Queued(4, FINAL, 1.0),
+    ]
+    result = plan(queued, [0], [], PartialBudget(cfg, 0.0), cfg, now=3.0)
+    assert result.starts == [Start(0, (4, 3, 2), partial=False)]
+    assert result.preempt == []
+
+
+def test_a_batch_of_finals_waits_to_fill_unless_full() -> None:
+    """A lone final waits until `max_wait` after it arrived; a full batch goes at once."""
+    cfg = config(max_wait=0.02)
+    budget = PartialBudget(cfg, 0.0)
+    lone = plan([Queued(1, FINAL, 1.0)], [0, 1], [], budget, cfg, now=1.005)
+    assert lone.starts == [] and lone.wake_at == pytest.approx(1.02)
+    full = [Queued(i, FINAL, 1.0) for i in range(4)]
+    assert plan(full, [0, 1], [], budget, cfg, now=1.005).starts == [
+        Start(0, (0, 1, 2, 3), partial=False)
+    ]
+
+
+def test_finals_preempt_a_running_partial_batch_when_no_worker_is_free() -> None:
+    """Finals with every worker busy stop the newest partial batch, once."""
+    cfg = config()
+    budget = PartialBudget(cfg, 0.0)
+    running = [Running(0, partial=True), Running(1, partial=True)]
+    result = plan([Queued(7, FINAL, 1.0)], [], running, budget, cfg, now=2.0)
+    assert result.starts == [] and result.preempt == [1]
+    stopping = [Running(0, partial=True), Running(1, partial=True, stopping=True)]
+    assert plan([Queued(7, FINAL, 1.0)], [], stopping, budget, cfg, now=2.0).preempt == []
+
+
+def test_finals_behind_finals_and_file_requests_preempt_nothing() -> None:
+    """A busy worker running finals is waited for; file requests never preempt partials."""
+    cfg = config(workers=1)
+    budget = PartialBudget(cfg, 0.0)
+    finals_running = [Running(0, partial=False)]
+    assert plan([Queued(1, FINAL, 0.0)], [], finals_running, budget, cfg, 1.0).preempt == []
+    partials_running = [Running(0, partial=True)]
+    assert plan([Queued(1, FILE, 0.0)], [], partials_running, budget, cfg, 1.0).preempt == []
+
+
+def test_partials_take_the_stalest_first_on_their_share_of_the_workers() -> None:
+    """Stalest partials first; with two workers and a 0.5 share, one worker at a time."""
+    cfg = config(max_partial_batch=2)
+    budget = PartialBudget(cfg, 0.0)
+    queued = [Queued(1, PARTIAL, 3.0), Queued(2, PARTIAL, 1.0), Queued(3, PARTIAL, 2.0)]
+    result = plan(queued, [0, 1], [], budget, cfg, now=4.0)
+    assert result.starts == [Start(0, (2, 3), partial=True)]
+    busy = plan(queued, [1], [Running(0, partial=True)], budget, cfg, now=4.0)
+    assert busy.starts == []
+
+
+def test_the_budget_holds_partials_to_their_share_of_model_time() -> None:
+    """After partials overdraw their credit, they wait until it has grown back."""
+    cfg = config(workers=1, partial_share=0.5, partial_burst=1.0)
+    budget = PartialBudget(cfg, 0.0)
+    queued = [Queued(1, PARTIAL, 0.0)]
+    assert plan(queued, [0], [], budget, cfg, now=0.0).starts  # a full bucket
+    budget.charge(2.0, now=2.0)  # a 2 s partial batch ended at t=2: credit 1 - 2 = -1
+    held = plan(queued, [0], [], budget, cfg, now=2.0)
+    assert held.starts == [] and held.wake_at == pytest.approx(4.0, abs=1e-3)
+    assert plan(queued, [0], [], budget, cfg, now=4.01).starts
+
+
+def test_budget_credit_is_capped_by_the_burst() -> None:
+    """An idle hour does not save up an hour of partials."""
+    cfg = config(workers=2, partial_share=0.5, partial_burst=2.0)
+    budget = PartialBudget(cfg, 0.0)
+    assert budget.credit(3600.0) == 2.0
+    budget.charge(3.0, now=3600.0)
+    assert budget.credit(3600.5) == pytest.approx(-0.5)
+
+
+def test_config_is_validated() -> None:
+    """Shares outside (0, 1] and empty pools are refused."""
+    for bad in ({"partial_share": 0.0}, {"partial_share": 1.5}, {"workers": 0}):
+        with pytest.raises(ValueError):
+            config(**bad)
