@@ -364,6 +364,7 @@ def load_rows(
         PARLEY_MAX_BATCH_SIZE="64",
         PARLEY_MAX_SESSIONS=str(max(rooms) + 8),
         PARLEY_ADMIT_MAX_QUEUE_WAIT_MS="0",  # measure overload, do not refuse it
+        PARLEY_DIARIZATION="false",  # its speaker model ships in a 17 MB wheel; not measured
         PARLEY_LOG_LEVEL="warning",
     )
     command = [sys.executable, "-m", "bench.gpu_check", "serve", "--model", str(model)]
@@ -414,7 +415,12 @@ def load_rows(
 # ---------------------------------------------------------------------- report
 
 
-def table(throughputs: Sequence[Throughput], loads: Sequence[dict[str, Any]], env: str) -> str:
+def table(
+    throughputs: Sequence[Throughput],
+    loads: Sequence[dict[str, Any]],
+    env: str,
+    server_arch: str = "large-v3-turbo",
+) -> str:
     lines = [f"## GPU check ({env})", ""]
     if throughputs:
         lines += [
@@ -443,7 +449,7 @@ def table(throughputs: Sequence[Throughput], loads: Sequence[dict[str, Any]], en
     if loads:
         lines += [
             "",
-            "Server (large-v3-turbo architecture, random weights), real-time rooms:",
+            f"Server ({server_arch} architecture, random weights), real-time rooms:",
             "",
             "| rooms | final P50 / P95 / P99 (s) | partial P50 (s) | finals/s | mean batch "
             "| lost | errors |",
@@ -509,7 +515,7 @@ def run(args: argparse.Namespace) -> int:
             deadline,
             out / "gpu_check.server.log",
         )
-    report = table(throughputs, loads, env)
+    report = table(throughputs, loads, env, args.server_arch)
     print()
     print(report)
     print(f"\n(took {time.monotonic() - began:.0f} s)")

@@ -446,6 +446,8 @@ class BatchScheduler:
         self._fail_all(self.death)
         for worker in self._workers:
             worker.stop.set()
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()  # died in a batch task: the loop has nothing left to plan
         self._room.set()  # finals waiting for room see the state and raise
 
 

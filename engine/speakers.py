@@ -34,11 +34,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from engine.api import EmbedderFull, SpeakerWindows
+from engine.api import SAMPLE_RATE, EmbedderFull, SpeakerWindows
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16_000
 N_FFT = 400  # 25 ms
 HOP = 160  # 10 ms
 N_MELS = 40

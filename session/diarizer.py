@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from engine.api import SpeakerWindows
+from engine.api import SAMPLE_RATE, SpeakerWindows
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -180,7 +180,7 @@ class Diarizer:
         if len(levels) == 0:
             return boundary
         step = max(1, total // len(levels))
-        reach = round(self.config.cut_search_s * 16_000 / step)
+        reach = round(self.config.cut_search_s * SAMPLE_RATE / step)
         center = min(len(levels) - 1, boundary // step)
         low, high = max(1, center - reach), min(len(levels) - 1, center + reach + 1)
         if high <= low:

@@ -10,7 +10,7 @@ gap-free `seq`, and live event fan-out. docs/store.md describes keys, TTLs and f
 - `store.redis_store`    `RedisStore`: the same semantics across processes, built from
                          `redis_scripts` (keys, Lua), `redis_buffer` (writes held while
                          Redis is away), `redis_events` (pub/sub), `redis_link` (is Redis
-                         there) and `keyed_locks`
+                         there), `redis_speakers` (relabelled speakers), `keyed_locks`
 - `store.factory`        `open_store()`: the store the settings ask for
 
 store imports only `wire` of the project.

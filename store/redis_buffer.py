@@ -153,6 +153,20 @@ class WriteBuffer:
         self.enqueue(PendingFinal(meeting_id, record, source, now))
         return record
 
+    def degraded(self) -> str | None:
+        """Why the store is degraded while writes wait (for /readyz), None when none do."""
+        buffered = len(self._items)
+        if buffered >= self.limit // 2:
+            return (
+                f"write buffer at {buffered} of {self.limit}: refusing new sessions; "
+                f"redis: {self._link.last_error or 'catching up'}"
+            )
+        if buffered:
+            link = self._link
+            state = f"unreachable ({link.last_error})" if link.failing else "catching up"
+            return f"redis {state}: {buffered} writes buffered, replaying in order"
+        return None
+
     def enqueue(self, pending: Pending) -> None:
         self._items.append(pending)
         self._per_meeting[pending.meeting_id] = self.count(pending.meeting_id) + 1

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -48,6 +47,7 @@ from store.redis_scripts import (
     SUPERSEDED,
     Keys,
 )
+from store.redis_speakers import relabelled, write_speakers
 from store.ttl import Clock, TTLSettings, draw_jitter, system_clock
 from wire.query import validate_id
 
@@ -334,7 +334,7 @@ class RedisStore:
                 if len(page) < FINALS_PAGE:
                     break
                 start = f"{records[-1].seq + 1}-0"
-            records = await self._relabelled(keys[2], records)
+            records = await relabelled(self._redis, keys[2], records)
         except UNREACHABLE as exc:
             raise self._link.unavailable(exc, "read the transcript") from exc
         self._link.note_success()
@@ -342,30 +342,12 @@ class RedisStore:
             self._buffer.remember(meeting_id, records[-1].seq)
         return records
 
-    async def _relabelled(self, src: str, records: list[FinalRecord]) -> list[FinalRecord]:
-        """Apply the speakers re-clustering gave to diarized finals after they were logged."""
-        diarized = [r for r in records if r.speaker is not None]
-        if not diarized:
-            return records
-        labels: Any = await self._redis.hmget(src, [f"sp:{r.utterance_id}" for r in diarized])
-        changed = {
-            r.utterance_id: label.decode()
-            for r, label in zip(diarized, labels, strict=True)
-            if label is not None and label.decode() != r.speaker
-        }
-        if not changed:
-            return records
-        return [
-            replace(r, speaker=changed[r.utterance_id]) if r.utterance_id in changed else r
-            for r in records
-        ]
-
     async def set_speakers(self, meeting_id: str, speakers: Mapping[str, str]) -> None:
         if not speakers:
             return
         src = self._keys.meeting(meeting_id)[2]
         try:  # the source hash carries the meeting's TTL; HSET keeps it
-            await self._redis.hset(src, mapping={f"sp:{k}": v for k, v in speakers.items()})
+            await write_speakers(self._redis, src, speakers)
         except UNREACHABLE as exc:
             raise self._link.unavailable(exc, "store speaker labels") from exc
         self._link.note_success()
@@ -396,18 +378,8 @@ class RedisStore:
     # -- lifecycle
 
     async def health(self) -> StoreHealth:
-        buffered, limit = len(self._buffer), self._buffer.limit
-        if buffered >= limit // 2:
-            reason = (
-                f"write buffer at {buffered} of {limit}: refusing new sessions; "
-                f"redis: {self._link.last_error or 'catching up'}"
-            )
-            return StoreHealth(self.backend, ok=False, reason=reason, buffered=buffered)
-        if buffered:
-            link = self._link
-            state = f"unreachable ({link.last_error})" if link.failing else "catching up"
-            reason = f"redis {state}: {buffered} writes buffered, replaying in order"
-            return StoreHealth(self.backend, ok=False, reason=reason, buffered=buffered)
+        if (reason := self._buffer.degraded()) is not None:
+            return StoreHealth(self.backend, ok=False, reason=reason, buffered=len(self._buffer))
         try:
             await self.ping()
         except StoreUnavailable as exc:

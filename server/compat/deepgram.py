@@ -33,7 +33,14 @@ import orjson
 from starlette.responses import Response
 
 from server.compat.bridge import Inbound, Message, audio, control, http_status
-from wire.codes import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, CloseCode, Encoding, ErrorCode
+from wire.codes import (
+    DEFAULT_SAMPLE_RATE,
+    MAX_SAMPLE_RATE,
+    MIN_SAMPLE_RATE,
+    CloseCode,
+    Encoding,
+    ErrorCode,
+)
 from wire.errors import ProtocolError
 from wire.query import StreamConfig, validate_id
 
@@ -117,7 +124,7 @@ def parse_options(
         raise bad(f"encoding {encoding[:32]!r} is not supported: send raw linear16 PCM")
     if query.get("channels", "1") != "1" or _flag(query, "multichannel", False):
         raise bad("only mono audio is supported: channels=1, multichannel=false")
-    sample_rate = _integer(query, "sample_rate") or 16_000
+    sample_rate = _integer(query, "sample_rate") or DEFAULT_SAMPLE_RATE
     if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
         raise bad(f"sample_rate must lie in {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz")
     endpointing = query.get("endpointing")
