@@ -34,9 +34,9 @@ from server.sandbox import SandboxMode, open_sandbox
 from server.settings import Settings
 from server.state import AppState, ModelState
 from server.tokens import open_tokens
-from session.actor import SessionServices
 from session.diarizer import DiarizerConfig
 from session.segmenter import SegmenterConfig
+from session.services import SessionServices
 from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer
 from store.factory import open_store
 

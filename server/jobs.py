@@ -33,8 +33,8 @@ from engine.api import SchedulerError
 from server.decode import DecodedAudio, DecodeLimits, decode_file
 from server.sandbox import UNCONFINED, Sandbox
 from server.settings import Settings
-from session.actor import SessionServices
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
+from session.services import SessionServices
 from session.vad import VadScorer
 from store.errors import StoreError
 from store.records import SourceState

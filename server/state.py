@@ -15,7 +15,7 @@ from server.limits import CapacityMonitor, ListenerQuota, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
-from session.actor import SessionServices
+from session.services import SessionServices
 from session.vad import VadScorer
 from store.api import Store
 

@@ -27,7 +27,7 @@ from server.jobs import Job, JobOptions, JobsFull, JobStatus
 from server.settings import Settings
 from server.state import app_state
 from server.upload_form import FORM_OVERHEAD, receive_form, too_large
-from session.actor import SessionServices
+from session.services import SessionServices
 from store.errors import StoreError
 from wire.errors import ProtocolError
 from wire.query import is_language, parse_flag, validate_id

@@ -16,49 +16,39 @@ event-loop lag p99 ~1.6 ms; in a thread the GIL's 5 ms switch interval gave p99
 rooms' VadBatcher: a file's many windows would lengthen every batched turn (with the
 batcher's first, 10 ms-tick version a file crawled at 11-51x real time).
 
-Attached to a meeting (as a source the caller registered with `Store.create_source`),
-each final is also appended to the meeting's log (its `seq` comes from the store,
-gap-free) and published to the meeting's listeners as it is committed.
+The file goes through the live path's steps (session/pipeline.py: decode → VAD →
+segmenter; session/committer.py: requests, results, language, log): a file without a
+language detects it once and pins it, like a live `language=auto` source. Attached to a
+meeting (as a source the caller registered with `Store.create_source`), each final is
+also appended to the meeting's log (its `seq` comes from the store, gap-free, with the
+source's context and language) and published to the meeting's listeners as it is
+committed; a file that stands alone numbers its finals from 1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
-
-from engine.api import (
-    SAMPLE_RATE,
-    BatchFailed,
-    Priority,
-    RecognitionRequest,
-    RecognitionResult,
-    SchedulerError,
-    SpeakerWindows,
-    Transcription,
-    Utterance,
-)
-from session.actor import SessionServices
-from session.diarizer import Relabel
-from session.language import LanguageDetector
-from session.segmenter import Segmenter, SegmentEvent, UtteranceEnded
-from session.speakers import LabelledPart, SpeakerLabeller, relabel
-from session.vad import WINDOW, VadScorer, VadStream
-from store.records import FinalRecord, NewFinal, SourceState
-from wire import build
-from wire.messages import Word
-
-logger = logging.getLogger(__name__)
+from engine.api import SAMPLE_RATE, Priority
+from session.audio import FrameDecoder
+from session.committer import Committer, CommitterConfig, PendingFinal
+from session.pipeline import AudioPipeline
+from session.segmenter import SegmentEvent, UtteranceEnded
+from session.services import SessionServices
+from session.speakers import SpeakerLabeller
+from session.vad import WINDOW, VadScorer
+from store.records import FinalRecord, SourceState
+from wire.codes import Encoding
+from wire.messages import ServerMessage
 
 CHUNK_SAMPLES = 10 * SAMPLE_RATE  # read from disk at a time (320 KB)
 SLICE_WINDOWS = 4  # VAD windows scored between two yields to the event loop
+BYTES_PER_SAMPLE = 2  # pcm_s16le
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +88,6 @@ class FileProgress:
         return round(self.total_samples / SAMPLE_RATE, 3)
 
 
-@dataclass(slots=True)
-class _Pending:
-    event: UtteranceEnded
-    utterance: Utterance
-    future: asyncio.Future[RecognitionResult]
-    speakers: asyncio.Task[SpeakerWindows | None] | None = None
-
-
 class FileTranscriber:
     def __init__(
         self,
@@ -122,54 +104,57 @@ class FileTranscriber:
         self._services = services
         self._options = options
         self.progress = progress
-        config = dataclasses.replace(services.segmenter, partial_interval=0.0)
-        self._segmenter = Segmenter(config)
-        self._vad = VadStream(vad or services.vad)
-        self._pending: deque[_Pending] = deque()
-        self._language = options.language
-        if self._language is None and len(services.languages) == 1:
-            self._language = next(iter(services.languages))  # an English-only model
-        # Like a live source: the first utterances are detected on their own (at no extra
-        # model cost), then the detector pins one language for the rest of the file.
-        self._detector = LanguageDetector() if self._language is None else None
-        self._source = options.meeting_source
-        if self._source is not None and self._source.session_id != options.source_id:
-            raise ValueError("a file attached to a meeting uses its source's session id")
-        self._labeller: SpeakerLabeller | None = None
+        labeller = None
         if options.diarize:
             if services.speakers is None:
                 raise ValueError("diarize needs the services' speaker embedder")
-            self._labeller = SpeakerLabeller(services.speakers, services.diarizer)
+            labeller = SpeakerLabeller(services.speakers, services.diarizer)
+        self._pipeline = AudioPipeline(
+            FrameDecoder(Encoding.PCM_S16LE, SAMPLE_RATE),
+            vad or services.vad,
+            dataclasses.replace(services.segmenter, partial_interval=0.0),
+        )
+        self._committer = Committer(
+            CommitterConfig(
+                session_id=options.source_id,
+                participant=options.participant,
+                priority=Priority.FILE,
+                timing=False,
+                requested_language=options.language,
+                model_languages=services.languages,
+                clock=services.clock,
+            ),
+            services.scheduler,
+            services.store,
+            options.meeting_source,
+            _ToProgress(progress),
+            labeller,
+        )
+        self._pending: deque[PendingFinal] = deque()
 
     async def run(self) -> None:
         """Transcribe the whole file; on cancellation drop its queued requests."""
-        scheduler = self._services.scheduler
         try:
             with self._path.open("rb") as audio:
-                while raw := await asyncio.to_thread(audio.read, CHUNK_SAMPLES * 2):
-                    await self._segment(_samples(raw))
+                while raw := await asyncio.to_thread(audio.read, CHUNK_SAMPLES * BYTES_PER_SAMPLE):
+                    await self._segment(raw[: len(raw) // BYTES_PER_SAMPLE * BYTES_PER_SAMPLE])
             tail = self.progress.total_samples % WINDOW  # the last partial window: pad it
             if tail:
-                await self._segment(np.zeros(WINDOW - tail, np.float32))
-            await self._handle(self._segmenter.flush())
+                await self._segment(bytes((WINDOW - tail) * BYTES_PER_SAMPLE))
+            await self._handle(self._pipeline.cut())
             while self._pending:
                 await self._commit(self._pending.popleft())
-            if self._labeller is not None:  # the file is done: its best labelling
-                await self._relabel(await self._labeller.recluster(final=True))
+            await self._committer.finish()  # the file is done: its best speaker labels
             self.progress.processed_samples = self.progress.total_samples
         finally:
             # Cancelled or failed: what is still queued for this file is dropped.
-            scheduler.cancel(self._options.source_id)
-            if self._labeller is not None:
-                await self._labeller.close()
+            self._services.scheduler.cancel(self._options.source_id)
+            await self._committer.close()
 
-    async def _segment(self, samples: npt.NDArray[np.float32]) -> None:
-        step = SLICE_WINDOWS * WINDOW
-        for offset in range(0, len(samples), step):
-            events: list[SegmentEvent] = []
-            for window, probability in await self._vad.process(samples[offset : offset + step]):
-                events.extend(self._segmenter.push(window, probability))
-            await self._handle(events)
+    async def _segment(self, pcm: bytes) -> None:
+        step = SLICE_WINDOWS * WINDOW * BYTES_PER_SAMPLE
+        for offset in range(0, len(pcm), step):
+            await self._handle(await self._pipeline.decode(pcm[offset : offset + step]))
             self._advance()
             await asyncio.sleep(0)  # let live rooms run between slices
 
@@ -180,152 +165,44 @@ class FileTranscriber:
             while len(self._pending) >= max(1, self._options.in_flight()):
                 await self._commit(self._pending.popleft())
             self.progress.utterances += 1
-            utterance = Utterance(event.audio, self._language)
-            future = await self._submit(utterance)
-            speakers = self._labeller.embed(event.audio) if self._labeller is not None else None
-            self._pending.append(_Pending(event, utterance, future, speakers))
+            # The padded last window may carry an utterance's end past the file's.
+            end = max(event.start, min(event.end, self.progress.total_samples))
+            self._pending.append(await self._committer.submit(dataclasses.replace(event, end=end)))
             self._advance()
 
-    async def _submit(self, utterance: Utterance) -> asyncio.Future[RecognitionResult]:
-        request = RecognitionRequest(self._options.source_id, Priority.FILE, utterance)
-        return await self._services.scheduler.submit(request)
-
     def _advance(self) -> None:
-        done = self._pending[0].event.start if self._pending else self._segmenter.position
+        done = self._pending[0].start if self._pending else self._pipeline.position
         done = min(done, self.progress.total_samples)
         self.progress.processed_samples = max(self.progress.processed_samples, done)
 
-    async def _commit(self, pending: _Pending) -> None:
-        try:
-            result = await pending.future
-        except BatchFailed:
-            logger.warning("file batch failed for %s; retrying once", self._options.source_id)
-            result = await (await self._submit(pending.utterance))
+    async def _commit(self, pending: PendingFinal) -> None:
+        committed = await self._committer.commit(pending)
+        if committed.lost is not None:
+            raise committed.lost  # the retry of a failed batch failed too: the job fails
+        self.progress.empty = self._committer.empty
         self._advance()
         share = self._options.model_share()
-        if share < 1.0:  # leave the model idle for live rooms: pace, do not poll
-            await asyncio.sleep(result.inference * (1.0 / max(share, 0.05) - 1.0))
-        text = result.transcription.text.strip()
-        if not text:
-            self.progress.empty += 1
-            return
-        self._observe_language(result)
-        event = pending.event
-        for part in await self._parts(pending, result):
-            start = _seconds(event.start + part.start)
-            end = _seconds(min(event.start + part.end, self.progress.total_samples))
-            offset = event.start / SAMPLE_RATE
-            words: list[Word] = [
-                {
-                    "word": w.word,
-                    "start": round(offset + w.start, 3),
-                    "end": round(offset + w.end, 3),
-                }
-                for w in part.words
-            ]
-            final = NewFinal(
-                utterance_id=part.utterance_id,
-                session_id=self._options.source_id,
-                participant=self._options.participant,
-                text=part.text,
-                start=start,
-                end=max(end, start),
-                language=part.language,
-                words=words,
-                speaker=part.speaker or None,
-            )
-            await self._log(final, event.start + part.end, event.index)
-        if self._labeller is not None:
-            await self._relabel(await self._labeller.recluster())
+        if share < 1.0 and committed.result is not None:
+            # Leave the model idle for live rooms: pace, do not poll.
+            await asyncio.sleep(committed.result.inference * (1.0 / max(share, 0.05) - 1.0))
 
-    async def _parts(self, pending: _Pending, result: RecognitionResult) -> list[LabelledPart]:
-        """The finals one utterance makes: itself, or (diarize) one per speaker in it."""
-        event = pending.event
-        transcription = result.transcription
-        utterance_id = f"{self._options.source_id}-{event.index}"
-        if self._labeller is None or pending.speakers is None:
-            text = transcription.text.strip()
-            length = event.end - event.start
-            return [
-                LabelledPart(
-                    utterance_id, 0, length, text, transcription.words, "", transcription.language
-                )
-            ]
-        return await self._labeller.label(
-            utterance_id,
-            event.start / SAMPLE_RATE,
-            event.audio,
-            await pending.speakers,
-            transcription,
-            lambda audio: self._recognize_part(audio, transcription.language),
-        )
 
-    async def _recognize_part(
-        self, audio: npt.NDArray[np.float32], language: str
-    ) -> Transcription | None:
-        try:
-            result = await (await self._submit(Utterance(audio, language)))
-        except SchedulerError:
-            logger.warning("a part of %s failed", self._options.source_id, exc_info=True)
-            return None
-        return result.transcription
+class _ToProgress:
+    """A file's share of what the committer commits: its growing result."""
 
-    async def _log(self, final: NewFinal, end_sample: int, index: int) -> None:
-        """Keep one final; attached to a meeting, log it there and tell the listeners."""
-        if self._source is None:
-            record = FinalRecord.from_new(len(self.progress.finals) + 1, final)
-        else:
-            store = self._services.store
-            source = dataclasses.replace(
-                self._source, acked_until=end_sample / SAMPLE_RATE, next_utterance=index + 1
-            )
-            record = await store.append_final(source.meeting_id, final, source)
-            self._source = source
-            await store.publish(
-                source.meeting_id, build.encode(build.transcript_final(record)).encode()
-            )
-        self.progress.finals.append(record)
+    def __init__(self, progress: FileProgress) -> None:
+        self._progress = progress
 
-    async def _relabel(self, relabels: list[Relabel]) -> None:
-        """Apply a re-clustering's new labels to the result, and to the meeting if any."""
-        if not relabels:
-            return
-        labels = {r.key: r.label for r in relabels}
-        self.progress.finals[:] = [
-            dataclasses.replace(f, speaker=labels[f.utterance_id])
-            if f.utterance_id in labels
+    def final(self, record: FinalRecord, payload: str) -> None:
+        self._progress.finals.append(record)
+
+    def message(self, message: ServerMessage) -> None:
+        return None  # no client socket: the job resource reads the progress
+
+    def relabelled(self, speakers: Mapping[str, str]) -> None:
+        self._progress.finals[:] = [
+            dataclasses.replace(f, speaker=speakers[f.utterance_id])
+            if f.utterance_id in speakers
             else f
-            for f in self.progress.finals
+            for f in self._progress.finals
         ]
-        if self._source is not None:
-            meeting_id = self._source.meeting_id
-            store = self._services.store
-            for message in await relabel(store, meeting_id, relabels):
-                await store.publish(meeting_id, build.encode(message).encode())
-
-    def _observe_language(self, result: RecognitionResult) -> None:
-        detector = self._detector
-        probability = result.transcription.language_probability
-        if detector is None or detector.pinned is not None or probability is None:
-            return
-        pinned = detector.observe(result.transcription.language, probability)
-        if pinned is not None:
-            self._language = pinned.language
-            logger.info(
-                "file %s: language pinned to %s (p=%.2f after %d utterances)",
-                self._options.source_id,
-                pinned.language,
-                pinned.probability,
-                pinned.utterances,
-            )
-
-
-def _samples(raw: bytes) -> npt.NDArray[np.float32]:
-    """pcm_s16le bytes → float32 in [-1, 1]."""
-    pcm = np.frombuffer(raw[: len(raw) // 2 * 2], dtype="<i2")
-    samples: npt.NDArray[np.float32] = pcm.astype(np.float32) / 32768.0
-    return samples
-
-
-def _seconds(sample: int) -> float:
-    return round(sample / SAMPLE_RATE, 3)

@@ -12,11 +12,13 @@ import pytest
 
 from engine.api import RecognitionRequest, RecognitionResult
 from engine.scheduler import BatchScheduler
-from session.actor import SessionServices
+from session.committer import CONTEXT_CHARS
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.segmenter import SegmenterConfig
+from session.services import SessionServices
 from session.vad import DirectScorer, SileroVad
 from store.memory import MemoryStore
+from tests.conftest import StoreFactory
 from tests.corpus import clip
 from tests.fakes import FakeRecognizer
 
@@ -153,3 +155,40 @@ async def test_auto_language_is_detected_then_pinned(tmp_path: Path) -> None:
     assert fake.asked[0] is None and len(fake.asked) >= 3
     assert fake.asked[1:] == ["de"] * (len(fake.asked) - 1)
     assert {f.language for f in progress.finals} == {"de"}
+
+
+async def test_attached_file_stores_its_sources_context_and_language(
+    tmp_path: Path, make_store: StoreFactory
+) -> None:
+    """Like a live source, a file attached to a meeting stores the source's rolling
+    context (its latest text) and the language it detected with each final: what a resume
+    of that source reads back."""
+    fake = FakeRecognizer(max_batch_size=8, languages=frozenset({"en", "de"}), detects=("de", 0.9))
+    scheduler = BatchScheduler(fake, max_batch_size=8)
+    scheduler.start()
+    store = make_store()
+    services = SessionServices(
+        scheduler=scheduler,
+        store=store,
+        vad=DirectScorer(SileroVad()),
+        segmenter=SegmenterConfig(),
+        max_frame_bytes=1 << 20,
+        outbox_limit=100,
+        languages=fake.languages,
+    )
+    source, token = await store.create_source("m-context", "rec")
+    path, total = speech_file(tmp_path, repeats=1)
+    progress = FileProgress(total_samples=total)
+    options = FileOptions(source.session_id, "rec", None, meeting_source=source)
+    try:
+        await FileTranscriber(path, services, options, progress).run()
+    finally:
+        await scheduler.stop()
+    stored = await store.resume_source("m-context", token, "rec")
+    texts = " ".join(f.text for f in progress.finals)
+    assert len(progress.finals) >= 2
+    assert stored.context == texts[-CONTEXT_CHARS:].strip()
+    assert stored.language == "de"
+    last = progress.finals[-1]
+    assert stored.next_utterance == int(last.utterance_id.rsplit("-", 1)[1]) + 1
+    assert stored.acked_until == pytest.approx(last.end, abs=1e-3)

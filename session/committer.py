@@ -1,0 +1,353 @@
+"""The committer: one source's finals, from the cut utterance to the meeting log.
+
+The live actor and the file transcriber both hand every utterance the segmenter ends to
+`Committer.submit`, and later `commit` them in the order they were cut:
+
+- `submit` sends the final's request to the engine in the source's language (and, for
+  a diarized source, starts embedding its speakers beside it). A source whose language
+  is to be detected goes through its `LanguageGate`: one final detects at a time and the
+  finals cut meanwhile are held, then sent in the language it pinned.
+- `commit` awaits the result (a failed batch is retried once; when the retry fails too,
+  the final is lost and `Committed.lost` says why), feeds a detection to the gate, skips
+  what the hallucination guard emptied, cuts a diarized utterance at speaker changes, and
+  appends each final to the meeting log with the source's next state (audio
+  acknowledged, next utterance, rolling context, language) in one store step; the store
+  gives it its `seq`. Its message goes to the caller's `Delivery` (the live client, a
+  file's result), then to the meeting's listeners. A file that stands alone (no meeting
+  source) numbers its finals itself.
+
+A final's request is keyed by the source's `session_id`: `Recognition.cancel(session_id)`
+drops whatever the source still has queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.api import (
+    SAMPLE_RATE,
+    BatchFailed,
+    Priority,
+    Recognition,
+    RecognitionRequest,
+    RecognitionResult,
+    SchedulerError,
+    SpeakerWindows,
+    Transcription,
+    Utterance,
+)
+from session.diarizer import Relabel
+from session.language import LanguageGate, LanguagePinned
+from session.pipeline import FloatArray, seconds
+from session.segmenter import UtteranceEnded
+from session.speakers import LabelledPart, SpeakerLabeller, relabel
+from session.telemetry import NullTelemetry, Telemetry
+from store.api import Store
+from store.records import FinalRecord, NewFinal, SourceState
+from wire import build
+from wire.messages import ServerMessage, Word
+
+logger = logging.getLogger(__name__)
+
+CONTEXT_CHARS = 400  # rolling text context kept per source
+
+
+class Delivery(Protocol):
+    """Where a source's committed output goes besides the meeting's listeners."""
+
+    def final(self, record: FinalRecord, payload: str) -> None:
+        """A final was logged; `payload` is its encoded `transcript.final`."""
+
+    def message(self, message: ServerMessage) -> None:
+        """`session.language` once a detection pins, `transcript.speaker` on a relabel."""
+
+    def relabelled(self, speakers: Mapping[str, str]) -> None:
+        """Utterance id → speaker: labels a re-clustering changed."""
+
+
+@dataclass(slots=True)
+class PendingFinal:
+    """A cut utterance on its way to the log."""
+
+    index: int
+    start: int  # samples on the source's timeline
+    end: int
+    utterance: Utterance
+    closed_at: float  # when it was submitted (or cut, while held)
+    # None while held back until the source's language is known (language=auto only).
+    future: asyncio.Future[RecognitionResult] | None = None
+    # Its speaker embeddings, computed beside its recognition (diarized sources).
+    speakers: asyncio.Task[SpeakerWindows | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What became of one final."""
+
+    result: RecognitionResult | None  # None: lost
+    records: list[FinalRecord]  # empty: lost, or the guard judged it not speech
+    lost: SchedulerError | None = None  # why the final was lost (its retry failed too)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitterConfig:
+    """Who the finals are from and how they travel."""
+
+    session_id: str  # the engine's request key; prefix of every utterance id
+    participant: str
+    priority: Priority  # FINAL for a live source, FILE for an upload
+    timing: bool  # put the server's timings in each final's message (live)
+    requested_language: str | None  # None: detect (language=auto)
+    model_languages: frozenset[str]
+    clock: Callable[[], float] = time.monotonic
+    telemetry: Telemetry = field(default_factory=NullTelemetry)
+
+
+class Committer:
+    def __init__(
+        self,
+        config: CommitterConfig,
+        recognition: Recognition,
+        store: Store,
+        source: SourceState | None,
+        delivery: Delivery,
+        labeller: SpeakerLabeller | None = None,
+    ) -> None:
+        """`source`: the meeting source the finals are logged as (None: a file that
+        stands alone). `labeller`: the source's speaker labels (diarized sources)."""
+        if source is not None and source.session_id != config.session_id:
+            raise ValueError("a committer logs as its source: session ids must agree")
+        self.config = config
+        self.source = source
+        self._recognition = recognition
+        self._store = store
+        self._delivery = delivery
+        self._labeller = labeller
+        self.gate: LanguageGate[PendingFinal] = LanguageGate(
+            config.requested_language,
+            source.language if source is not None else None,
+            config.model_languages,
+        )
+        self.committed_index = -1  # the last utterance whose final was handled
+        self.finals = 0
+        self.empty = 0  # utterances the hallucination guard judged not to be speech
+        self._unlogged = 0  # finals of a file that stands alone: their seq
+
+    @property
+    def language(self) -> str | None:
+        return self.gate.language
+
+    async def submit(self, event: UtteranceEnded, draft: str = "") -> PendingFinal:
+        """Send the utterance `event` ended to the engine (or hold it for its language)."""
+        pending = PendingFinal(
+            event.index,
+            event.start,
+            event.end,
+            Utterance(event.audio, self.gate.language, draft),
+            self.config.clock(),
+        )
+        if self._labeller is not None:
+            pending.speakers = self._labeller.embed(event.audio)
+        if self.gate.admit(pending):
+            await self._submit(pending)
+            pending.closed_at = self.config.clock()
+        return pending
+
+    async def commit(self, pending: PendingFinal) -> Committed:
+        """Await the final's result and log it; call in the order the finals were cut."""
+        result, lost = await self._result(pending)
+        self.committed_index = pending.index  # its partials are stale from now on
+        if pending.utterance.language is None and self.gate.detector is not None:
+            await self._detected(result)
+        if result is None:
+            return Committed(None, [], lost)
+        if not result.transcription.text.strip():
+            self.empty += 1
+            return Committed(result, [])
+        records = [
+            await self._log(pending, result, part)
+            for part in await self._parts(pending, result.transcription)
+        ]
+        if self._labeller is not None:
+            await self._relabel(await self._labeller.recluster())
+        return Committed(result, records)
+
+    async def finish(self) -> None:
+        """No more finals: the speakers' best labelling, and a detection that never became
+        sure pins the best it heard."""
+        if self._labeller is not None:
+            await self._relabel(await self._labeller.recluster(final=True))
+        pinned = self.gate.finish()
+        if pinned is not None:
+            self._pinned(pinned)
+
+    async def close(self) -> None:
+        """Stop what still runs for the source (speaker embeddings)."""
+        if self._labeller is not None:
+            await self._labeller.close()
+
+    # ------------------------------------------------------------------ requests
+
+    async def _submit(self, pending: PendingFinal) -> None:
+        pending.future = await self._recognition.submit(self._request(pending.utterance))
+
+    def _request(self, utterance: Utterance) -> RecognitionRequest:
+        return RecognitionRequest(self.config.session_id, self.config.priority, utterance)
+
+    async def _result(
+        self, pending: PendingFinal
+    ) -> tuple[RecognitionResult | None, SchedulerError | None]:
+        """The final's result; a failed batch is retried once before the final is lost."""
+        if pending.future is None:
+            raise RuntimeError(f"final {pending.index} reached the committer unsubmitted")
+        try:
+            return await pending.future, None
+        except BatchFailed:
+            logger.warning("final batch failed for %s; retrying", self.config.session_id)
+        try:
+            return await (await self._recognition.submit(self._request(pending.utterance))), None
+        except SchedulerError as exc:
+            logger.exception("final of %s lost after retry", self.config.session_id)
+            return None, exc
+
+    # ------------------------------------------------------------------ language
+
+    async def _detected(self, result: RecognitionResult | None) -> None:
+        """A final sent without a language came back: let the gate judge it, then submit
+        the finals it releases."""
+        if result is not None:
+            transcription = result.transcription
+            pinned = self.gate.detected(
+                transcription.language,
+                transcription.language_probability,
+                speech=bool(transcription.text.strip()),
+            )
+            if pinned is not None:
+                self._pinned(pinned)
+        for pending in self.gate.released():
+            pending.utterance = dataclasses.replace(pending.utterance, language=self.language)
+            await self._submit(pending)
+
+    def _pinned(self, pinned: LanguagePinned) -> None:
+        logger.info(
+            "source %s: language %s (p=%.2f over %d utterances)",
+            self.config.session_id,
+            pinned.language,
+            pinned.probability,
+            pinned.utterances,
+        )
+        self._delivery.message(
+            build.session_language(pinned.language, round(pinned.probability, 4), pinned.utterances)
+        )
+
+    # ------------------------------------------------------------------ speakers
+
+    async def _parts(
+        self, pending: PendingFinal, transcription: Transcription
+    ) -> list[LabelledPart]:
+        """The finals one recognized utterance makes: itself, or (diarized) one per
+        speaker in it, each labelled."""
+        utterance_id = f"{self.config.session_id}-{pending.index}"
+        if self._labeller is None or pending.speakers is None:
+            whole = LabelledPart(
+                utterance_id,
+                0,
+                pending.end - pending.start,
+                transcription.text.strip(),
+                transcription.words,
+                "",
+                transcription.language,
+            )
+            return [whole]
+        return await self._labeller.label(
+            utterance_id,
+            pending.start / SAMPLE_RATE,
+            pending.utterance.audio,
+            await pending.speakers,
+            transcription,
+            lambda audio: self._recognize_part(audio, transcription.language),
+        )
+
+    async def _recognize_part(self, audio: FloatArray, language: str) -> Transcription | None:
+        """Transcribe one speaker's part of an utterance on its own."""
+        try:
+            result = await (
+                await self._recognition.submit(self._request(Utterance(audio, language)))
+            )
+        except SchedulerError:
+            logger.warning("a part of %s failed", self.config.session_id, exc_info=True)
+            return None
+        return result.transcription
+
+    async def _relabel(self, relabels: list[Relabel]) -> None:
+        """Announce the speakers a re-clustering changed: to the caller, the meeting's log
+        and its listeners."""
+        if not relabels:
+            return
+        self._delivery.relabelled({r.key: r.label for r in relabels})
+        if self.source is None:
+            return
+        meeting_id = self.source.meeting_id
+        for message in await relabel(self._store, meeting_id, relabels):
+            self._delivery.message(message)
+            await self._store.publish(meeting_id, build.encode(message).encode())
+
+    # ------------------------------------------------------------------ the log
+
+    async def _log(
+        self, pending: PendingFinal, result: RecognitionResult, part: LabelledPart
+    ) -> FinalRecord:
+        """Log one final (or number it, for a file that stands alone), hand it to the
+        caller, then to the meeting's listeners."""
+        start = pending.start + part.start
+        end = max(start, min(pending.start + part.end, pending.end))
+        offset = pending.start / SAMPLE_RATE
+        words: list[Word] = [
+            {"word": w.word, "start": round(offset + w.start, 3), "end": round(offset + w.end, 3)}
+            for w in part.words
+        ]
+        final = NewFinal(
+            utterance_id=part.utterance_id,
+            session_id=self.config.session_id,
+            participant=self.config.participant,
+            text=part.text,
+            start=seconds(start),
+            end=seconds(end),
+            language=part.language,
+            words=words,
+            speaker=part.speaker or None,
+        )
+        record = await self._append(final, end, pending.index)
+        self.finals += 1
+        total = self.config.clock() - pending.closed_at
+        timing = None
+        if self.config.timing:
+            timing = build.timing(queue=result.queue_wait, inference=result.inference, total=total)
+        self.config.telemetry.final_sent(total)
+        payload = build.encode(build.transcript_final(record, timing))
+        self._delivery.final(record, payload)
+        if self.source is not None:
+            await self._store.publish(self.source.meeting_id, payload.encode())
+        return record
+
+    async def _append(self, final: NewFinal, end: int, index: int) -> FinalRecord:
+        """Append to the meeting's log with the source's next state, in one store step."""
+        if self.source is None:
+            self._unlogged += 1
+            return FinalRecord.from_new(self._unlogged, final)
+        acked = dataclasses.replace(
+            self.source,
+            acked_until=end / SAMPLE_RATE,  # exact: resume re-sends from here
+            next_utterance=index + 1,
+            context=(self.source.context + " " + final.text)[-CONTEXT_CHARS:].strip(),
+            language=self.language,
+        )
+        record = await self._store.append_final(self.source.meeting_id, final, acked)
+        self.source = acked
+        return record

@@ -1,0 +1,127 @@
+"""A live source's partial transcripts: admitted, recognized, delivered, or dropped.
+
+Every `PartialDue` the segmenter proposes goes to the engine at `Priority.PARTIAL`: the
+scheduler keeps the newest per source (a newer one supersedes it) and spends the
+partials' share of the model on the stalest sources first, so under load every stream's
+partials slow down alike. A result goes to the client's outbox (merged with any partial
+not yet sent) and to the meeting's listeners, unless its utterance's final was committed
+meanwhile (stale) or it came back empty. A partial's text is also the next request's
+decoding draft for the same utterance. Every partial not sent is counted by reason:
+queue_full, superseded, stale, failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from engine.api import (
+    Priority,
+    Recognition,
+    RecognitionRequest,
+    RecognitionResult,
+    RequestSuperseded,
+    SchedulerError,
+    SchedulerFull,
+    Utterance,
+)
+from session.committer import Committer
+from session.outbox import Outbox, OutboxState
+from session.pipeline import seconds
+from session.segmenter import PartialDue
+from session.telemetry import Telemetry
+from store.api import Store
+from wire import build
+
+logger = logging.getLogger(__name__)
+
+
+class PartialSender:
+    def __init__(
+        self,
+        committer: Committer,
+        meeting_id: str,
+        recognition: Recognition,
+        store: Store,
+        outbox: Outbox,
+        telemetry: Telemetry,
+        clock: Callable[[], float],
+    ) -> None:
+        """`committer`: the source's, for its language and what it has committed."""
+        self._committer = committer
+        self._session_id = committer.config.session_id
+        self._participant = committer.config.participant
+        self._meeting_id = meeting_id
+        self._recognition = recognition
+        self._store = store
+        self._outbox = outbox
+        self._telemetry = telemetry
+        self._clock = clock
+        self._tasks: set[asyncio.Task[None]] = set()  # partials awaiting their result
+        self._last: tuple[int, float] | None = None  # (utterance index, sent at)
+        self._draft: tuple[int, str] = (-1, "")  # the latest partial text per utterance
+        self.sent = 0
+        self.dropped = 0
+
+    def draft_for(self, index: int) -> str:
+        """The latest partial text of utterance `index`, or nothing."""
+        drafted, text = self._draft
+        return text if drafted == index else ""
+
+    async def submit(self, event: PartialDue) -> None:
+        """Send the partial to the engine; deliver its result when it comes."""
+        utterance = Utterance(event.audio, self._committer.language, self.draft_for(event.index))
+        request = RecognitionRequest(self._session_id, Priority.PARTIAL, utterance)
+        try:
+            future = await self._recognition.submit(request)
+        except SchedulerFull:
+            self._drop("queue_full")
+            return
+        task = asyncio.create_task(self._deliver(event, future))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The partials still awaiting their result (the actor cancels them at the end)."""
+        return list(self._tasks)
+
+    async def _deliver(self, event: PartialDue, future: asyncio.Future[RecognitionResult]) -> None:
+        try:
+            result = await future
+        except RequestSuperseded:
+            self._drop("superseded")
+            return
+        except asyncio.CancelledError:
+            self._drop("stale")
+            raise
+        except SchedulerError:
+            self._drop("failed")
+            logger.warning("partial of session %s failed", self._session_id, exc_info=True)
+            return
+        text = result.transcription.text.strip()
+        if event.index <= self._committer.committed_index or not text:
+            self._drop("stale")
+            return
+        self._draft = (event.index, text)
+        message = build.transcript_partial(
+            utterance_id=f"{self._session_id}-{event.index}",
+            participant=self._participant,
+            text=text,
+            start=seconds(event.start),
+            end=seconds(event.end),
+        )
+        payload = build.encode(message)
+        if self._outbox.state is OutboxState.OPEN:
+            self._outbox.put_partial(message["utterance_id"], payload)
+        self.sent += 1
+        now = self._clock()
+        previous = self._last
+        since = now - previous[1] if previous and previous[0] == event.index else None
+        self._last = (event.index, now)
+        self._telemetry.partial_sent(since)
+        await self._store.publish(self._meeting_id, payload.encode())
+
+    def _drop(self, reason: str) -> None:
+        self.dropped += 1
+        self._telemetry.partial_dropped(reason)

@@ -1,0 +1,75 @@
+"""One source's audio in, segment events out: decode → VAD → segmenter.
+
+The live actor feeds it binary frames as they arrive; the file transcriber feeds it the
+decoded file in slices. Both then hand what it returns to the same steps: every
+`UtteranceEnded` becomes a final request through the source's `Committer`; a live
+source also turns `PartialDue` into partial requests and `SpeechStarted`/`SpeechStopped`
+into `vad.*` messages. Times are samples on the source's own timeline, which starts at
+`start_sample` (non-zero for a resumed stream).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.api import SAMPLE_RATE
+from session.audio import FrameDecoder
+from session.segmenter import Segmenter, SegmenterConfig, SegmentEvent
+from session.telemetry import NullTelemetry, Telemetry
+from session.vad import VadScorer, VadStream
+
+FloatArray = npt.NDArray[np.float32]
+
+
+def seconds(sample: int) -> float:
+    """A sample of the source's timeline in seconds, as messages carry it (to the ms)."""
+    return round(sample / SAMPLE_RATE, 3)
+
+
+class AudioPipeline:
+    def __init__(
+        self,
+        decoder: FrameDecoder,
+        vad: VadScorer,
+        segmenter: SegmenterConfig,
+        *,
+        start_sample: int = 0,
+        first_index: int = 0,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self._decoder = decoder
+        self._vad = VadStream(vad)
+        self._segmenter = Segmenter(segmenter, start_sample=start_sample, first_index=first_index)
+        self._telemetry = telemetry or NullTelemetry()
+        self.samples = 0  # samples taken in (after decoding)
+
+    @property
+    def position(self) -> int:
+        """The sample the segmenter has reached."""
+        return self._segmenter.position
+
+    async def decode(self, frame: bytes) -> list[SegmentEvent]:
+        """One binary frame of the source's encoding and rate."""
+        return await self.push(self._decoder.decode(frame))
+
+    async def push(self, samples: FloatArray) -> list[SegmentEvent]:
+        """Samples at the model's rate: score every whole VAD window, segment them."""
+        self.samples += len(samples)
+        started = time.perf_counter()
+        events: list[SegmentEvent] = []
+        scored = await self._vad.process(samples)
+        for window, probability in scored:
+            events.extend(self._segmenter.push(window, probability))
+        self._telemetry.vad_processed(time.perf_counter() - started, len(scored))
+        return events
+
+    def cut(self) -> list[SegmentEvent]:
+        """End the utterance in progress now (`finalize`)."""
+        return self._segmenter.flush()
+
+    async def end(self) -> list[SegmentEvent]:
+        """The audio is over: what the resampler still holds, then the utterance in progress."""
+        return [*await self.push(self._decoder.flush()), *self.cut()]

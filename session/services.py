@@ -1,0 +1,32 @@
+"""What every session shares, owned by the server's lifespan."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.api import Recognition, SpeakerEmbedding
+from session.diarizer import DiarizerConfig
+from session.segmenter import SegmenterConfig
+from session.telemetry import NullTelemetry, Telemetry
+from session.vad import VadScorer
+from store.api import Store
+
+
+@dataclass(frozen=True, slots=True)
+class SessionServices:
+    """Shared by every live session and file transcription; no per-session state."""
+
+    scheduler: Recognition
+    store: Store
+    vad: VadScorer
+    segmenter: SegmenterConfig
+    max_frame_bytes: int
+    outbox_limit: int
+    languages: frozenset[str]  # what the recognizer transcribes (`{'en'}`: English only)
+    telemetry: Telemetry = field(default_factory=NullTelemetry)
+    clock: Callable[[], float] = time.monotonic
+    # Speaker embeddings for `diarize=true` sources; None: diarization is off.
+    speakers: SpeakerEmbedding | None = None
+    diarizer: DiarizerConfig = field(default_factory=DiarizerConfig)
