@@ -169,7 +169,8 @@ class Offline:
     def __init__(self, model_path: Path) -> None:
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-        self.model = WhisperForConditionalGeneration.from_pretrained(model_path).eval()
+        self.model = WhisperForConditionalGeneration.from_pretrained(model_path)
+        torch.nn.Module.eval(self.model)
         self.processor = WhisperProcessor.from_pretrained(model_path)
 
     @torch.inference_mode()
@@ -185,7 +186,8 @@ class Offline:
         tokens = self.model.generate(
             **inputs, return_timestamps=True, condition_on_prev_tokens=condition
         )
-        return str(self.processor.batch_decode(tokens, skip_special_tokens=True)[0]).strip()
+        decoded = self.processor.batch_decode(tokens, skip_special_tokens=True)  # type: ignore[no-untyped-call]
+        return str(decoded[0]).strip()
 
 
 # ------------------------------------------------------------------ server paths
@@ -198,6 +200,7 @@ class Paths:
     streamed: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     uploaded: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     inference: list[float] = dataclasses.field(default_factory=list)  # streamed finals'
+    upload_seconds: float = 0.0  # wall time of all uploads, one after another
 
 
 async def _stream(base: str, track: Track, speed: float, paths: Paths) -> None:
@@ -233,8 +236,10 @@ async def serve(tracks: list[Track], prompt_tokens: int, speed: float, streams: 
                 await _stream(server.http_url, track, speed, paths)
 
         await asyncio.gather(*(one(track) for track in tracks))
+        started = time.perf_counter()
         for track in tracks:
             await _upload(server.http_url, track, paths)
+        paths.upload_seconds = time.perf_counter() - started
     finally:
         server.stop()
     return paths
@@ -278,8 +283,8 @@ def cost_per_final(model_path: Path, track: Track) -> str:
             started = time.perf_counter()
             recognizer.transcribe([utterance])
             timings[prompted].append(time.perf_counter() - started)
-    plain, prompted = (statistics.mean(timings[k]) * 1000 for k in (False, True))
-    return f"{plain:.0f} ms without a prompt, {prompted:.0f} ms with (+{prompted / plain - 1:.0%})"
+    plain, after = (statistics.mean(timings[k]) * 1000 for k in (False, True))
+    return f"{plain:.0f} ms without a prompt, {after:.0f} ms with (+{after / plain - 1:.0%})"
 
 
 async def main() -> None:

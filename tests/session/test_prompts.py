@@ -55,7 +55,8 @@ def committer(scheduler: BatchScheduler, prompts: bool) -> Committer:
 
 
 def utterance(index: int, samples: int) -> UtteranceEnded:
-    return UtteranceEnded(index, index * 100_000, index * 100_000 + samples, np.zeros(samples))
+    start = index * 100_000
+    return UtteranceEnded(index, start, start + samples, np.zeros(samples, np.float32))
 
 
 async def test_each_final_is_decoded_after_the_finals_before_it(
