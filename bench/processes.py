@@ -3,6 +3,7 @@ restart on the same port, and a redis-server of its own it can kill and restart.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -115,6 +116,43 @@ class ServerProcess:
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def fd_kinds(self, redis_port: int) -> dict[str, int]:
+        """The open descriptors by kind: `redis` (TCP connections to `redis_port`: the
+        store's connection pools), `clients` (TCP connections to the server's port),
+        `listen`, `other` (files, pipes, the event loop's epoll, other sockets)."""
+        tcp = _tcp_sockets(self.pid)
+        kinds = dict.fromkeys(("redis", "clients", "listen", "other"), 0)
+        for fd in os.listdir(f"/proc/{self.pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{self.pid}/fd/{fd}")
+            except OSError:
+                continue  # closed meanwhile
+            inode = target[len("socket:[") : -1] if target.startswith("socket:[") else ""
+            local, remote, state = tcp.get(inode, (0, 0, ""))
+            if state == "0A":  # TCP_LISTEN
+                kinds["listen"] += 1
+            elif inode in tcp and remote == redis_port:
+                kinds["redis"] += 1
+            elif inode in tcp and local == self.port:
+                kinds["clients"] += 1
+            else:
+                kinds["other"] += 1
+        return kinds
+
+
+def _tcp_sockets(pid: int) -> dict[str, tuple[int, int, str]]:
+    """{inode: (local port, remote port, state)} of the TCP sockets `pid` can see."""
+    sockets: dict[str, tuple[int, int, str]] = {}
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+            for line in lines:
+                fields = line.split()
+                local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+                sockets[inode] = (int(local.rsplit(":", 1)[1], 16),
+                                  int(remote.rsplit(":", 1)[1], 16), state)  # fmt: skip
+    return sockets
 
 
 @dataclass

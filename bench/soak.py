@@ -43,6 +43,7 @@ class Sample:
     at: float  # seconds since the load started
     rss_mb: float
     fds: int
+    redis_fds: int  # of `fds`: the store's connections to Redis (its pools)
     tasks: int
     keys: int
 
@@ -55,11 +56,14 @@ def redis_keys(redis: RedisProcess) -> int:
 
 
 def sample(server: ServerProcess, redis: RedisProcess, started: float) -> Sample:
+    # Descriptors first: the /metrics request's own connection is not counted.
+    fds, redis_fds = server.open_fds(), server.fd_kinds(redis.port)["redis"]
     metrics = server.metrics()
     return Sample(
         at=round(time.monotonic() - started, 1),
         rss_mb=round(server.rss_bytes() / 2**20, 2),
-        fds=server.open_fds(),
+        fds=fds,
+        redis_fds=redis_fds,
         tasks=int(metrics.get("parley_event_loop_tasks", -1)),
         keys=redis_keys(redis),
     )
@@ -159,6 +163,19 @@ def main(argv: list[str] | None = None) -> int:
         # Idle before the load and idle after every meeting expired: a leak shows as a rise.
         "tasks": {"idle_before": idle_before.tasks, "idle_after": expired.tasks},
         "fds": {"idle_before": idle_before.fds, "idle_after": expired.fds},
+        # The store's Redis pools keep the connections the busiest moment opened (redis-py
+        # closes none while they are healthy): bounded by the peak of concurrent commands,
+        # not by time. A leak of descriptors shows in the others, or as Redis connections
+        # idle after the load beyond the most it ever had open during it.
+        "fds_besides_redis": {
+            "idle_before": idle_before.fds - idle_before.redis_fds,
+            "idle_after": expired.fds - expired.redis_fds,
+        },
+        "redis_connections": {
+            "idle_before": idle_before.redis_fds,
+            "peak": max(s.redis_fds for s in samples),
+            "idle_after": expired.redis_fds,
+        },
         "redis_keys": {
             "idle_before": idle_before.keys,
             "peak": max(s.keys for s in samples),
