@@ -114,6 +114,15 @@ class ServerProcess:
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS")
 
+    def rss_anon_bytes(self) -> int:
+        """The anonymous part of the RSS (heap, arenas, stacks): what a leak grows. The
+        rest is file-backed (pages of the mapped libraries and model files, touched
+        lazily as code paths first run): it rises in steps, bounded by the files' size."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no RssAnon")
+
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 

@@ -12,10 +12,14 @@ server's RSS, open file descriptors, asyncio tasks (`parley_event_loop_tasks`) a
 Redis key count. At the end it waits for every meeting to expire and counts the keys left.
 
 Printed (and written to `REPORT_DIR/soak.json`): the RSS slope after the warm-up (the
-first `--warmup-minutes`), as % of the mean RSS per hour, from a least-squares line; the
-tasks, descriptors and keys while idle before the load and idle after expiry; and the
-load generator's lost and duplicated finals. Targets (issue 16): RSS slope ≤ 0.1 %/h, no
-growth in tasks, descriptors or keys.
+first `--warmup-minutes`), as % of the mean RSS per hour, from a least-squares line, and
+the same for the RSS's anonymous part (`RssAnon`: heap, allocator arenas, stacks; the
+file-backed rest is library and model pages, touched lazily as code paths first run,
+which rises in steps bounded by the files); the tasks, descriptors and keys while idle
+before the load and idle after expiry, with the store's Redis connections counted apart
+(its pools keep what the busiest moment opened: bounded by peak concurrency, not time);
+and the load generator's lost and duplicated finals. Targets (issue 16): RSS slope
+≤ 0.1 %/h, no growth in tasks, descriptors or keys. docs/performance.md has the figures.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ ROUND_MINUTES = 10.0
 class Sample:
     at: float  # seconds since the load started
     rss_mb: float
+    anon_mb: float  # of `rss_mb`: anonymous memory (heap, arenas, stacks)
     fds: int
     redis_fds: int  # of `fds`: the store's connections to Redis (its pools)
     tasks: int
@@ -62,6 +67,7 @@ def sample(server: ServerProcess, redis: RedisProcess, started: float) -> Sample
     return Sample(
         at=round(time.monotonic() - started, 1),
         rss_mb=round(server.rss_bytes() / 2**20, 2),
+        anon_mb=round(server.rss_anon_bytes() / 2**20, 2),
         fds=fds,
         redis_fds=redis_fds,
         tasks=int(metrics.get("parley_event_loop_tasks", -1)),
@@ -69,13 +75,13 @@ def sample(server: ServerProcess, redis: RedisProcess, started: float) -> Sample
     )
 
 
-def slope_percent_per_hour(samples: list[Sample], warmup_s: float) -> float:
-    """Least-squares RSS slope after the warm-up, as % of the mean RSS per hour."""
+def slope_percent_per_hour(samples: list[Sample], warmup_s: float, field: str = "rss_mb") -> float:
+    """Least-squares slope of `field` after the warm-up, as % of its mean per hour."""
     kept = [s for s in samples if s.at >= warmup_s]
     if len(kept) < 3:
         return float("nan")
     t = np.array([s.at for s in kept]) / 3600.0
-    rss = np.array([s.rss_mb for s in kept])
+    rss = np.array([getattr(s, field) for s in kept])
     slope = float(np.polyfit(t, rss, 1)[0])
     return 100.0 * slope / float(rss.mean())
 
@@ -155,6 +161,16 @@ def main(argv: list[str] | None = None) -> int:
         "rss_slope_percent_per_hour": round(
             slope_percent_per_hour(samples, args.warmup_minutes * 60), 3
         ),
+        # The anonymous part alone: file-backed pages (libraries, model files) rise in
+        # bounded steps as code paths first run and say nothing about leaks.
+        "anon_slope_percent_per_hour": round(
+            slope_percent_per_hour(samples, args.warmup_minutes * 60, "anon_mb"), 3
+        ),
+        "anon_mb": {
+            "idle_before": idle_before.anon_mb,
+            "end_of_load": at_end.anon_mb,
+            "idle_after": expired.anon_mb,
+        },
         "rss_mb": {
             "idle_before": idle_before.rss_mb,
             "end_of_load": at_end.rss_mb,
