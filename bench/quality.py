@@ -169,7 +169,9 @@ class Offline:
     def __init__(self, model_path: Path) -> None:
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-        self.model = WhisperForConditionalGeneration.from_pretrained(model_path)
+        self.model = WhisperForConditionalGeneration.from_pretrained(
+            model_path, dtype=torch.float32
+        )
         torch.nn.Module.eval(self.model)
         self.processor = WhisperProcessor.from_pretrained(model_path)
 
@@ -317,10 +319,12 @@ async def main() -> None:
                     f"{caps_switches(finals)} all-caps among sentence-case",
                     flush=True,
                 )
-            if paths.inference:
-                print(
-                    f"    streamed finals' inference: mean {statistics.mean(paths.inference):.3f} s"
-                )
+            inference = statistics.mean(paths.inference) if paths.inference else 0.0
+            print(
+                f"    streamed finals' mean inference {inference:.3f} s; "
+                f"uploads took {paths.upload_seconds:.1f} s",
+                flush=True,
+            )
         if args.cost and len(tracks) == 1:
             cost = cost_per_final(model_path, tracks[0])
             print(f"  cost per final ({len(tracks[0].turns)} turns): {cost}", flush=True)
