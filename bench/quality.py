@@ -296,6 +296,7 @@ async def main() -> None:
     parser.add_argument("--speed", type=float, default=4.0, help="streaming x real time")
     parser.add_argument("--streams", type=int, default=4, help="tracks streamed at once")
     parser.add_argument("--cost", action="store_true", help="time finals with/without prompt")
+    parser.add_argument("--show", action="store_true", help="print every streamed final")
     args = parser.parse_args()
     model_path = resolve_model("tiny.en", MODELS)
     offline = Offline(model_path)
@@ -319,6 +320,9 @@ async def main() -> None:
                     f"{caps_switches(finals)} all-caps among sentence-case",
                     flush=True,
                 )
+            if args.show:
+                for track_id, said in paths.streamed.items():
+                    print(f"    {track_id}:", *(f"      {text}" for text in said), sep="\n")
             inference = statistics.mean(paths.inference) if paths.inference else 0.0
             print(
                 f"    streamed finals' mean inference {inference:.3f} s; "
