@@ -15,7 +15,7 @@ Five parts, one model load per `--quantize` scope (engine/whisper.py `Quantize`)
   how many rows' tokens, and start-step logits, are identical.
 - **partials** (not by default): live partials' audio (each clip's first 0.8-4 s)
   decoded on every window that holds it (give `--windows 5 10`): loops, words that differ
-  from the 30 s window's text, and the time per partial (last `--quantize` scope only).
+  from the largest window's text, and the time per partial (last `--quantize` scope only).
 
 Medians over `--repeats` timed calls after a warm-up, on `--threads` torch threads (1: what
 each of the two model workers gets on the 2-core machine).
@@ -222,9 +222,9 @@ def rows_cell(recognizer: WhisperRecognizer, hidden: torch.Tensor) -> str:
 
 
 def partial_windows(recognizer: WhisperRecognizer, settings: Settings) -> list[str]:
-    """Live partials' audio (every clip's first 0.8, 1.6, ... s up to `PARTIAL_LONGEST`)
-    decoded alone on each window that holds it plus the 1 s margin: loops (as the guard
-    judges them), the words that differ from the full window's text, and the time."""
+    """Live partials' audio (every clip's first 0.8, 1.6, ... 4 s) decoded alone on each
+    window that holds it plus the 1 s margin: loops (as the guard judges them), the words
+    that differ from the largest such window's text (today's partials: 10 s), the time."""
     guard = recognizer.config.guard
     prefixes = [
         Utterance(clip.audio()[: round(seconds * 16_000)])
@@ -233,21 +233,23 @@ def partial_windows(recognizer: WhisperRecognizer, settings: Settings) -> list[s
         for seconds in PARTIAL_PREFIXES
         if seconds < clip.duration
     ]
-    reference = [recognizer._forward([u], 30.0)[0].text for u in prefixes]
+    windows = [w for w in settings.windows if w >= max(PARTIAL_PREFIXES) + 1.0]
     lines = [
         f"Partials: {len(prefixes)} prefixes of the English clips ("
         + ", ".join(f"{s:g}" for s in PARTIAL_PREFIXES)
         + " s), each decoded alone, no retry:",
         "",
-        "| window | loops | word errors vs the 30 s window | encoder + decoder per prefix |",
+        f"| window | loops | words that differ from the {windows[-1]:g} s window's | "
+        "encoder + decoder per prefix |",
         "|---|---|---|---|",
     ]
-    for window in settings.windows:
-        if window < max(PARTIAL_PREFIXES) + recognizer.config.window_margin:
-            continue
+    decoded_by_window = {}
+    for window in reversed(windows):
         start = time.perf_counter()
         decoded = [recognizer._forward([u], window)[0] for u in prefixes]
         ms = (time.perf_counter() - start) / len(prefixes) * 1000
+        decoded_by_window[window] = decoded
+        reference = [d.text for d in decoded_by_window[windows[-1]]]
         loops = sum(looped(d.text, d.exhausted, guard) for d in decoded)
         errors = ErrorCounts(0, 0, 0, 0)
         for want, got in zip(reference, decoded, strict=True):

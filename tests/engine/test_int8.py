@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.int8 import Int8Linear, int8_available, quantize_linears
+from engine.loading import ModelConfig, resolve_quantize
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="no fbgemm/x86 int8 kernels")
 
@@ -88,3 +89,14 @@ def test_each_row_uses_the_whole_grid_unclipped(reduce_range: bool) -> None:
     assert torch.allclose(got[0, :2], expected[0, :2], rtol=1e-6)  # +1 and -1 exactly
     assert torch.allclose(got, expected, rtol=0.02, atol=1e-6)
     assert torch.equal(got[2], torch.zeros(3))
+
+
+def test_auto_quantizes_the_decoder_on_the_cpu_in_float32_only() -> None:
+    """`PARLEY_QUANTIZE=auto` (the default): int8 decoder layers on the CPU in float32;
+    nothing on cuda or in another dtype; an explicit choice is kept."""
+    assert resolve_quantize(ModelConfig(), "cpu") == "int8-decoder"
+    assert resolve_quantize(ModelConfig(dtype="float32"), "cpu") == "int8-decoder"
+    assert resolve_quantize(ModelConfig(), "cuda") == "none"
+    assert resolve_quantize(ModelConfig(dtype="bfloat16"), "cpu") == "none"
+    assert resolve_quantize(ModelConfig(quantize="none"), "cpu") == "none"
+    assert resolve_quantize(ModelConfig(quantize="int8"), "cpu") == "int8"
