@@ -39,6 +39,7 @@ from session.segmenter import SegmenterConfig
 from session.services import SessionServices
 from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer
 from store.factory import open_store
+from store.ttl import TTLSettings
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def model_config(settings: Settings) -> ModelConfig:
         dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
         quantize=settings.quantize,  # type: ignore[arg-type]  # Settings checked the value
         drafts=settings.drafts,
+        prompt_tokens=settings.prompt_tokens,
         workers=settings.model_workers,
         torch_threads=settings.torch_threads,
         max_batch_size=settings.max_batch_size,
@@ -115,6 +117,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         max_frame_bytes=settings.max_frame_bytes,
         outbox_limit=settings.outbox_limit,
         languages=recognizer.languages,
+        prompts=settings.prompt_tokens > 0,
         telemetry=state.metrics,
         speakers=speakers,
         diarizer=DiarizerConfig(max_speakers=settings.diarization_max_speakers),
@@ -156,7 +159,11 @@ def create_app(
         registry = SessionRegistry(settings.max_sessions)
         state = AppState(
             settings=settings,
-            store=open_store(settings.redis_url, prefix=settings.store_prefix),
+            store=open_store(
+                settings.redis_url,
+                prefix=settings.store_prefix,
+                ttl=TTLSettings(base_s=settings.meeting_ttl_s, decay_s=settings.meeting_ttl_s),
+            ),
             registry=registry,
             metrics=Metrics(),
             jobs=JobRegistry(settings, live_streams=lambda: len(registry), sandbox=sandbox),

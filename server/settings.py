@@ -48,6 +48,12 @@ class Settings:
         "Seed each decoding of a live utterance with its latest partial's text (faster; "
         "same text in float32).",
     )
+    prompt_tokens: int = setting(
+        128,
+        "Decode each utterance after its source's previous finals, their last this many "
+        "tokens (Whisper's previous-text prompt: consistent casing and spelling, fewer "
+        "errors); 0 = off: each utterance on its own. At most 220 for tiny.en.",
+    )
     model_workers: int = setting(
         0,
         "Model workers, each running one batch at a time (threads sharing the model); 0 = "
@@ -228,6 +234,11 @@ class Settings:
         None, "Redis URL for meeting context (e.g. `redis://127.0.0.1:6379/0`); unset: in-process."
     )
     store_prefix: str = setting("parley:", "Prefix of every Redis key.")
+    meeting_ttl_s: float = setting(
+        24 * 3600.0,
+        "How long a meeting's transcript is kept after a write, before it grows with reads "
+        "(up to 2x) and decays with idleness (docs/store.md).",
+    )
     static_dir: str = setting("static", "Folder of the browser client, served at `/`.")
     log_level: str = setting("info", "`debug`, `info`, `warning` or `error`.")
     log_format: str = setting("json", "`json` (one object per line) or `text`.")
@@ -250,6 +261,8 @@ class Settings:
             <= 0
         ):
             raise ValueError("upload duration, time and CPU limits must be positive")
+        if self.prompt_tokens < 0:
+            raise ValueError(f"{ENV_PREFIX}PROMPT_TOKENS must be >= 0 (0: off)")
         if self.model_workers < 0 or self.torch_threads < 0:
             raise ValueError("MODEL_WORKERS and TORCH_THREADS must be >= 0 (0: automatic)")
         if not 0.05 <= self.partial_share <= 1:
@@ -268,6 +281,7 @@ class Settings:
             "realtime_factor",
             "listener_send_timeout_s",
             "token_ttl_s",
+            "meeting_ttl_s",
             "auth_timeout_s",
             "upload_idle_timeout_s",
             "upload_receive_timeout_s",

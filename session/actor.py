@@ -149,6 +149,7 @@ class SessionActor:
                 timing=True,
                 requested_language=None if config.language == "auto" else config.language,
                 model_languages=services.languages,
+                prompts=services.prompts,
                 clock=services.clock,
                 telemetry=services.telemetry,
             ),
@@ -209,6 +210,7 @@ class SessionActor:
                 resume_from=self.start_sample / SAMPLE_RATE,
                 resumed=self.resumed,
                 last_seq=await self.services.store.last_seq(self.meeting_id),
+                origin=self.source.origin,
             )
         )
         language = self._committer.language

@@ -1,7 +1,9 @@
 """Render a meeting's finals as JSON, plain text, SRT or WebVTT. Pure functions.
 
 The JSON form is the finals as `transcript.final` messages (without live timings), so a
-client that recorded a meeting's finals renders what `GET …/transcript` answers.
+client that recorded a meeting's finals renders what `GET …/transcript` answers. Every
+form lists the finals in meeting-time order (wire/timeline.py); TXT, SRT and VTT show
+times on the meeting's timeline, from its `origin` (the earliest source's start).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import orjson
 
 from wire.build import transcript_final
 from wire.messages import Final
+from wire.timeline import in_meeting_order, meeting_origin, on_meeting_timeline
 
 
 class TranscriptFormat(enum.StrEnum):
@@ -36,9 +39,12 @@ def render(
     meeting_id: str, finals: Sequence[Final], fmt: TranscriptFormat, *, labels: bool = True
 ) -> str:
     """`labels=False` leaves the participant out of TXT, SRT and VTT (a single-speaker file);
-    a diarized final's speaker label is always shown."""
+    a diarized final's speaker label is always shown. The finals come in meeting-time
+    order whatever order they are given in."""
+    finals = in_meeting_order(finals)
     if fmt is TranscriptFormat.JSON:
         return render_json(meeting_id, finals)
+    finals = on_meeting_timeline(finals)  # times from the meeting's origin from here on
     if fmt is TranscriptFormat.TXT:
         return render_txt(finals, labels=labels)
     if fmt is TranscriptFormat.SRT:
@@ -49,6 +55,7 @@ def render(
 def render_json(meeting_id: str, finals: Sequence[Final]) -> str:
     body: dict[str, Any] = {
         "meeting_id": meeting_id,
+        "origin": meeting_origin(finals),
         "finals": [transcript_final(f) for f in finals],
     }
     return orjson.dumps(body).decode()
