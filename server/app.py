@@ -99,6 +99,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         recognizer,
         workers=workers,
         max_batch_size=settings.max_batch_size,
+        max_partial_batch=settings.max_partial_batch,
         max_wait=settings.batch_wait_ms / 1000,
         max_queue=settings.max_queue,
         partial_share=settings.partial_share,

@@ -63,6 +63,11 @@ class Settings:
         0, "Threads for each model worker's CPU kernels; 0 = the cores shared out among them."
     )
     max_batch_size: int = setting(16, "Most utterances the model runs in one batch.")
+    max_partial_batch: int = setting(
+        16,
+        "Most partials in one batch (at most MAX_BATCH_SIZE). A partial batch that finals "
+        "preempt is thrown away, so on the CPU small ones waste less.",
+    )
     batch_wait_ms: float = setting(
         20.0, "How long a batch may wait to fill after its oldest request arrived."
     )
@@ -299,6 +304,7 @@ class Settings:
             "max_listeners",
             "max_waiting_auth",
             "max_tokens_per_tenant",
+            "max_partial_batch",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()} must be >= 1")
