@@ -52,7 +52,7 @@ def model_config(settings: Settings) -> ModelConfig:
         cache=Path(settings.model_cache),
         device=settings.device,
         dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
-        int8=settings.quantize == "int8",
+        quantize=settings.quantize,  # type: ignore[arg-type]  # Settings checked the value
         drafts=settings.drafts,
         prompt_tokens=settings.prompt_tokens,
         workers=settings.model_workers,
