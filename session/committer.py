@@ -16,8 +16,10 @@ The live actor and the file transcriber both hand every utterance the segmenter 
   file's result), then to the meeting's listeners. A file that stands alone (no meeting
   source) numbers its finals itself.
 
-A final's request is keyed by the source's `session_id`: `Recognition.cancel(session_id)`
-drops whatever the source still has queued.
+A final's request is keyed by the committer's `request_key`: one per connection (a live
+source that is resumed on the same node has two connections for a moment, and neither
+may cancel the other's requests), the source's `session_id` for a file.
+`Recognition.cancel(request_key)` drops whatever this connection still has queued.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ from typing import Protocol
 from engine.api import (
     SAMPLE_RATE,
     BatchFailed,
+    EngineDead,
     Priority,
     Recognition,
     RecognitionRequest,
     RecognitionResult,
     SchedulerError,
+    SchedulerStopped,
     SpeakerWindows,
     Transcription,
     Utterance,
@@ -99,7 +103,7 @@ class Committed:
 class CommitterConfig:
     """Who the finals are from and how they travel."""
 
-    session_id: str  # the engine's request key; prefix of every utterance id
+    session_id: str  # prefix of every utterance id
     participant: str
     priority: Priority  # FINAL for a live source, FILE for an upload
     timing: bool  # put the server's timings in each final's message (live)
@@ -107,6 +111,12 @@ class CommitterConfig:
     model_languages: frozenset[str]
     clock: Callable[[], float] = time.monotonic
     telemetry: Telemetry = field(default_factory=NullTelemetry)
+    # The engine's key for this connection's requests (None: the session_id).
+    request_key: str | None = None
+
+    @property
+    def engine_key(self) -> str:
+        return self.request_key or self.session_id
 
 
 class Committer:
@@ -195,10 +205,17 @@ class Committer:
     # ------------------------------------------------------------------ requests
 
     async def _submit(self, pending: PendingFinal) -> None:
-        pending.future = await self._recognition.submit(self._request(pending.utterance))
+        """Queue the final's request; an engine that stopped or died fails its future (the
+        final is then lost in `commit`, which says why) instead of the caller."""
+        try:
+            pending.future = await self._recognition.submit(self._request(pending.utterance))
+        except SchedulerError as exc:
+            failed: asyncio.Future[RecognitionResult] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            pending.future = failed
 
     def _request(self, utterance: Utterance) -> RecognitionRequest:
-        return RecognitionRequest(self.config.session_id, self.config.priority, utterance)
+        return RecognitionRequest(self.config.engine_key, self.config.priority, utterance)
 
     async def _result(
         self, pending: PendingFinal
@@ -210,6 +227,15 @@ class Committer:
             return await pending.future, None
         except BatchFailed:
             logger.warning("final batch failed for %s; retrying", self.config.session_id)
+        except (SchedulerStopped, EngineDead) as exc:  # nothing will run a retry
+            logger.warning("final of %s lost: %s", self.config.session_id, exc)
+            return None, exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not pending.future.cancelled() or (task is not None and task.cancelling()):
+                raise  # this task is cancelled, not only the request
+            logger.error("final of %s lost: its request was cancelled", self.config.session_id)
+            return None, SchedulerStopped("the final's request was cancelled")
         try:
             return await (await self._recognition.submit(self._request(pending.utterance))), None
         except SchedulerError as exc:

@@ -72,11 +72,14 @@ class PartialSender:
     async def submit(self, event: PartialDue) -> None:
         """Send the partial to the engine; deliver its result when it comes."""
         utterance = Utterance(event.audio, self._committer.language, self.draft_for(event.index))
-        request = RecognitionRequest(self._session_id, Priority.PARTIAL, utterance)
+        request = RecognitionRequest(self._committer.config.engine_key, Priority.PARTIAL, utterance)
         try:
             future = await self._recognition.submit(request)
         except SchedulerFull:
             self._drop("queue_full")
+            return
+        except SchedulerError:  # the engine stopped or died: the final's commit says so
+            self._drop("failed")
             return
         task = asyncio.create_task(self._deliver(event, future))
         self._tasks.add(task)

@@ -114,6 +114,7 @@ class SessionEnded(TypedDict):
     audio_seconds: float
     utterances: int
     finals: int
+    finals_lost: int  # utterances cut whose final was neither logged nor sent
 
 
 ServerMessage = (
