@@ -37,6 +37,9 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def sessions(self) -> list[SessionActor]:
+        return list(self._sessions)
+
     @property
     def meetings(self) -> int:
         return len({s.meeting_id for s in self._sessions})

@@ -253,17 +253,17 @@ async def _open_source(
         last_seq = _non_negative("last_seq", query.get("last_seq", "0"))
         participant = query.get("participant") or principal.participant
         source = await store.resume_source(meeting_id, token, participant)
+        replay = [
+            f
+            for f in await store.finals(meeting_id, after_seq=last_seq)
+            if f.session_id == source.session_id
+        ]
     except UnknownResumeToken as exc:
         raise ProtocolError(ErrorCode.NOT_FOUND, CloseCode.NOT_FOUND, str(exc)) from None
     except ResumeRefused as exc:
         raise ProtocolError(ErrorCode.FORBIDDEN, CloseCode.FORBIDDEN, str(exc)) from None
     except StoreError as exc:
         raise overloaded(f"meeting store: {exc}") from None
-    replay = [
-        f
-        for f in await store.finals(meeting_id, after_seq=last_seq)
-        if f.session_id == source.session_id
-    ]
     config = dataclasses.replace(config, participant=source.participant)
     if "language" not in query and source.language is not None:
         config = dataclasses.replace(config, language=source.language)  # keep its language

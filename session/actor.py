@@ -200,6 +200,11 @@ class SessionActor:
             empty_finals=self._committer.empty,
         )
 
+    @property
+    def outbox_state(self) -> OutboxState:
+        """OVERFLOWED once the client is judged too slow (the stream is ending 1008)."""
+        return self._outbox.state
+
     def request_shutdown(self) -> None:
         """Server shutdown: stop reading, finalize, send every final, close 1012."""
         self._request_end(SHUTDOWN)
@@ -231,7 +236,9 @@ class SessionActor:
             writer = asyncio.create_task(self._write(opening), name=f"writer-{self.session_id}")
             committer = asyncio.create_task(self._commit(), name=f"committer-{self.session_id}")
             self._reader = asyncio.create_task(self._read(), name=f"reader-{self.session_id}")
-            overflow = asyncio.create_task(self._outbox.overflowed(), name="outbox-overflow")
+            overflow = asyncio.create_task(
+                self._outbox.overflowed(), name=f"overflow-{self.session_id}"
+            )
             tasks = [self._reader, writer, committer, overflow]
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             ending = await first_ending(done, self._reader, writer, committer, overflow)
@@ -305,14 +312,12 @@ class SessionActor:
         return ending
 
     def _say_goodbye(self, ending: Ending) -> None:
-        """The last messages: `error` when the stream broke, `session.ended` after `stop`
-        or at shutdown (with the count of finals lost), then the outbox closes."""
+        """The last messages: `session.ended` after `stop` or at shutdown (with the count
+        of finals lost), `error` when the stream broke, then the outbox closes."""
         if ending.reason is EndReason.SLOW_CONSUMER and ending.error is not None:
             # It reads too slowly for its backlog: drop it (a resume replays the finals).
             self._outbox.close_with(build.encode(ending.error.to_message()))
             return
-        if ending.error is not None:
-            self._put(build.error(ending.error.code, self._error_message(ending)))
         if ending.reason in {EndReason.STOP, EndReason.SHUTDOWN}:
             totals = self.totals
             self._put(
@@ -324,6 +329,8 @@ class SessionActor:
                     finals_lost=self.lost,
                 )
             )
+        if ending.error is not None:  # last: the close with its code follows
+            self._put(build.error(ending.error.code, self._error_message(ending)))
         self._outbox.close()
 
     @property
