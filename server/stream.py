@@ -24,8 +24,9 @@ from server.gate import Handshake, authenticate, close_reason
 from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
-from session.actor import Connection, SessionActor
+from session.actor import SessionActor
 from session.services import SessionServices
+from session.stream_state import Connection
 from store.api import Store
 from store.errors import ResumeRefused, StoreError, SubscriberLagged, UnknownResumeToken
 from store.records import FinalRecord, SourceState

@@ -22,11 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from engine.api import SAMPLE_RATE, EngineDead, Priority, SchedulerStopped
 from session.audio import FrameDecoder
@@ -52,6 +51,7 @@ from session.pipeline import AudioPipeline, seconds
 from session.segmenter import PartialDue, SegmentEvent, SpeechStarted, SpeechStopped, UtteranceEnded
 from session.services import SessionServices
 from session.speakers import SpeakerLabeller
+from session.stream_state import TRANSITIONS, Connection, SessionState, SessionTotals
 from store.errors import StoreError
 from store.records import FinalRecord, SourceState
 from wire import build
@@ -64,40 +64,7 @@ from wire.query import StreamConfig
 logger = logging.getLogger(__name__)
 
 COMMIT_TIMEOUT = 60.0  # seconds the committer may take for the last finals of a stream
-CLOSE_TIMEOUT = 5.0  # seconds a client gets to take its last messages and the close
-
-
-class Connection(Protocol):
-    """What the actor needs of a WebSocket (Starlette's satisfies it)."""
-
-    async def receive(self) -> Any: ...
-    async def send_text(self, data: str) -> None: ...
-    async def close(self, code: int = 1000, reason: str | None = None) -> None: ...
-
-
-class SessionState(enum.Enum):
-    CONNECTING = "connecting"
-    STREAMING = "streaming"
-    DRAINING = "draining"  # no more audio; finishing finals
-    CLOSED = "closed"
-
-
-_TRANSITIONS = {
-    SessionState.CONNECTING: {SessionState.STREAMING, SessionState.CLOSED},
-    SessionState.STREAMING: {SessionState.DRAINING, SessionState.CLOSED},
-    SessionState.DRAINING: {SessionState.CLOSED},
-    SessionState.CLOSED: set(),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class SessionTotals:
-    audio_samples: int = 0
-    utterances: int = 0
-    finals: int = 0
-    partials: int = 0
-    partials_dropped: int = 0
-    empty_finals: int = 0  # utterances the hallucination guard judged not to be speech
+CLOSE_TIMEOUT = 5.0  # seconds a slow consumer gets for its last message; any client, the close
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +215,9 @@ class SessionActor:
             if ending.reason in CLIENT_GONE:
                 return ending.reason
             self._say_goodbye(ending)
-            await asyncio.wait({writer}, timeout=CLOSE_TIMEOUT)
+            # A client that reads gets its last messages; one judged too slow, a moment.
+            slow = ending.reason is EndReason.SLOW_CONSUMER
+            await asyncio.wait({writer}, timeout=CLOSE_TIMEOUT if slow else COMMIT_TIMEOUT)
             return ending.reason
         except Exception:
             logger.exception("session %s failed", self.session_id)
@@ -270,7 +239,9 @@ class SessionActor:
             if ending is not None and ending.reason not in CLIENT_GONE:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(CLOSE_TIMEOUT):  # a peer that reads nothing
-                        await self.websocket.close(ending.close_code, self._close_reason(ending))
+                        await self.websocket.close(
+                            ending.close_code, ending.close_reason(self.lost)
+                        )
             self._transition(SessionState.CLOSED)
 
     async def _opening(self) -> list[str]:
@@ -330,24 +301,13 @@ class SessionActor:
                 )
             )
         if ending.error is not None:  # last: the close with its code follows
-            self._put(build.error(ending.error.code, self._error_message(ending)))
+            self._put(build.error(ending.error.code, ending.error_message(self.lost)))
         self._outbox.close()
 
     @property
     def lost(self) -> int:
         """Utterances cut whose final was neither logged nor sent."""
         return self._utterances - self._committed
-
-    def _error_message(self, ending: Ending) -> str:
-        assert ending.error is not None
-        if not self.lost:
-            return ending.error.message
-        return f"{ending.error.message}; {self.lost} finals lost"
-
-    def _close_reason(self, ending: Ending) -> str:
-        if not self.lost:
-            return ending.reason.value
-        return f"{ending.reason.value}; {self.lost} finals lost"
 
     async def _send_error(self, ending: Ending) -> None:
         if ending.error is not None:
@@ -456,7 +416,7 @@ class SessionActor:
         self._outbox.put(build.encode(message))
 
     def _transition(self, new: SessionState) -> None:
-        if new not in _TRANSITIONS[self.state]:
+        if new not in TRANSITIONS[self.state]:
             raise RuntimeError(
                 f"session {self.session_id}: illegal transition {self.state.value} → {new.value}"
             )

@@ -44,6 +44,15 @@ class Ending:
     flush: bool  # finalize the utterance in progress
     error: ProtocolError | None = None
 
+    def close_reason(self, lost: int) -> str:
+        """The close frame's reason: says how many finals were `lost`, if any."""
+        return f"{self.reason.value}; {lost} finals lost" if lost else self.reason.value
+
+    def error_message(self, lost: int) -> str:
+        """The `error` message's text: says how many finals were `lost`, if any."""
+        message = self.error.message if self.error is not None else self.reason.value
+        return f"{message}; {lost} finals lost" if lost else message
+
 
 STOPPED = Ending(EndReason.STOP, CloseCode.NORMAL, flush=True)
 SHUTDOWN = Ending(EndReason.SHUTDOWN, CloseCode.SERVICE_RESTART, flush=True)

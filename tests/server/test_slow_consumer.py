@@ -20,7 +20,7 @@ from tests.fakes import FakeRecognizer
 from tests.hardclient import STOP
 from tests.wsclient import StreamResult, receive_all, stream_url
 
-WORDY = " word" * 20_000  # 100 kB per final: the socket's buffers fill after a few
+WORDY = " word" * 200_000  # 1 MB per final: the sockets' buffers (4 MB) fill after a few
 
 
 class WordyRecognizer(FakeRecognizer):

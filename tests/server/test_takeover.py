@@ -85,11 +85,11 @@ async def test_resume_takes_over_an_open_connection_and_keeps_its_finals() -> No
                 await asyncio.wait_for(new_receiver, 10)
             await asyncio.wait_for(old_receiver, 5)
             a_closed = a.messages[-1]
+        _, _, body = await server.request("GET", "/v1/meetings/takeover/transcript")
     ended = b.messages[-1]
     assert ended["type"] == "session.ended", b.messages[-3:]
     assert ended["finals"] == ended["utterances"] >= 2, ended
     assert b.close_code == 1000
-    _, _, body = await server.request("GET", "/v1/meetings/takeover/transcript")
     logged = [f["utterance_id"] for f in orjson.loads(body)["finals"]]
     assert logged == [f["utterance_id"] for f in a.finals + b.finals]
     # A was taken over as B started, not left to its idle timeout (4408).
