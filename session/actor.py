@@ -403,8 +403,8 @@ class SessionActor:
     async def _write(self, opening: list[str]) -> None:
         """Send the opening, the replay of the finals a resumed client missed (as fast as
         the client reads them: nothing piles up), then the outbox."""
-        for message in opening:
-            await self.websocket.send_text(message)
+        for first in opening:
+            await self.websocket.send_text(first)
         for record in self.replay:
             await self.websocket.send_text(build.encode(build.transcript_final(record)))
         while (message := await self._outbox.get()) is not None:
