@@ -256,6 +256,7 @@ class SessionActor:
             resume_from=self.start_sample / SAMPLE_RATE,
             resumed=self.resumed,
             last_seq=await self.services.store.last_seq(self.meeting_id),
+            origin=self.source.origin,
         )
         opening = [build.encode(started)]
         language = self._committer.language

@@ -1,7 +1,9 @@
 """Render a meeting's finals as JSON, plain text, SRT or WebVTT. Pure functions.
 
 The JSON form is the finals as `transcript.final` messages (without live timings), so a
-client that recorded a meeting's finals renders what `GET …/transcript` answers.
+client that recorded a meeting's finals renders what `GET …/transcript` answers. Every
+form lists the finals in meeting-time order (wire/timeline.py); TXT, SRT and VTT show
+times on the meeting's timeline, from its `origin` (the earliest source's start).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import orjson
 
 from wire.build import transcript_final
 from wire.messages import Final
+from wire.timeline import in_meeting_order, meeting_origin, shift
 
 
 class TranscriptFormat(enum.StrEnum):
@@ -36,7 +39,9 @@ def render(
     meeting_id: str, finals: Sequence[Final], fmt: TranscriptFormat, *, labels: bool = True
 ) -> str:
     """`labels=False` leaves the participant out of TXT, SRT and VTT (a single-speaker file);
-    a diarized final's speaker label is always shown."""
+    a diarized final's speaker label is always shown. The finals come in meeting-time
+    order whatever order they are given in."""
+    finals = in_meeting_order(finals)
     if fmt is TranscriptFormat.JSON:
         return render_json(meeting_id, finals)
     if fmt is TranscriptFormat.TXT:
@@ -49,6 +54,7 @@ def render(
 def render_json(meeting_id: str, finals: Sequence[Final]) -> str:
     body: dict[str, Any] = {
         "meeting_id": meeting_id,
+        "origin": meeting_origin(finals),
         "finals": [transcript_final(f) for f in finals],
     }
     return orjson.dumps(body).decode()
@@ -69,14 +75,17 @@ def utterances(finals: Sequence[Final]) -> list[dict[str, Any]]:
 
 
 def render_txt(finals: Sequence[Final], *, labels: bool = True) -> str:
+    origin = meeting_origin(finals)
     return "".join(
-        f"[{_clock(f.start, '.')}] {_label(f, labels)}{_one_line(f.text)}\n" for f in finals
+        f"[{_clock(_start(f, origin), '.')}] {_label(f, labels)}{_one_line(f.text)}\n"
+        for f in finals
     )
 
 
 def render_srt(finals: Sequence[Final], *, labels: bool = True) -> str:
+    origin = meeting_origin(finals)
     cues = [
-        f"{i}\n{_clock(f.start, ',')} --> {_clock(_cue_end(f), ',')}\n"
+        f"{i}\n{_clock(_start(f, origin), ',')} --> {_clock(_cue_end(f, origin), ',')}\n"
         f"{_label(f, labels)}{_one_line(f.text)}\n"
         for i, f in enumerate(finals, start=1)
     ]
@@ -84,8 +93,9 @@ def render_srt(finals: Sequence[Final], *, labels: bool = True) -> str:
 
 
 def render_vtt(finals: Sequence[Final], *, labels: bool = True) -> str:
+    origin = meeting_origin(finals)
     cues = [
-        f"{_clock(f.start, '.')} --> {_clock(_cue_end(f), '.')}\n"
+        f"{_clock(_start(f, origin), '.')} --> {_clock(_cue_end(f, origin), '.')}\n"
         + (f"<v {_escape(_who(f, labels))}>" if labels or f.speaker else "")
         + f"{_escape(f.text)}\n"
         for f in finals
@@ -104,8 +114,13 @@ def _who(final: Final, labels: bool) -> str:
     return f"{final.participant} ({final.speaker})" if labels else final.speaker
 
 
-def _cue_end(final: Final) -> float:
-    return max(final.end, final.start + 0.001)
+def _start(final: Final, origin: float | None) -> float:
+    """The final's start on the meeting's timeline (seconds from `origin`)."""
+    return shift(final, origin) + final.start
+
+
+def _cue_end(final: Final, origin: float | None) -> float:
+    return shift(final, origin) + max(final.end, final.start + 0.001)
 
 
 def _clock(seconds: float, separator: str) -> str:
