@@ -42,11 +42,15 @@ class Utterance:
     (an English-only model ignores it). A session detects once, then pins what it found.
     `draft` is what an earlier transcription of this utterance's beginning said (its
     latest partial): a recognizer may use it to decode faster, never to change the result.
+    `prompt` is the text said before it by the same source (its previous finals): Whisper
+    is conditioned on it (`<|startofprev|>`), which keeps spelling, casing and punctuation
+    consistent; a recognizer keeps its most recent part. Empty: decoded on its own.
     """
 
     audio: AudioArray
     language: str | None = None
     draft: str = ""
+    prompt: str = ""
 
     @property
     def duration(self) -> float:

@@ -124,6 +124,7 @@ class SessionActor:
                 timing=True,
                 requested_language=None if config.language == "auto" else config.language,
                 model_languages=services.languages,
+                prompts=services.prompts,
                 clock=services.clock,
                 telemetry=services.telemetry,
                 request_key=self.request_key,

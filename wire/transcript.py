@@ -16,7 +16,7 @@ import orjson
 
 from wire.build import transcript_final
 from wire.messages import Final
-from wire.timeline import in_meeting_order, meeting_origin, shift
+from wire.timeline import in_meeting_order, meeting_origin, on_meeting_timeline
 
 
 class TranscriptFormat(enum.StrEnum):
@@ -44,6 +44,7 @@ def render(
     finals = in_meeting_order(finals)
     if fmt is TranscriptFormat.JSON:
         return render_json(meeting_id, finals)
+    finals = on_meeting_timeline(finals)  # times from the meeting's origin from here on
     if fmt is TranscriptFormat.TXT:
         return render_txt(finals, labels=labels)
     if fmt is TranscriptFormat.SRT:
@@ -75,17 +76,14 @@ def utterances(finals: Sequence[Final]) -> list[dict[str, Any]]:
 
 
 def render_txt(finals: Sequence[Final], *, labels: bool = True) -> str:
-    origin = meeting_origin(finals)
     return "".join(
-        f"[{_clock(_start(f, origin), '.')}] {_label(f, labels)}{_one_line(f.text)}\n"
-        for f in finals
+        f"[{_clock(f.start, '.')}] {_label(f, labels)}{_one_line(f.text)}\n" for f in finals
     )
 
 
 def render_srt(finals: Sequence[Final], *, labels: bool = True) -> str:
-    origin = meeting_origin(finals)
     cues = [
-        f"{i}\n{_clock(_start(f, origin), ',')} --> {_clock(_cue_end(f, origin), ',')}\n"
+        f"{i}\n{_clock(f.start, ',')} --> {_clock(_cue_end(f), ',')}\n"
         f"{_label(f, labels)}{_one_line(f.text)}\n"
         for i, f in enumerate(finals, start=1)
     ]
@@ -93,9 +91,8 @@ def render_srt(finals: Sequence[Final], *, labels: bool = True) -> str:
 
 
 def render_vtt(finals: Sequence[Final], *, labels: bool = True) -> str:
-    origin = meeting_origin(finals)
     cues = [
-        f"{_clock(_start(f, origin), '.')} --> {_clock(_cue_end(f, origin), '.')}\n"
+        f"{_clock(f.start, '.')} --> {_clock(_cue_end(f), '.')}\n"
         + (f"<v {_escape(_who(f, labels))}>" if labels or f.speaker else "")
         + f"{_escape(f.text)}\n"
         for f in finals
@@ -114,13 +111,8 @@ def _who(final: Final, labels: bool) -> str:
     return f"{final.participant} ({final.speaker})" if labels else final.speaker
 
 
-def _start(final: Final, origin: float | None) -> float:
-    """The final's start on the meeting's timeline (seconds from `origin`)."""
-    return shift(final, origin) + final.start
-
-
-def _cue_end(final: Final, origin: float | None) -> float:
-    return shift(final, origin) + max(final.end, final.start + 0.001)
+def _cue_end(final: Final) -> float:
+    return max(final.end, final.start + 0.001)
 
 
 def _clock(seconds: float, separator: str) -> str:
