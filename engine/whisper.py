@@ -39,6 +39,7 @@ The recognizer never sets torch's thread count; the process that owns it decides
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -293,6 +294,25 @@ class WhisperRecognizer:
                 window,
                 window,
             )
+        decoded = self._decode_in(batch, window, should_stop)
+        # A prompted row the guard would drop is decoded once more without its prompt:
+        # the previous text can lead tiny.en astray (a loop, a repeat), as Whisper's
+        # fallback drops the prompt.
+        redo = [
+            i
+            for i, item in enumerate(decoded)
+            if batch[i].prompt and self._verdict(item) is not Verdict.SPEECH
+        ]
+        if redo:
+            plain = [dataclasses.replace(batch[i], prompt="") for i in redo]
+            for i, item in zip(redo, self._decode_in(plain, window, should_stop), strict=True):
+                decoded[i] = item
+        return [self._postprocess(item) for item in decoded]
+
+    def _decode_in(
+        self, batch: Sequence[Utterance], window: float, should_stop: StopCheck | None
+    ) -> list[_Decoded]:
+        """Decode in `window`; rows that loop there again on the full window."""
         decoded = self._forward(batch, window, should_stop)
         retry = [i for i, item in enumerate(decoded) if self._should_retry(item, window)]
         if retry:
@@ -304,7 +324,7 @@ class WhisperRecognizer:
             )
             for i, item in zip(retry, again, strict=True):
                 decoded[i] = item
-        return [self._postprocess(item) for item in decoded]
+        return decoded
 
     def _should_retry(self, item: _Decoded, window: float) -> bool:
         """A loop in a short window, on what the model still takes for speech."""
@@ -453,14 +473,17 @@ class WhisperRecognizer:
         tokens = self._draft_tokens(prompt) if keep else []
         return [self._prev, *tokens[-keep:]] if tokens else []
 
-    def _postprocess(self, decoded: _Decoded) -> Transcription:
-        verdict = judge(
+    def _verdict(self, decoded: _Decoded) -> Verdict:
+        return judge(
             decoded.text,
             avg_logprob=decoded.avg_logprob,
             no_speech_prob=decoded.no_speech_prob,
             exhausted=decoded.exhausted,
             config=self.config.guard,
         )
+
+    def _postprocess(self, decoded: _Decoded) -> Transcription:
+        verdict = self._verdict(decoded)
         if verdict is not Verdict.SPEECH:
             logger.debug("guard dropped %r (%s; %s)", decoded.text, verdict.value, decoded)
         return Transcription(
