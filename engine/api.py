@@ -42,11 +42,14 @@ class Utterance:
     (an English-only model ignores it). A session detects once, then pins what it found.
     `draft` is what an earlier transcription of this utterance's beginning said (its
     latest partial): a recognizer may use it to decode faster, never to change the result.
+    `word_timings` asks for the transcription's `words` (finals do; partials do not: the
+    timings cost another decoder pass).
     """
 
     audio: AudioArray
     language: str | None = None
     draft: str = ""
+    word_timings: bool = False
 
     @property
     def duration(self) -> float:
@@ -55,9 +58,14 @@ class Utterance:
 
 @dataclass(frozen=True, slots=True)
 class WordTiming:
+    """One word of a transcription: its text as the model wrote it (with its leading
+    space; the words joined make the text), its span and the model's probability of it
+    (the mean over its tokens)."""
+
     word: str
     start: float  # seconds from the start of the utterance's audio
     end: float
+    probability: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ class ModelConfig:
     dtype: DType = "auto"
     int8: bool = False
     drafts: bool = True
+    word_timings: bool = True
     workers: int = 0
     torch_threads: int = 0
     max_batch_size: int = 16
@@ -89,6 +90,7 @@ def load_whisper(config: ModelConfig) -> Recognizer:
         max_batch_size=config.max_batch_size,
         int8=config.int8,
         drafts=config.drafts,
+        word_timings=config.word_timings,
     )
     return load_recognizer(config.model, whisper, cache=config.cache)
 

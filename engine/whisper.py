@@ -27,14 +27,16 @@ those.
 
 Whisper's encoder never masks padding (it was trained on zero-padded windows), and every
 row's decoder prompt has the same length, so the decoder needs no padding mask either.
-Word timings are not computed: they come from cross-attention weights, which the fused
-attention kernels do not return; `Transcription.words` stays empty.
+Word timings (`engine.alignment`) are computed for the utterances that ask for them
+(`Utterance.word_timings`: finals, not partials), once their decoding is kept: one more
+decoder pass over those rows' tokens, reusing the greedy decoder's encoder keys and values.
 
 The recognizer never sets torch's thread count; the process that owns it decides.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,7 +52,8 @@ from transformers import (
     WhisperTokenizer,
 )
 
-from engine.api import SAMPLE_RATE, Transcription, Utterance
+from engine.alignment import Aligner, AlignmentRequest
+from engine.api import SAMPLE_RATE, Transcription, Utterance, WordTiming
 from engine.decoding import read_row, token_budget
 from engine.greedy import GreedyDecoder, Started
 from engine.guard import GuardConfig, Verdict, judge, looped
@@ -84,6 +87,8 @@ class WhisperRecognizerConfig:
     (`engine.int8`; CPU and float32 only): faster on CPU at equal offline accuracy, but
     streaming accuracy suffered in our runs (docs/performance.md). `drafts` lets each
     utterance's `draft` seed its decoding (`engine.greedy`); off, drafts are ignored.
+    `word_timings` computes the words of the utterances that ask for them
+    (`engine.alignment`); off, every transcription's `words` is empty.
     """
 
     device: str = "cpu"
@@ -95,6 +100,7 @@ class WhisperRecognizerConfig:
     retry_loops_on_full_window: bool = True
     int8: bool = False
     drafts: bool = True
+    word_timings: bool = True
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
@@ -130,6 +136,9 @@ class _Decoded:
     language: str
     language_probability: float | None  # None: pinned, not detected
     exhausted: bool  # ran out of tokens without <|endoftext|>
+    tokens: list[int] = field(default_factory=list)  # the text tokens
+    logprobs: list[float] = field(default_factory=list)  # each text token's
+    words: tuple[WordTiming, ...] = ()
 
 
 class WhisperRecognizer:
@@ -203,6 +212,7 @@ class WhisperRecognizer:
             begin_suppress_tokens=list(generation.begin_suppress_tokens or []),
         )
         self._max_new_tokens_cap = self._model.config.max_target_positions // 2
+        self._aligner = self._build_aligner(generation, model_path)
         logger.info(
             "loaded %s on %s (%s%s), windows %s s",
             self._name,
@@ -211,6 +221,16 @@ class WhisperRecognizer:
             ", int8 linear layers" if self.config.int8 else "",
             self._encoders.windows,
         )
+
+    def _build_aligner(self, generation: GenerationConfig, model_path: Path) -> Aligner | None:
+        if not self.config.word_timings:
+            return None
+        heads = getattr(generation, "alignment_heads", None)
+        if not heads:
+            logger.warning("%s has no alignment heads: finals carry no word timings", model_path)
+            return None
+        strings = self._tokenizer.convert_ids_to_tokens(list(range(self._eot)))
+        return Aligner(self._model.model.decoder, heads, strings, end_token=self._eot)
 
     @property
     def name(self) -> str:
@@ -304,9 +324,53 @@ class WhisperRecognizer:
         positions = 2 + len(self._prompt_tail) + max(budgets)
         started = self._greedy.start(hidden, min(positions, self._greedy.max_positions))
         no_speech, languages, probabilities = self._read_first_step(started.logits, batch)
-        return self._decode(
+        decoded = self._decode(
             started, batch, budgets, no_speech.tolist(), languages, probabilities, should_stop
         )
+        return self._with_words(decoded, batch, started, window, should_stop)
+
+    def _with_words(
+        self,
+        decoded: list[_Decoded],
+        batch: Sequence[Utterance],
+        started: Started,
+        window: float,
+        should_stop: StopCheck | None,
+    ) -> list[_Decoded]:
+        """Word timings for the utterances that ask for them and keep this decoding (not
+        to be decoded again on the full window, not dropped by the guard)."""
+        if self._aligner is None:
+            return decoded
+        requests = [
+            AlignmentRequest(
+                row=i,
+                tokens=item.tokens,
+                logprobs=item.logprobs,
+                prompt=[self._sot, *self._prompt_row(item.language)],
+                language=item.language,
+                samples=len(utterance.audio),
+            )
+            for i, (utterance, item) in enumerate(zip(batch, decoded, strict=True))
+            if utterance.word_timings
+            and item.tokens
+            and not self._should_retry(item, window)
+            and self._verdict(item) is Verdict.SPEECH
+        ]
+        if not requests:
+            return decoded
+        if should_stop is not None:
+            _check(should_stop)
+        timings = self._aligner.align(started.cross, requests)
+        out = list(decoded)
+        for request, words in zip(requests, timings, strict=True):
+            out[request.row] = dataclasses.replace(out[request.row], words=words)
+        return out
+
+    def _prompt_row(self, language: str) -> list[int]:
+        """The prompt after <|startoftranscript|>: [language, task,] <|notimestamps|>."""
+        if self._multilingual:
+            return [self._lang_to_id[language], *self._prompt_tail]
+        return list(self._prompt_tail)
 
     def _encode(
         self, window: float, features: torch.Tensor, should_stop: StopCheck | None
@@ -407,6 +471,8 @@ class WhisperRecognizer:
                     language=languages[i],
                     language_probability=probabilities[i],
                     exhausted=row.exhausted,
+                    tokens=row.tokens,
+                    logprobs=row.token_logprobs,
                 )
             )
         return decoded
@@ -418,14 +484,17 @@ class WhisperRecognizer:
         ids: list[int] = self._tokenizer.encode(" " + text.strip(), add_special_tokens=False)
         return ids
 
-    def _postprocess(self, decoded: _Decoded) -> Transcription:
-        verdict = judge(
+    def _verdict(self, decoded: _Decoded) -> Verdict:
+        return judge(
             decoded.text,
             avg_logprob=decoded.avg_logprob,
             no_speech_prob=decoded.no_speech_prob,
             exhausted=decoded.exhausted,
             config=self.config.guard,
         )
+
+    def _postprocess(self, decoded: _Decoded) -> Transcription:
+        verdict = self._verdict(decoded)
         if verdict is not Verdict.SPEECH:
             logger.debug("guard dropped %r (%s; %s)", decoded.text, verdict.value, decoded)
         return Transcription(
@@ -434,6 +503,7 @@ class WhisperRecognizer:
             avg_logprob=decoded.avg_logprob,
             no_speech_prob=decoded.no_speech_prob,
             language_probability=decoded.language_probability,
+            words=decoded.words if verdict is Verdict.SPEECH else (),
         )
 
 

@@ -53,6 +53,7 @@ def model_config(settings: Settings) -> ModelConfig:
         dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
         int8=settings.quantize == "int8",
         drafts=settings.drafts,
+        word_timings=settings.word_timings,
         workers=settings.model_workers,
         torch_threads=settings.torch_threads,
         max_batch_size=settings.max_batch_size,

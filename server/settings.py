@@ -46,6 +46,11 @@ class Settings:
         "Seed each decoding of a live utterance with its latest partial's text (faster; "
         "same text in float32).",
     )
+    word_timings: bool = setting(
+        True,
+        "Give every final its words with their times and probabilities (one more decoder "
+        "pass per final, a few per cent of its inference time: docs/performance.md).",
+    )
     model_workers: int = setting(
         0,
         "Model workers, each running one batch at a time (threads sharing the model); 0 = "

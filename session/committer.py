@@ -149,7 +149,7 @@ class Committer:
             event.index,
             event.start,
             event.end,
-            Utterance(event.audio, self.gate.language, draft),
+            Utterance(event.audio, self.gate.language, draft, word_timings=True),
             self.config.clock(),
         )
         if self._labeller is not None:
@@ -278,7 +278,9 @@ class Committer:
         """Transcribe one speaker's part of an utterance on its own."""
         try:
             result = await (
-                await self._recognition.submit(self._request(Utterance(audio, language)))
+                await self._recognition.submit(
+                    self._request(Utterance(audio, language, word_timings=True))
+                )
             )
         except SchedulerError:
             logger.warning("a part of %s failed", self.config.session_id, exc_info=True)
@@ -308,8 +310,18 @@ class Committer:
         start = pending.start + part.start
         end = max(start, min(pending.start + part.end, pending.end))
         offset = pending.start / SAMPLE_RATE
+        first, last = seconds(start), seconds(end)
+
+        def inside(time: float) -> float:  # a file's last utterance may run past its end
+            return min(max(round(offset + time, 3), first), last)
+
         words: list[Word] = [
-            {"word": w.word, "start": round(offset + w.start, 3), "end": round(offset + w.end, 3)}
+            {
+                "word": w.word,
+                "start": inside(w.start),
+                "end": inside(w.end),
+                "probability": w.probability,
+            }
             for w in part.words
         ]
         final = NewFinal(
@@ -317,8 +329,8 @@ class Committer:
             session_id=self.config.session_id,
             participant=self.config.participant,
             text=part.text,
-            start=seconds(start),
-            end=seconds(end),
+            start=first,
+            end=last,
             language=part.language,
             words=words,
             speaker=part.speaker or None,
