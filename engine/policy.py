@@ -6,8 +6,10 @@ ones run, and `plan` answers with the batches to start, the partial batches to s
 when to look again. The rules:
 
 1. **Finals first, on any free worker.** Finals (oldest first), then file requests, in
-   batches of up to `max_batch_size`. A batch waits up to `max_wait` after its oldest
-   request arrived for more to join, unless it is full.
+   batches of up to `max_batch_size`, shared out over the free workers (two finals and
+   two free workers make two batches of one: a batch's rows all wait for its slowest,
+   and on the CPU a row costs nearly as much in a batch as alone). A batch waits up to
+   `max_wait` after its oldest request arrived for more to join, unless it is full.
 2. **Finals never wait behind partials.** When finals are queued and no worker is free,
    a running partial batch is told to stop (the recognizer stops at its next decoder
    step or encoder row); its partials go back to the queue and the worker takes the
@@ -138,7 +140,8 @@ def plan(
         if not full and ready_at > now:
             wake.append(ready_at)
             break
-        batch, urgent = urgent[: config.max_batch_size], urgent[config.max_batch_size :]
+        size = min(config.max_batch_size, -(-len(urgent) // len(workers)))
+        batch, urgent = urgent[:size], urgent[size:]
         result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), partial=False))
     finals_left = any(q.priority is Priority.FINAL for q in urgent)
     if finals_left and not workers and not wake:

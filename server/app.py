@@ -39,6 +39,7 @@ from session.segmenter import SegmenterConfig
 from session.services import SessionServices
 from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer
 from store.factory import open_store
+from store.ttl import TTLSettings
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +158,11 @@ def create_app(
         registry = SessionRegistry(settings.max_sessions)
         state = AppState(
             settings=settings,
-            store=open_store(settings.redis_url, prefix=settings.store_prefix),
+            store=open_store(
+                settings.redis_url,
+                prefix=settings.store_prefix,
+                ttl=TTLSettings(base_s=settings.meeting_ttl_s, decay_s=settings.meeting_ttl_s),
+            ),
             registry=registry,
             metrics=Metrics(),
             jobs=JobRegistry(settings, live_streams=lambda: len(registry), sandbox=sandbox),

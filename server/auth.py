@@ -376,14 +376,17 @@ async def create_owned_source(
     participant: str,
     config: Mapping[str, Any],
     principal: Principal,
+    *,
+    origin: float | None = None,
 ) -> tuple[SourceState, str]:
     """A new source (state, resume token) of a meeting that is, or becomes, the
     principal's: checked before, and checked again after when the meeting was new, since
-    another tenant may have created it in between (first writer wins). Raises
-    ProtocolError 4403 (1013 if the store cannot be reached) or StoreError."""
+    another tenant may have created it in between (first writer wins). `origin`: Unix
+    seconds of the source's time 0 (default: now). Raises ProtocolError 4403 (1013 if
+    the store cannot be reached) or StoreError."""
     exists = await meeting_access(store, meeting_id, principal)
     source, token = await store.create_source(
-        meeting_id, participant, owned_config(config, principal)
+        meeting_id, participant, owned_config(config, principal), origin=origin
     )
     if not exists:
         await meeting_access(store, meeting_id, principal)

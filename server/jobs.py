@@ -78,6 +78,9 @@ class JobOptions:
     meeting_id: str | None
     format: TranscriptFormat  # of the result when the POST answers with it (`wait=true`)
     diarize: bool = False  # label each utterance's speaker (a recording of several voices)
+    # Unix seconds the recording started at, as the client gave it (`started_at`): the
+    # meeting source's origin. None: the upload's start is.
+    started_at: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -88,6 +91,8 @@ class JobOptions:
         }
         if self.diarize:
             options["diarize"] = True
+        if self.started_at is not None:
+            options["started_at"] = self.started_at
         return options
 
 

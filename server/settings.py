@@ -231,6 +231,11 @@ class Settings:
         None, "Redis URL for meeting context (e.g. `redis://127.0.0.1:6379/0`); unset: in-process."
     )
     store_prefix: str = setting("parley:", "Prefix of every Redis key.")
+    meeting_ttl_s: float = setting(
+        24 * 3600.0,
+        "How long a meeting's transcript is kept after a write, before it grows with reads "
+        "(up to 2x) and decays with idleness (docs/store.md).",
+    )
     static_dir: str = setting("static", "Folder of the browser client, served at `/`.")
     log_level: str = setting("info", "`debug`, `info`, `warning` or `error`.")
     log_format: str = setting("json", "`json` (one object per line) or `text`.")
@@ -271,6 +276,7 @@ class Settings:
             "realtime_factor",
             "listener_send_timeout_s",
             "token_ttl_s",
+            "meeting_ttl_s",
             "auth_timeout_s",
             "upload_idle_timeout_s",
             "upload_receive_timeout_s",

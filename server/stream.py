@@ -33,6 +33,7 @@ from wire.build import encode, transcript_final
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 from wire.query import StreamConfig, parse_stream_config, validate_id
+from wire.timeline import in_meeting_order
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +253,9 @@ async def _open_source(
         await meeting_access(store, meeting_id, principal)
         last_seq = _non_negative("last_seq", query.get("last_seq", "0"))
         participant = query.get("participant") or principal.participant
-        source = await store.resume_source(meeting_id, token, participant)
+        source = (await store.resume_source(meeting_id, token, participant)).with_origin(
+            time.time()
+        )
     except UnknownResumeToken as exc:
         raise ProtocolError(ErrorCode.NOT_FOUND, CloseCode.NOT_FOUND, str(exc)) from None
     except ResumeRefused as exc:
@@ -361,16 +364,18 @@ async def _forward(
     owner: OwnerCheck,
 ) -> None:
     # Subscribed first, then read the log: nothing falls between the two; finals seen in
-    # the log are skipped when they come again live. Nothing is sent before the meeting's
+    # the log are skipped when they come again live. The log's finals go out in meeting
+    # time (across sources), the live ones as they are logged. Nothing is sent before the meeting's
     # owner is confirmed; a listener that does not take a message in time is dropped.
     if after_seq > await state.store.last_seq(meeting_id):
         after_seq = 0  # the log is younger than the client's view (an in-memory store restarted)
     timeout = state.settings.listener_send_timeout_s
     sent = after_seq
-    for record in await state.store.finals(meeting_id, after_seq):
+    backlog = await state.store.finals(meeting_id, after_seq)
+    for record in in_meeting_order(backlog):  # the replay in meeting time; live in seq order
         await owner.confirm()
         await _send(websocket, encode(transcript_final(record)), timeout)
-        sent = record.seq
+        sent = max(sent, record.seq)
     async for event in events:
         message = orjson.loads(event)
         if message["type"] == "transcript.final" and message["seq"] <= sent:

@@ -16,7 +16,10 @@ good audio and will be transcribed.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
+import math
+import time
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -35,9 +38,12 @@ from wire.transcript import TranscriptFormat
 
 logger = logging.getLogger(__name__)
 
-OPTION_FIELDS = frozenset({"language", "format", "participant", "meeting_id", "wait", "diarize"})
+OPTION_FIELDS = frozenset(
+    {"language", "format", "participant", "meeting_id", "wait", "diarize", "started_at"}
+)
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
+EARLIEST_STARTED_AT = 946_684_800.0  # 2000-01-01T00:00:00Z
 
 
 def _problem(
@@ -75,6 +81,15 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
             validate_id("meeting_id", meeting_id)
     except ProtocolError as exc:
         raise bad(exc.code.value, exc.message) from None
+    started_at = None
+    if "started_at" in raw:
+        started_at = parse_started_at(raw["started_at"])
+        if started_at is None:
+            raise bad(
+                "bad_config",
+                "started_at must be Unix seconds or an RFC 3339 time with its offset "
+                "(2026-12-02T01:10:00Z), within a day from now and after 2000",
+            )
     options = JobOptions(
         language=None if language == "auto" else language,
         participant=participant,
@@ -82,8 +97,30 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
         meeting_id=meeting_id,
         format=fmt,
         diarize=diarize,
+        started_at=started_at,
     )
     return options, wait
+
+
+def parse_started_at(raw: str, now: float | None = None) -> float | None:
+    """`started_at` as Unix seconds (to the ms): a number, or an RFC 3339 / ISO 8601 time
+    with its UTC offset. None if it is neither, or lies before 2000 or past a day from
+    `now` (a clock or unit mistake, e.g. milliseconds)."""
+    text = raw.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            parsed = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:
+            return None  # a local time names no instant
+        value = parsed.timestamp()
+    now = time.time() if now is None else now
+    if not math.isfinite(value) or not EARLIEST_STARTED_AT <= value <= now + 86_400:
+        return None
+    return round(value, 3)
 
 
 def _check_language(language: str | None, known: frozenset[str], model: str) -> None:
@@ -163,7 +200,12 @@ async def create_transcription(request: Request) -> Response:
         if options.meeting_id is not None:  # the file becomes a source of the meeting
             principal = ANONYMOUS if tenant is None else Principal(tenant, fast_replay=True)
             source, _ = await create_owned_source(  # another tenant's: 4403 → 403
-                state.store, options.meeting_id, options.participant, {}, principal
+                state.store,
+                options.meeting_id,
+                options.participant,
+                {},
+                principal,
+                origin=job.created_at if options.started_at is None else options.started_at,
             )
         state.jobs.start(job, audio, services, file_vad, source)
     except Refusal as exc:

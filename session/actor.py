@@ -209,6 +209,7 @@ class SessionActor:
                 resume_from=self.start_sample / SAMPLE_RATE,
                 resumed=self.resumed,
                 last_seq=await self.services.store.last_seq(self.meeting_id),
+                origin=self.source.origin,
             )
         )
         language = self._committer.language

@@ -334,6 +334,7 @@ class Committer:
             language=part.language,
             words=words,
             speaker=part.speaker or None,
+            origin=self.source.origin if self.source is not None else None,
         )
         record = await self._append(final, end, pending.index)
         self.finals += 1

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.api import SAMPLE_RATE, SpeakerWindows
+from session.clustering import absorb_small, cluster, unit
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -123,7 +124,7 @@ class Diarizer:
                 inside = [min(range(len(bounds)), key=lambda i: abs(sum(bounds[i]) / 2 - start))]
             weights = np.array([bounds[i][1] - bounds[i][0] for i in inside], np.float32)
             out.append(
-                Part(start, end, _unit(weights @ windows.embeddings[inside]).astype(np.float32))
+                Part(start, end, unit(weights @ windows.embeddings[inside]).astype(np.float32))
             )
         return out
 
@@ -150,15 +151,15 @@ class Diarizer:
         block = embeddings[first:last].astype(np.float64) * weights[:, None]
         best: tuple[float, int] | None = None
         for b in range(keep, last - first - keep + 1):
-            left, right = _unit(block[:b].sum(0)), _unit(block[b:].sum(0))
+            left, right = unit(block[:b].sum(0)), unit(block[b:].sum(0))
             similarity = float(left @ right)
             if best is None or similarity < best[0]:
                 best = (similarity, b)
         if best is None or best[0] >= self.threshold - self.config.split_margin:
             return []
         boundary = first + best[1]
-        left = _unit(block[: best[1]].sum(0))
-        right = _unit(block[best[1] :].sum(0))
+        left = unit(block[: best[1]].sum(0))
+        right = unit(block[best[1] :].sum(0))
         if self._sums and not self._different(left, right):
             return []
         cut = self._quietest(bounds[boundary][0], levels, bounds[-1][1])
@@ -230,8 +231,8 @@ class Diarizer:
         weights = np.array([s.weight for s in anchors])
         clusters = cluster(vectors, weights, self.config.max_speakers, self.config.min_silhouette)
         smallest = max(self.config.min_speaker_s, self.config.min_speaker_share * weights.sum())
-        clusters = _absorb_small(clusters, vectors, weights, smallest)
-        centroids = [_unit((vectors[c] * weights[c, None]).sum(0)) for c in clusters]
+        clusters = absorb_small(clusters, vectors, weights, smallest)
+        centroids = [unit((vectors[c] * weights[c, None]).sum(0)) for c in clusters]
         self._adapt(vectors, clusters, centroids)
         members: list[list[Segment]] = [[anchors[i] for i in c] for c in clusters]
         # Segments too short to cluster join the cluster they are most alike.
@@ -312,117 +313,18 @@ class Diarizer:
     def _nearest(self, embedding: npt.NDArray[np.floating]) -> str | None:
         if not self._sums:
             return None
-        return max(self._sums, key=lambda label: float(_unit(self._sums[label]) @ embedding))
+        return max(self._sums, key=lambda label: float(unit(self._sums[label]) @ embedding))
 
     def _similarity(self, embedding: npt.NDArray[np.floating]) -> float:
         if not self._sums:
             return -1.0
-        return max(float(_unit(total) @ embedding) for total in self._sums.values())
+        return max(float(unit(total) @ embedding) for total in self._sums.values())
 
     def _new_label(self) -> str:
         used = set(self._sums) | {s.label for s in self.segments}
         return next(
             f"{LABEL_PREFIX}{n}" for n in itertools.count(1) if f"{LABEL_PREFIX}{n}" not in used
         )
-
-
-def cluster(
-    vectors: npt.NDArray[np.float64],
-    weights: npt.NDArray[np.float64],
-    max_clusters: int,
-    min_silhouette: float,
-) -> list[list[int]]:
-    """Average-linkage agglomerative clustering on cosine similarity (rows are unit
-    vectors, weighted by `weights`), with the number of clusters chosen by silhouette:
-    among the dendrogram's cuts into 2..`max_clusters` clusters the one with the highest
-    weighted mean silhouette, unless even that is below `min_silhouette` (one cluster)."""
-    count = len(vectors)
-    similarity = np.clip(vectors @ vectors.T, -1.0, 1.0)
-    cuts = _dendrogram_cuts(similarity, weights, max_clusters)
-    best: tuple[float, list[list[int]]] = (min_silhouette, [list(range(count))])
-    for k in range(2, min(max_clusters, count) + 1):
-        score = _silhouette(1.0 - similarity, weights, cuts[k])
-        if score > best[0]:
-            best = (score, cuts[k])
-    return best[1]
-
-
-def _absorb_small(
-    clusters: list[list[int]],
-    vectors: npt.NDArray[np.float64],
-    weights: npt.NDArray[np.float64],
-    min_weight: float,
-) -> list[list[int]]:
-    """Fold clusters lighter than `min_weight` into the cluster most alike."""
-    clusters = sorted(clusters, key=lambda c: -weights[c].sum())
-    while len(clusters) > 1 and weights[clusters[-1]].sum() < min_weight:
-        small = clusters.pop()
-        centre = _unit((vectors[small] * weights[small, None]).sum(0))
-        sims = [float(_unit((vectors[c] * weights[c, None]).sum(0)) @ centre) for c in clusters]
-        clusters[int(np.argmax(sims))].extend(small)
-    return clusters
-
-
-def _dendrogram_cuts(
-    similarity: npt.NDArray[np.float64], weights: npt.NDArray[np.float64], max_clusters: int
-) -> dict[int, list[list[int]]]:
-    """The clusters at each count 1..max_clusters, merging the most alike pair each step
-    (Lance–Williams update for average linkage: the merged row is the weighted mean)."""
-    count = len(similarity)
-    sim = similarity.copy()
-    np.fill_diagonal(sim, -np.inf)
-    sizes = weights.astype(np.float64).copy()
-    members: list[list[int]] = [[i] for i in range(count)]
-    alive = np.ones(count, bool)
-    cuts: dict[int, list[list[int]]] = {}
-    for clusters in range(count, 0, -1):
-        if clusters <= max_clusters:
-            cuts[clusters] = [list(members[i]) for i in range(count) if alive[i]]
-        if clusters == 1:
-            break
-        a, b = divmod(int(np.argmax(sim)), count)
-        merged = (sim[a] * sizes[a] + sim[b] * sizes[b]) / (sizes[a] + sizes[b])
-        sim[a, :] = merged
-        sim[:, a] = merged
-        sim[a, a] = -np.inf
-        sim[b, :] = -np.inf
-        sim[:, b] = -np.inf
-        sizes[a] += sizes[b]
-        members[a].extend(members[b])
-        members[b] = []
-        alive[b] = False
-    return cuts
-
-
-def _silhouette(
-    distance: npt.NDArray[np.float64], weights: npt.NDArray[np.float64], clusters: list[list[int]]
-) -> float:
-    """Weighted mean silhouette (a member of a singleton cluster scores 0)."""
-    assignment = np.empty(len(distance), int)
-    for c, group in enumerate(clusters):
-        assignment[group] = c
-    # Weighted mean distance from every point to every cluster: [n, k].
-    mass = np.zeros((len(distance), len(clusters)))
-    for c, group in enumerate(clusters):
-        mass[:, c] = distance[:, group] @ weights[group]
-    totals = np.array([weights[g].sum() for g in clusters])
-    own = assignment
-    rows = np.arange(len(distance))
-    own_total = totals[own] - weights  # leave the point itself out
-    inner = np.where(own_total > 0, mass[rows, own] / np.maximum(own_total, 1e-12), 0.0)
-    between = mass / totals[None, :]
-    between[rows, own] = np.inf
-    outer = between.min(axis=1)
-    score = np.where(
-        own_total > 0, (outer - inner) / np.maximum(np.maximum(outer, inner), 1e-12), 0.0
-    )
-    return float(score @ weights / weights.sum())
-
-
-def _unit(vector: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:
-    norm = float(np.linalg.norm(vector))
-    out: npt.NDArray[np.float64] = (vector / norm if norm > 0 else vector).astype(np.float64)
-    return out
 
 
 def _label_number(label: str) -> int:

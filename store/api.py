@@ -18,12 +18,18 @@ DEFAULT_BUFFER_LIMIT = 10_000  # finals held in memory while Redis is unreachabl
 
 class Store(Protocol):
     async def create_source(
-        self, meeting_id: str, participant: str, config: Mapping[str, Any] | None = None
+        self,
+        meeting_id: str,
+        participant: str,
+        config: Mapping[str, Any] | None = None,
+        *,
+        origin: float | None = None,
     ) -> tuple[SourceState, str]:
         """Register a new audio source of the meeting and return its initial state and its
         resume token. The meeting is created if new; `config` becomes the meeting's config
-        if it has none yet (first writer wins). Raises StoreOverloaded or StoreUnavailable
-        when the session should be refused."""
+        if it has none yet (first writer wins). `origin`: Unix seconds of the source's
+        time 0 (default: now, by the store's clock); kept to the ms. Raises
+        StoreOverloaded or StoreUnavailable when the session should be refused."""
         ...
 
     async def resume_source(

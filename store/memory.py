@@ -25,6 +25,7 @@ from store.records import (
     check_append,
     hash_token,
     new_source_ids,
+    wall_origin,
 )
 from store.ttl import Clock, TTLSettings, draw_jitter, system_clock, ttl_ms
 from wire.query import validate_id
@@ -105,7 +106,12 @@ class MemoryStore:
     # -- sources
 
     async def create_source(
-        self, meeting_id: str, participant: str, config: Mapping[str, Any] | None = None
+        self,
+        meeting_id: str,
+        participant: str,
+        config: Mapping[str, Any] | None = None,
+        *,
+        origin: float | None = None,
     ) -> tuple[SourceState, str]:
         validate_id("meeting_id", meeting_id)
         validate_id("participant", participant)
@@ -115,7 +121,12 @@ class MemoryStore:
             meeting = self._meetings[meeting_id] = _Meeting()
         if meeting.config is None and config is not None:
             meeting.config = dict(config)
-        state = SourceState(meeting_id=meeting_id, session_id=session_id, participant=participant)
+        state = SourceState(
+            meeting_id=meeting_id,
+            session_id=session_id,
+            participant=participant,
+            origin=wall_origin(self._clock() if origin is None else origin),
+        )
         digest = hash_token(token)
         meeting.sources[session_id] = state
         meeting.tokens[digest] = session_id

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from store.errors import UnknownResumeToken
@@ -29,6 +29,7 @@ class NewFinal:
     language: str
     words: list[Word] = field(default_factory=list)
     speaker: str | None = None  # diarized sources only
+    origin: float | None = None  # its source's `SourceState.origin`; None: a lone file
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +68,10 @@ class SourceState:
     next_utterance: int = 0  # index of this source's next utterance
     context: str = ""  # rolling text context: the model's prompt
     language: str | None = None  # the stream's language once pinned (given or detected)
+    # Unix seconds (to the ms) of this source's time 0: when its stream or upload started.
+    # Set once by create_source, kept by every resume. None only in state written before
+    # origins were kept (see `with_origin`).
+    origin: float | None = None
 
     def stored(self) -> dict[str, Any]:
         """The fields persisted as the source's state (generation is kept apart)."""
@@ -76,6 +81,7 @@ class SourceState:
             "next_utterance": self.next_utterance,
             "context": self.context,
             "language": self.language,
+            "origin": self.origin,
         }
 
     @classmethod
@@ -91,7 +97,16 @@ class SourceState:
             next_utterance=int(data["next_utterance"]),
             context=data["context"],
             language=data.get("language"),  # absent in state written before it was kept
+            origin=data.get("origin"),  # likewise
         )
+
+    def with_origin(self, now: float) -> SourceState:
+        """This state with an origin: its own, or for state written before origins were
+        kept, the best guess `now - acked_until` (the stream resumes from `acked_until`
+        now). The guess is stored with the source's next final."""
+        if self.origin is not None:
+            return self
+        return replace(self, origin=wall_origin(now - self.acked_until))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +130,11 @@ def hash_token(token: str) -> str:
     if not _TOKEN_PATTERN.fullmatch(token):
         raise UnknownResumeToken("malformed resume token")
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def wall_origin(unix_s: float) -> float:
+    """A source's origin as stored and sent: Unix seconds to the ms."""
+    return round(unix_s, 3)
 
 
 def new_source_ids() -> tuple[str, str]:

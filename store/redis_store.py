@@ -35,6 +35,7 @@ from store.records import (
     check_append,
     hash_token,
     new_source_ids,
+    wall_origin,
 )
 from store.redis_buffer import PendingFinal, PendingSource, WriteBuffer
 from store.redis_events import PING_S, RedisEvents, without_read_timeout
@@ -147,12 +148,22 @@ class RedisStore:
     # -- sources
 
     async def create_source(
-        self, meeting_id: str, participant: str, config: Mapping[str, Any] | None = None
+        self,
+        meeting_id: str,
+        participant: str,
+        config: Mapping[str, Any] | None = None,
+        *,
+        origin: float | None = None,
     ) -> tuple[SourceState, str]:
         self._keys.meeting(meeting_id)  # validates the id
         validate_id("participant", participant)
         session_id, token = new_source_ids()
-        state = SourceState(meeting_id=meeting_id, session_id=session_id, participant=participant)
+        state = SourceState(
+            meeting_id=meeting_id,
+            session_id=session_id,
+            participant=participant,
+            origin=wall_origin(self._clock() if origin is None else origin),
+        )
         pending = PendingSource(
             meeting_id=meeting_id,
             state=state,

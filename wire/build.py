@@ -27,6 +27,7 @@ from wire.messages import (
     TranscriptPartial,
     TranscriptSpeaker,
 )
+from wire.timeline import wall_time
 
 TIMING_DIGITS = 4  # a final's server-side timings, in seconds: 0.1 ms
 
@@ -45,8 +46,9 @@ def session_started(
     resume_from: float,
     resumed: bool,
     last_seq: int,
+    origin: float | None = None,
 ) -> SessionStarted:
-    return {
+    started: SessionStarted = {
         "type": "session.started",
         "protocol": PROTOCOL_VERSION,
         "session_id": session_id,
@@ -58,6 +60,9 @@ def session_started(
         "resumed": resumed,
         "last_seq": last_seq,
     }
+    if origin is not None:
+        started["origin"] = origin
+    return started
 
 
 def session_language(language: str, probability: float | None, utterances: int) -> SessionLanguage:
@@ -112,6 +117,9 @@ def transcript_final(final: Final, timing: Timing | None = None) -> TranscriptFi
     }
     if final.words:
         message["words"] = final.words
+    wall = wall_time(final)
+    if wall is not None:
+        message["wall_time"] = wall
     if final.speaker is not None:
         message["speaker"] = final.speaker
     if timing is not None:

@@ -22,6 +22,14 @@ class Word(TypedDict):
     probability: NotRequired[float]  # absent from finals logged before words had it
 
 
+class WallTime(TypedDict):
+    """When a final was spoken, in Unix seconds (v1 extension): its source's `origin` plus
+    its `start` and `end`. Every source of a meeting shares this one timeline."""
+
+    start: float
+    end: float
+
+
 class Timing(TypedDict):
     """Server-side latency breakdown of one final, in seconds."""
 
@@ -41,6 +49,9 @@ class SessionStarted(TypedDict):
     resume_from: float  # seconds of audio the client must (re)send from; 0.0 on a new stream
     resumed: bool  # this connection continues an earlier one of the same source
     last_seq: int  # highest `seq` of the meeting when the session started
+    # Unix seconds of the source's time 0 (v1 extension): when its stream first started;
+    # a resumed source keeps its own. Absent for a source logged before origins were kept.
+    origin: NotRequired[float]
 
 
 class SessionLanguage(TypedDict):
@@ -83,6 +94,9 @@ class TranscriptFinal(TypedDict):
     end: float
     language: str
     words: NotRequired[list[Word]]
+    # Where the final lies on the meeting's one timeline (v1 extension; absent for a file
+    # that stands alone and for finals logged before sources kept their origin).
+    wall_time: NotRequired[WallTime]
     timing: NotRequired[Timing]
     # `diarize=true` sources only: "S1", "S2", … stable within the source (v1 extension).
     speaker: NotRequired[str]
@@ -149,6 +163,8 @@ class Final:
     language: str
     words: list[Word] = field(default_factory=list)
     speaker: str | None = None  # diarized sources only; re-clustering may change it
+    # Unix seconds of its source's time 0; None when unknown (see wire/timeline.py).
+    origin: float | None = None
 
     @classmethod
     def from_message(cls, message: TranscriptFinal) -> Final:
@@ -163,4 +179,10 @@ class Final:
             language=message["language"],
             words=list(message.get("words", [])),
             speaker=message.get("speaker"),
+            origin=_origin(message),
         )
+
+
+def _origin(message: TranscriptFinal) -> float | None:
+    wall = message.get("wall_time")
+    return None if wall is None else round(wall["start"] - message["start"], 3)

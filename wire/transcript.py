@@ -1,7 +1,9 @@
 """Render a meeting's finals as JSON, plain text, SRT or WebVTT. Pure functions.
 
 The JSON form is the finals as `transcript.final` messages (without live timings), so a
-client that recorded a meeting's finals renders what `GET …/transcript` answers.
+client that recorded a meeting's finals renders what `GET …/transcript` answers. Every
+form lists the finals in meeting-time order (wire/timeline.py); TXT, SRT and VTT show
+times on the meeting's timeline, from its `origin` (the earliest source's start).
 
 SRT and VTT show a final as one cue, or, when it has word timings and is longer than
 `CUE_CHARS` characters or `CUE_SECONDS` seconds, as several cues cut between words; the
@@ -19,6 +21,7 @@ import orjson
 
 from wire.build import transcript_final
 from wire.messages import Final, Word
+from wire.timeline import in_meeting_order, meeting_origin, shift
 
 CUE_CHARS = 42  # a subtitle line's customary length
 CUE_SECONDS = 7.0  # the longest a cue stays on screen
@@ -44,7 +47,9 @@ def render(
     meeting_id: str, finals: Sequence[Final], fmt: TranscriptFormat, *, labels: bool = True
 ) -> str:
     """`labels=False` leaves the participant out of TXT, SRT and VTT (a single-speaker file);
-    a diarized final's speaker label is always shown."""
+    a diarized final's speaker label is always shown. The finals come in meeting-time
+    order whatever order they are given in."""
+    finals = in_meeting_order(finals)
     if fmt is TranscriptFormat.JSON:
         return render_json(meeting_id, finals)
     if fmt is TranscriptFormat.TXT:
@@ -57,6 +62,7 @@ def render(
 def render_json(meeting_id: str, finals: Sequence[Final]) -> str:
     body: dict[str, Any] = {
         "meeting_id": meeting_id,
+        "origin": meeting_origin(finals),
         "finals": [transcript_final(f) for f in finals],
     }
     return orjson.dumps(body).decode()
@@ -77,24 +83,29 @@ def utterances(finals: Sequence[Final]) -> list[dict[str, Any]]:
 
 
 def render_txt(finals: Sequence[Final], *, labels: bool = True) -> str:
+    origin = meeting_origin(finals)
     return "".join(
-        f"[{_clock(f.start, '.')}] {_label(f, labels)}{_one_line(f.text)}\n" for f in finals
+        f"[{_clock(_start(f, origin), '.')}] {_label(f, labels)}{_one_line(f.text)}\n"
+        for f in finals
     )
 
 
 def render_srt(finals: Sequence[Final], *, labels: bool = True) -> str:
-    timed = [(f, cue) for f in finals for cue in cues(f)]
+    origin = meeting_origin(finals)
+    timed = [(f, shift(f, origin), cue) for f in finals for cue in cues(f)]
     blocks = [
-        f"{i}\n{_clock(cue.start, ',')} --> {_clock(cue.end, ',')}\n"
+        f"{i}\n{_clock(at + cue.start, ',')} --> {_clock(at + cue.end, ',')}\n"
         f"{_label(f, labels)}{_one_line(cue.text)}\n"
-        for i, (f, cue) in enumerate(timed, start=1)
+        for i, (f, at, cue) in enumerate(timed, start=1)
     ]
     return "\n".join(blocks)
 
 
 def render_vtt(finals: Sequence[Final], *, labels: bool = True) -> str:
+    origin = meeting_origin(finals)
     blocks = [
-        f"{_clock(cue.start, '.')} --> {_clock(cue.end, '.')}\n"
+        f"{_clock(shift(f, origin) + cue.start, '.')} --> "
+        f"{_clock(shift(f, origin) + cue.end, '.')}\n"
         + (f"<v {_escape(_who(f, labels))}>" if labels or f.speaker else "")
         + f"{_escape(cue.text)}\n"
         for f in finals
@@ -105,7 +116,7 @@ def render_vtt(finals: Sequence[Final], *, labels: bool = True) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Cue:
-    """One subtitle: seconds on the stream's timeline and its text."""
+    """One subtitle: seconds on its final's own timeline, and its text."""
 
     start: float
     end: float
@@ -119,7 +130,7 @@ def cues(final: Final) -> list[Cue]:
     starts (its first word's start); the first starts with the final, the last ends with it.
     Words that do not make up the final's text (a record from before words were exact)
     leave it one cue."""
-    whole = Cue(final.start, _cue_end(final), final.text)
+    whole = Cue(final.start, max(final.end, final.start + 0.001), final.text)
     words = final.words
     fits = len(_one_line(final.text)) <= CUE_CHARS and final.end - final.start <= CUE_SECONDS
     if fits or not words or _joined(words) != _one_line(final.text):
@@ -159,8 +170,9 @@ def _who(final: Final, labels: bool) -> str:
     return f"{final.participant} ({final.speaker})" if labels else final.speaker
 
 
-def _cue_end(final: Final) -> float:
-    return max(final.end, final.start + 0.001)
+def _start(final: Final, origin: float | None) -> float:
+    """The final's start on the meeting's timeline (seconds from `origin`)."""
+    return shift(final, origin) + final.start
 
 
 def _clock(seconds: float, separator: str) -> str:

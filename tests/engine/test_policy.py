@@ -37,8 +37,30 @@ def test_a_batch_of_finals_waits_to_fill_unless_full() -> None:
     lone = plan([Queued(1, FINAL, 1.0)], [0, 1], [], budget, cfg, now=1.005)
     assert lone.starts == [] and lone.wake_at == pytest.approx(1.02)
     full = [Queued(i, FINAL, 1.0) for i in range(4)]
-    assert plan(full, [0, 1], [], budget, cfg, now=1.005).starts == [
+    assert plan(full, [0], [], budget, cfg, now=1.005).starts == [
         Start(0, (0, 1, 2, 3), partial=False)
+    ]
+
+
+def test_finals_are_shared_out_over_the_free_workers() -> None:
+    """Ready finals go to every free worker in near-equal batches, oldest first, each at
+    most `max_batch_size`; what no worker takes stays queued."""
+    cfg = config()
+    budget = PartialBudget(cfg, 0.0)
+    two = [Queued(1, FINAL, 1.0), Queued(2, FINAL, 1.1)]
+    assert plan(two, [0, 1], [], budget, cfg, now=2.0).starts == [
+        Start(0, (1,), partial=False),
+        Start(1, (2,), partial=False),
+    ]
+    five = [Queued(i, FINAL, 1.0 + i / 10) for i in range(5)]
+    assert plan(five, [0, 1], [], budget, cfg, now=2.0).starts == [
+        Start(0, (0, 1, 2), partial=False),
+        Start(1, (3, 4), partial=False),
+    ]
+    many = [Queued(i, FINAL, 1.0 + i / 100) for i in range(10)]
+    assert plan(many, [0, 1], [], budget, cfg, now=2.0).starts == [
+        Start(0, (0, 1, 2, 3), partial=False),
+        Start(1, (4, 5, 6, 7), partial=False),
     ]
 
 

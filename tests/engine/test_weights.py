@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-from engine import weights
+from engine import ct2_mapping, weights
 from engine.ct2 import Ct2Model, read_model
 from engine.weights import (
     PACKAGED_MODELS,
@@ -36,7 +36,9 @@ def ct2(source: ModelSource) -> Ct2Model:
 
 @pytest.fixture(scope="module")
 def config(source: ModelSource, ct2: Ct2Model) -> WhisperConfig:
-    return weights.whisper_config(ct2, weights._tokenizer(source))
+    return ct2_mapping.whisper_config(
+        ct2, ct2_mapping.tokenizer(source.tokenizer_file, source.vocabulary_file)
+    )
 
 
 def _without(ct2: Ct2Model, name: str) -> Ct2Model:

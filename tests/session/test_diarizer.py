@@ -6,7 +6,8 @@ import numpy as np
 
 from engine.api import SpeakerWindows
 from engine.speakers import EMBEDDING_SIZE
-from session.diarizer import Diarizer, DiarizerConfig, cluster
+from session.clustering import cluster
+from session.diarizer import Diarizer, DiarizerConfig
 
 RNG = np.random.default_rng(7)
 CENTRES = [

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -363,4 +364,35 @@ async def test_cancelled_append_blocks_provisional_seqs_until_redis_answers(
         assert record.seq == 3
         assert log_is_clean(await store.finals("m1"))
     finally:
+        await store.close()
+
+
+async def test_records_written_before_origins_still_read(
+    redis_url: str, redis_prefix: str, clock: ManualClock
+) -> None:
+    """Source state and finals logged by older code (no `origin`) read as origin None;
+    a resumed old source gets the guess `now - acked_until`, stored with its next final."""
+    store = RedisStore.from_url(redis_url, prefix=redis_prefix, clock=clock)
+    redis = Redis.from_url(redis_url)
+    try:
+        state, token = await store.create_source("m1", "alice")
+        src = f"{redis_prefix}meeting:m1:src"
+        old_state = {"participant": "alice", "acked_until": 4.0, "next_utterance": 1,
+                     "context": "hi", "language": "en"}  # fmt: skip
+        await redis.hset(src, f"s:{state.session_id}", orjson.dumps(old_state))
+        old_final = {"utterance_id": f"{state.session_id}-0", "session_id": state.session_id,
+                     "participant": "alice", "text": "hi", "start": 1.0, "end": 4.0,
+                     "language": "en", "words": [], "speaker": None}  # fmt: skip
+        await redis.xadd(f"{redis_prefix}meeting:m1:log", {"f": orjson.dumps(old_final)}, id="1-0")
+        [logged] = await store.finals("m1")
+        assert (logged.text, logged.origin) == ("hi", None)
+        resumed = await store.resume_source("m1", token)
+        assert (resumed.origin, resumed.acked_until) == (None, 4.0)
+        guessed = resumed.with_origin(clock.now)
+        assert guessed.origin == round(clock.now - 4.0, 3)
+        record, _ = await emit(store, guessed)
+        assert (record.seq, record.origin) == (2, guessed.origin)
+        assert (await store.resume_source("m1", token)).origin == guessed.origin
+    finally:
+        await redis.aclose()
         await store.close()

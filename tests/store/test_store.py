@@ -13,7 +13,7 @@ from store.api import Store
 from store.errors import ResumeTokenMismatch, SourceSuperseded, SubscriberLagged, UnknownResumeToken
 from store.records import FinalRecord, NewFinal, SourceState
 from tests.conftest import StoreFactory
-from tests.redis_support import MS
+from tests.redis_support import MS, ManualClock
 from wire.errors import ProtocolError
 
 
@@ -26,6 +26,7 @@ def new_final(state: SourceState, index: int, text: str | None = None) -> NewFin
         start=index * 2.0,
         end=index * 2.0 + 1.5,
         language="en",
+        origin=state.origin,
     )
 
 
@@ -286,3 +287,21 @@ async def test_health_ok(store: Store) -> None:
     health = await store.health()
     assert health.ok and health.reason == "" and health.buffered == 0
     await store.ping()
+
+
+async def test_a_source_keeps_its_origin(store: Store, clock: ManualClock) -> None:
+    """A source's origin (Unix s, to the ms) is set once, by default from the store's
+    clock; a resume keeps it, and its finals carry it."""
+    alice, token = await store.create_source("m1", "alice")
+    assert alice.origin == round(clock.now, 3)
+    bob, _ = await store.create_source("m1", "bob", origin=1_699_999_990.12345)
+    assert bob.origin == 1_699_999_990.123
+    _, alice = await emit(store, alice)
+    clock.advance(600)
+    resumed = await store.resume_source("m1", token)
+    assert resumed.origin == alice.origin
+    await emit(store, bob)
+    assert [(f.participant, f.origin) for f in await store.finals("m1")] == [
+        ("alice", alice.origin),
+        ("bob", bob.origin),
+    ]

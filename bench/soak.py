@@ -1,0 +1,179 @@
+"""Soak benchmark: rooms of real-time speech for a long time; does anything grow?
+
+    python -m bench.soak                                   # 8 rooms, 30 min, real model
+    python -m bench.soak --rooms 8 --minutes 30 --engine fake   # everything but the model
+
+Starts a redis-server of its own and `python -m server` (or `bench.fake_server`, whose
+stand-in model sleeps instead of computing) on the Redis store with a short meeting TTL
+(`PARLEY_MEETING_TTL_S`), then runs the load generator (`python -m loadgen`) for
+`--minutes` of conversation per room, in back-to-back rounds of at most 10 minutes (new
+meetings each round: meetings come and go as in production). Every 10 s it samples the
+server's RSS, open file descriptors, asyncio tasks (`parley_event_loop_tasks`) and the
+Redis key count. At the end it waits for every meeting to expire and counts the keys left.
+
+Printed (and written to `REPORT_DIR/soak.json`): the RSS slope after the warm-up (the
+first `--warmup-minutes`), as % of the mean RSS per hour, from a least-squares line; the
+tasks, descriptors and keys while idle before the load and idle after expiry; and the
+load generator's lost and duplicated finals. Targets (issue 16): RSS slope ≤ 0.1 %/h, no
+growth in tasks, descriptors or keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.processes import RedisProcess, ServerProcess
+
+ROUND_MINUTES = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    at: float  # seconds since the load started
+    rss_mb: float
+    fds: int
+    tasks: int
+    keys: int
+
+
+def redis_keys(redis: RedisProcess) -> int:
+    out = subprocess.run(
+        ["redis-cli", "-p", str(redis.port), "DBSIZE"], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip())
+
+
+def sample(server: ServerProcess, redis: RedisProcess, started: float) -> Sample:
+    metrics = server.metrics()
+    return Sample(
+        at=round(time.monotonic() - started, 1),
+        rss_mb=round(server.rss_bytes() / 2**20, 2),
+        fds=server.open_fds(),
+        tasks=int(metrics.get("parley_event_loop_tasks", -1)),
+        keys=redis_keys(redis),
+    )
+
+
+def slope_percent_per_hour(samples: list[Sample], warmup_s: float) -> float:
+    """Least-squares RSS slope after the warm-up, as % of the mean RSS per hour."""
+    kept = [s for s in samples if s.at >= warmup_s]
+    if len(kept) < 3:
+        return float("nan")
+    t = np.array([s.at for s in kept]) / 3600.0
+    rss = np.array([s.rss_mb for s in kept])
+    slope = float(np.polyfit(t, rss, 1)[0])
+    return 100.0 * slope / float(rss.mean())
+
+
+def load_rounds(
+    args: argparse.Namespace, server: ServerProcess, report_dir: Path
+) -> list[dict[str, Any]]:
+    """Run the load generator in rounds; the totals of each round's report."""
+    totals: list[dict[str, Any]] = []
+    left = args.minutes
+    index = 0
+    while left > 0:
+        minutes = min(ROUND_MINUTES, left)
+        out = report_dir / f"round-{index}"
+        command = [
+            sys.executable, "-m", "loadgen",
+            "--rooms", str(args.rooms), "--duration", str(minutes * 60),
+            "--server", server.ws_url, "--seed", str(index),
+            "--no-progress", "--report-dir", str(out),
+        ]  # fmt: skip
+        subprocess.run(command, check=False, stdout=subprocess.DEVNULL)
+        report = json.loads((out / "report.json").read_text())
+        totals.append(report["totals"] | {"errors": report.get("errors", {})})
+        print(f"round {index}: {minutes:.1f} min, totals {totals[-1]}", flush=True)
+        left -= minutes
+        index += 1
+    return totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rooms", type=int, default=8)
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--warmup-minutes", type=float, default=5.0)
+    parser.add_argument("--ttl-s", type=float, default=60.0, help="meeting TTL for the run")
+    parser.add_argument("--engine", choices=["model", "fake"], default="model")
+    parser.add_argument("--report-dir", type=Path, default=Path("reports/soak"))
+    args = parser.parse_args(argv)
+    args.report_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="parley-soak-") as tmp:
+        redis = RedisProcess(Path(tmp) / "redis", persistent=False)
+        redis.start()
+        server = ServerProcess(
+            "server" if args.engine == "model" else "bench.fake_server",
+            {"PARLEY_REDIS_URL": redis.url, "PARLEY_MEETING_TTL_S": str(args.ttl_s)},
+            args.report_dir / "server.log",
+        )
+        server.start()
+        started = time.monotonic()
+        idle_before = sample(server, redis, started)
+        samples: list[Sample] = []
+        done = threading.Event()
+
+        def sampler() -> None:
+            while not done.wait(10.0):
+                samples.append(sample(server, redis, started))
+
+        thread = threading.Thread(target=sampler, daemon=True)
+        thread.start()
+        try:
+            totals = load_rounds(args, server, args.report_dir)
+            at_end = sample(server, redis, started)
+            done.set()
+            thread.join()
+            deadline = time.monotonic() + 3 * args.ttl_s + 30.0
+            while redis_keys(redis) > 0 and time.monotonic() < deadline:
+                time.sleep(5.0)
+            expired = sample(server, redis, started)
+        finally:
+            done.set()
+            server.stop()
+            redis.stop()
+    result = {
+        "rooms": args.rooms,
+        "minutes": args.minutes,
+        "engine": args.engine,
+        "rss_slope_percent_per_hour": round(
+            slope_percent_per_hour(samples, args.warmup_minutes * 60), 3
+        ),
+        "rss_mb": {
+            "idle_before": idle_before.rss_mb,
+            "end_of_load": at_end.rss_mb,
+            "max": max(s.rss_mb for s in samples),
+        },
+        # Idle before the load and idle after every meeting expired: a leak shows as a rise.
+        "tasks": {"idle_before": idle_before.tasks, "idle_after": expired.tasks},
+        "fds": {"idle_before": idle_before.fds, "idle_after": expired.fds},
+        "redis_keys": {
+            "idle_before": idle_before.keys,
+            "peak": max(s.keys for s in samples),
+            "after_expiry": expired.keys,
+        },
+        "lost": sum(t.get("lost", 0) for t in totals),
+        "duplicates": sum(t.get("duplicates", 0) for t in totals),
+        "finals": sum(t.get("finals", 0) for t in totals),
+        "rounds": totals,
+        "samples": [asdict(s) for s in samples],
+    }
+    (args.report_dir / "soak.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("samples", "rounds")}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
