@@ -42,6 +42,9 @@ class Utterance:
     (an English-only model ignores it). A session detects once, then pins what it found.
     `draft` is what an earlier transcription of this utterance's beginning said (its
     latest partial): a recognizer may use it to decode faster, never to change the result.
+    `prompt` is the text said before it by the same source (its previous finals): Whisper
+    is conditioned on it (`<|startofprev|>`), which keeps spelling, casing and punctuation
+    consistent; a recognizer keeps its most recent part. Empty: decoded on its own.
     `word_timings` asks for the transcription's `words` (finals do; partials do not: the
     timings cost another decoder pass).
     """
@@ -49,6 +52,7 @@ class Utterance:
     audio: AudioArray
     language: str | None = None
     draft: str = ""
+    prompt: str = ""
     word_timings: bool = False
 
     @property

@@ -12,9 +12,10 @@ once from the encoder states, and `scaled_dot_product_attention`. Its tokens equ
 
 One batch decodes in two calls:
 
-- `start(hidden)`: the decoder at <|startoftranscript|> alone. The `Started` batch it
-  returns holds the logits there (where Whisper reads the no-speech probability and
-  detects the language) and the batch's cache; the decoder object itself holds no batch.
+- `start(hidden, prefixes)`: the decoder over each row's prefix (the previous text, if
+  any) and <|startoftranscript|>. The `Started` batch it returns holds the logits there
+  (where Whisper reads the no-speech probability and detects the language) and the
+  batch's cache; the decoder object itself holds no batch.
 - `decode(started, prompts, budgets, drafts)`: the rest of each row's prompt (language,
   task, <|notimestamps|>: the same length in every row) in one pass, then greedy tokens,
   with Whisper's suppressed tokens, until every row has its <|endoftext|> or has used its
@@ -34,14 +35,19 @@ quantized per call, so a many-token pass rounds differently from single steps, a
 also does in another batch: 21 of 27 clips came out identical and the rest differ in a
 word or a comma, at the same corpus WER (0.0665 with drafts and without).
 
-What it does not do: beam search, temperature fallback, timestamps, prompts of previous
-text. Whisper's attention uses no padding mask in the decoder (every row's prompt has the
-same length) and none on the encoder states (Whisper was trained on zero-padded windows).
+Prompts of previous text (Whisper's `<|startofprev|>` prefix): `start` takes each row's
+tokens before <|startoftranscript|>, of any length. Rows then start at different
+positions, as after drafts: the cache's per-row lengths and masks keep every row's
+attention on its own tokens, so a row decodes the same beside rows with other prompts
+or none (tests/engine/test_prompts.py).
+
+What it does not do: beam search, temperature fallback, timestamps. There is no mask on
+the encoder states (Whisper was trained on zero-padded windows).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -135,13 +141,32 @@ class GreedyDecoder:
     def max_positions(self) -> int:
         return self._max_positions
 
-    def start(self, hidden: torch.Tensor, positions: int | None = None) -> Started:
+    def start(
+        self,
+        hidden: torch.Tensor,
+        positions: int | None = None,
+        prefixes: Sequence[Sequence[int]] | None = None,
+    ) -> Started:
         """The decoder at <|startoftranscript|> over encoder states `hidden`, with a cache of
-        `positions` tokens (default: the decoder's maximum; <|startoftranscript|>, the
-        prompt and every token to decode must fit)."""
+        `positions` tokens (default: the decoder's maximum; the prefix, <|startoftranscript|>,
+        the prompt and every token to decode must fit).
+
+        `prefixes[i]`, if given, is what row i reads before <|startoftranscript|>
+        (<|startofprev|> and the previous text's tokens), of any length, empty for none.
+        Each row's tokens sit at its own positions from 0; a shorter row is padded after
+        its <|startoftranscript|>, and what follows overwrites the padding, which its
+        attention never sees: a row's result does not depend on its batch-mates' prefixes.
+        """
         positions = self._max_positions if positions is None else positions
-        if not 2 <= positions <= self._max_positions:
-            raise ValueError(f"positions must be in [2, {self._max_positions}], got {positions}")
+        batch = hidden.shape[0]
+        rows = [[*prefix, self._start] for prefix in (prefixes or [()] * batch)]
+        if len(rows) != batch:
+            raise ValueError("one prefix (maybe empty) per row")
+        width = max(len(row) for row in rows)
+        if not width + 1 <= positions <= self._max_positions:
+            raise ValueError(
+                f"positions must be in [{width + 1}, {self._max_positions}], got {positions}"
+            )
         cross = [
             (
                 self._split(layer.encoder_attn.k_proj(hidden)),
@@ -150,8 +175,12 @@ class GreedyDecoder:
             for layer in self._layers
         ]
         cache = _Cache(cross, positions, hidden)
-        ids = torch.full((hidden.shape[0], 1), self._start, dtype=torch.long, device=hidden.device)
-        return Started(self._project(self._step(cache, ids)[:, -1]), cache)
+        padded = [row + [self._end] * (width - len(row)) for row in rows]
+        ids = torch.tensor(padded, dtype=torch.long, device=hidden.device)
+        states = self._step(cache, ids)
+        cache.lengths = torch.tensor([len(row) for row in rows], device=hidden.device)
+        last = states[torch.arange(batch, device=hidden.device), cache.lengths - 1]
+        return Started(self._project(last), cache)
 
     def decode(
         self,
@@ -180,7 +209,8 @@ class GreedyDecoder:
             raise ValueError("one prompt and one budget of at least 1 token per row")
         if drafts is not None and len(drafts) != batch:
             raise ValueError("one draft (maybe empty) per row")
-        room = cache.keys.shape[3] - 1 - prompts.shape[1]
+        # Every row's tokens must fit, even padded to the longest prefix (a draft check).
+        room = cache.keys.shape[3] - int(cache.lengths.max()) - prompts.shape[1]
         budgets = [min(budget, room) for budget in budgets]
         if min(budgets) < 1:
             raise ValueError("the prompt leaves no room to decode")

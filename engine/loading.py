@@ -41,6 +41,7 @@ class ModelConfig:
     dtype: DType = "auto"
     int8: bool = False
     drafts: bool = True
+    prompt_tokens: int = 128  # previous text kept as each utterance's prompt; 0: none
     word_timings: bool = True
     workers: int = 0
     torch_threads: int = 0
@@ -90,6 +91,7 @@ def load_whisper(config: ModelConfig) -> Recognizer:
         max_batch_size=config.max_batch_size,
         int8=config.int8,
         drafts=config.drafts,
+        prompt_tokens=config.prompt_tokens,
         word_timings=config.word_timings,
     )
     return load_recognizer(config.model, whisper, cache=config.cache)

@@ -25,11 +25,16 @@ are decoded once more, together, on the full 30 s window (like Whisper's tempera
 fallback, but changing the window): one `generate()` per batch, a second one only for
 those.
 
-Whisper's encoder never masks padding (it was trained on zero-padded windows), and every
-row's decoder prompt has the same length, so the decoder needs no padding mask either.
+Prompts: an utterance's `prompt` (its source's previous text) is read before
+<|startoftranscript|> after <|startofprev|>, its last `prompt_tokens` tokens, as Whisper
+conditions on previous text; the no-speech probability is read after it, as Whisper's.
+Rows with and without prompts share a batch (`engine.greedy` keeps each row's attention
+on its own tokens). Whisper's encoder never masks padding (it was trained on zero-padded
+windows).
 Word timings (`engine.alignment`) are computed for the utterances that ask for them
 (`Utterance.word_timings`: finals, not partials), once their decoding is kept: one more
-decoder pass over those rows' tokens, reusing the greedy decoder's encoder keys and values.
+decoder pass over those rows' tokens (without the prompt, as Whisper aligns), reusing the
+greedy decoder's encoder keys and values.
 
 The recognizer never sets torch's thread count; the process that owns it decides.
 """
@@ -83,6 +88,8 @@ class WhisperRecognizerConfig:
     of its audio (plus a few; at most half the decoder's context, Whisper's own limit), so
     a looping utterance stops early and does not hold up the rest of its batch.
     `retry_loops_on_full_window` decodes looping utterances again on the full window.
+    `prompt_tokens` bounds each utterance's `prompt` (the previous text, Whisper's
+    `<|startofprev|>` prefix) to its last that many tokens; 0 ignores prompts.
     `int8` stores every linear layer's weights as int8 and multiplies in integers
     (`engine.int8`; CPU and float32 only): faster on CPU at equal offline accuracy, but
     streaming accuracy suffered in our runs (docs/performance.md). `drafts` lets each
@@ -100,6 +107,7 @@ class WhisperRecognizerConfig:
     retry_loops_on_full_window: bool = True
     int8: bool = False
     drafts: bool = True
+    prompt_tokens: int = 128
     word_timings: bool = True
     guard: GuardConfig = field(default_factory=GuardConfig)
 
@@ -110,6 +118,8 @@ class WhisperRecognizerConfig:
             raise ValueError("max_tokens_per_second must be > 0")
         if not self.windows:
             raise ValueError("windows must name at least one window length")
+        if self.prompt_tokens < 0:
+            raise ValueError(f"prompt_tokens must be >= 0, got {self.prompt_tokens}")
         if self.window_margin < 0:
             raise ValueError(f"window_margin must be >= 0, got {self.window_margin}")
         device = torch.device(self.device)  # raises on a malformed device string
@@ -212,6 +222,13 @@ class WhisperRecognizer:
             begin_suppress_tokens=list(generation.begin_suppress_tokens or []),
         )
         self._max_new_tokens_cap = self._model.config.max_target_positions // 2
+        self._prev = _token_setting(generation, "prev_sot_token_id")
+        # <|startofprev|>, the prompt, <|startoftranscript|>, [language,] the tail, the
+        # tokens: the longest prompt must leave room for the longest decoding.
+        longest = 3 + len(self._prompt_tail) + self.config.prompt_tokens + self._max_new_tokens_cap
+        if longest > self._greedy.max_positions:
+            room = self._greedy.max_positions - longest + self.config.prompt_tokens
+            raise ValueError(f"prompt_tokens must be at most {room} for this model")
         self._aligner = self._build_aligner(generation, model_path)
         logger.info(
             "loaded %s on %s (%s%s), windows %s s",
@@ -320,9 +337,10 @@ class WhisperRecognizer:
             token_budget(u.duration, self.config.max_tokens_per_second, self._max_new_tokens_cap)
             for u in batch
         ]
-        # <|startoftranscript|>, [language,] the prompt tail, then the tokens to decode.
-        positions = 2 + len(self._prompt_tail) + max(budgets)
-        started = self._greedy.start(hidden, min(positions, self._greedy.max_positions))
+        prefixes = [self._prefix(utterance.prompt) for utterance in batch]
+        # [The prefix,] <|startoftranscript|>, [language,] the prompt tail, then the tokens.
+        positions = max(map(len, prefixes)) + 2 + len(self._prompt_tail) + max(budgets)
+        started = self._greedy.start(hidden, min(positions, self._greedy.max_positions), prefixes)
         no_speech, languages, probabilities = self._read_first_step(started.logits, batch)
         decoded = self._decode(
             started, batch, budgets, no_speech.tolist(), languages, probabilities, should_stop
@@ -479,10 +497,18 @@ class WhisperRecognizer:
 
     def _draft_tokens(self, text: str) -> list[int]:
         """A draft's tokens as the model would write them (text after a space)."""
-        if not text:
+        if not text.strip():
             return []
         ids: list[int] = self._tokenizer.encode(" " + text.strip(), add_special_tokens=False)
-        return ids
+        return [token for token in ids if token < self._eot]
+
+    def _prefix(self, prompt: str) -> list[int]:
+        """What an utterance reads before <|startoftranscript|>: <|startofprev|> and the last
+        `prompt_tokens` tokens of its prompt (Whisper's condition on previous text), or
+        nothing."""
+        keep = self.config.prompt_tokens
+        tokens = self._draft_tokens(prompt) if keep else []
+        return [self._prev, *tokens[-keep:]] if tokens else []
 
     def _verdict(self, decoded: _Decoded) -> Verdict:
         return judge(

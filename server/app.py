@@ -54,6 +54,7 @@ def model_config(settings: Settings) -> ModelConfig:
         dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
         int8=settings.quantize == "int8",
         drafts=settings.drafts,
+        prompt_tokens=settings.prompt_tokens,
         word_timings=settings.word_timings,
         workers=settings.model_workers,
         torch_threads=settings.torch_threads,
@@ -117,6 +118,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         max_frame_bytes=settings.max_frame_bytes,
         outbox_limit=settings.outbox_limit,
         languages=recognizer.languages,
+        prompts=settings.prompt_tokens > 0,
         telemetry=state.metrics,
         speakers=speakers,
         diarizer=DiarizerConfig(max_speakers=settings.diarization_max_speakers),

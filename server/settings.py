@@ -46,6 +46,12 @@ class Settings:
         "Seed each decoding of a live utterance with its latest partial's text (faster; "
         "same text in float32).",
     )
+    prompt_tokens: int = setting(
+        128,
+        "Decode each utterance after its source's previous finals, their last this many "
+        "tokens (Whisper's previous-text prompt: consistent casing and spelling, fewer "
+        "errors); 0 = off: each utterance on its own. At most 220 for tiny.en.",
+    )
     word_timings: bool = setting(
         True,
         "Give every final its words with their times and probabilities (one more decoder "
@@ -258,6 +264,8 @@ class Settings:
             <= 0
         ):
             raise ValueError("upload duration, time and CPU limits must be positive")
+        if self.prompt_tokens < 0:
+            raise ValueError(f"{ENV_PREFIX}PROMPT_TOKENS must be >= 0 (0: off)")
         if self.model_workers < 0 or self.torch_threads < 0:
             raise ValueError("MODEL_WORKERS and TORCH_THREADS must be >= 0 (0: automatic)")
         if not 0.05 <= self.partial_share <= 1:

@@ -149,6 +149,7 @@ class SessionActor:
                 timing=True,
                 requested_language=None if config.language == "auto" else config.language,
                 model_languages=services.languages,
+                prompts=services.prompts,
                 clock=services.clock,
                 telemetry=services.telemetry,
             ),

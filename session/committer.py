@@ -16,6 +16,16 @@ The live actor and the file transcriber both hand every utterance the segmenter 
   file's result), then to the meeting's listeners. A file that stands alone (no meeting
   source) numbers its finals itself.
 
+Prompts (`CommitterConfig.prompts`): each final is decoded after the source's previous
+finals' text (`Utterance.prompt`, the source's rolling `context`, which the store keeps
+across a resume), as Whisper conditions on previous text. So a final is sent only once
+the one before it is committed: one final of a source is with the engine at a time, and
+the finals cut meanwhile wait in order (live, the previous final is almost always
+committed by the time the next utterance ends; a file's utterances run one by one). A
+final the hallucination guard emptied (no speech, a loop) clears the context: the next
+final starts afresh rather than continue from what went wrong. A partial decodes with
+its utterance's prompt (`prompt_for_partial`).
+
 A final's request is keyed by the source's `session_id`: `Recognition.cancel(session_id)`
 drops whatever the source still has queued.
 """
@@ -26,6 +36,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -55,7 +66,9 @@ from wire.messages import ServerMessage, Word
 
 logger = logging.getLogger(__name__)
 
-CONTEXT_CHARS = 400  # rolling text context kept per source
+# Rolling text context kept per source: the prompt of its next final (the recognizer keeps
+# its last `prompt_tokens` tokens; 128 tokens of English are ~600 characters).
+CONTEXT_CHARS = 1000
 
 
 class Delivery(Protocol):
@@ -105,6 +118,7 @@ class CommitterConfig:
     timing: bool  # put the server's timings in each final's message (live)
     requested_language: str | None  # None: detect (language=auto)
     model_languages: frozenset[str]
+    prompts: bool = False  # decode each final after the source's previous finals' text
     clock: Callable[[], float] = time.monotonic
     telemetry: Telemetry = field(default_factory=NullTelemetry)
 
@@ -135,6 +149,10 @@ class Committer:
             config.model_languages,
         )
         self.committed_index = -1  # the last utterance whose final was handled
+        # The source's recent final text: the next final's prompt (prompts on).
+        self.context = source.context if source is not None else ""
+        self._open = 0  # finals submitted (or waiting for their prompt), not yet committed
+        self._waiting: deque[PendingFinal] = deque()  # cut, waiting for their prompt
         self.finals = 0
         self.empty = 0  # utterances the hallucination guard judged not to be speech
         self._unlogged = 0  # finals of a file that stands alone: their seq
@@ -143,8 +161,18 @@ class Committer:
     def language(self) -> str | None:
         return self.gate.language
 
+    def prompt_for_partial(self) -> str | None:
+        """The prompt a partial of the utterance in progress decodes with: its final's
+        (the context once every earlier final is committed), "" with prompts off, None
+        while an earlier final is still open (the partial would decode in another
+        context than its final)."""
+        if not self.config.prompts:
+            return ""
+        return None if self._open else self.context
+
     async def submit(self, event: UtteranceEnded, draft: str = "") -> PendingFinal:
-        """Send the utterance `event` ended to the engine (or hold it for its language)."""
+        """Send the utterance `event` ended to the engine (or hold it for its language, or
+        for its prompt: the final before it)."""
         pending = PendingFinal(
             event.index,
             event.start,
@@ -154,13 +182,38 @@ class Committer:
         )
         if self._labeller is not None:
             pending.speakers = self._labeller.embed(event.audio)
-        if self.gate.admit(pending):
-            await self._submit(pending)
+        self._open += 1
+        if self.config.prompts and self._open > 1:
+            self._waiting.append(pending)
+        elif await self._admit(pending):
             pending.closed_at = self.config.clock()
         return pending
 
+    async def _admit(self, pending: PendingFinal) -> bool:
+        """Submit the final now, in the source's language and with its prompt, unless
+        the language gate holds it (False)."""
+        if self.config.prompts:
+            pending.utterance = dataclasses.replace(
+                pending.utterance,
+                language=pending.utterance.language or self.gate.language,
+                prompt=self.context,
+            )
+        if not self.gate.admit(pending):
+            return False
+        await self._submit(pending)
+        return True
+
     async def commit(self, pending: PendingFinal) -> Committed:
         """Await the final's result and log it; call in the order the finals were cut."""
+        committed = await self._commit(pending)
+        self._open -= 1
+        if committed.result is not None and not committed.records:
+            self.context = ""  # the guard emptied it: the next final starts afresh
+        if self._waiting:
+            await self._admit(self._waiting.popleft())
+        return committed
+
+    async def _commit(self, pending: PendingFinal) -> Committed:
         result, lost = await self._result(pending)
         self.committed_index = pending.index  # its partials are stale from now on
         if pending.utterance.language is None and self.gate.detector is not None:
@@ -265,23 +318,23 @@ class Committer:
                 transcription.language,
             )
             return [whole]
+        prompt = pending.utterance.prompt
         return await self._labeller.label(
             utterance_id,
             pending.start / SAMPLE_RATE,
             pending.utterance.audio,
             await pending.speakers,
             transcription,
-            lambda audio: self._recognize_part(audio, transcription.language),
+            lambda audio: self._recognize_part(audio, transcription.language, prompt),
         )
 
-    async def _recognize_part(self, audio: FloatArray, language: str) -> Transcription | None:
-        """Transcribe one speaker's part of an utterance on its own."""
+    async def _recognize_part(
+        self, audio: FloatArray, language: str, prompt: str
+    ) -> Transcription | None:
+        """Transcribe one speaker's part of an utterance on its own (with its prompt)."""
+        utterance = Utterance(audio, language, prompt=prompt, word_timings=True)
         try:
-            result = await (
-                await self._recognition.submit(
-                    self._request(Utterance(audio, language, word_timings=True))
-                )
-            )
+            result = await (await self._recognition.submit(self._request(utterance)))
         except SchedulerError:
             logger.warning("a part of %s failed", self.config.session_id, exc_info=True)
             return None
@@ -351,6 +404,7 @@ class Committer:
 
     async def _append(self, final: NewFinal, end: int, index: int) -> FinalRecord:
         """Append to the meeting's log with the source's next state, in one store step."""
+        self.context = (self.context + " " + final.text)[-CONTEXT_CHARS:].strip()
         if self.source is None:
             self._unlogged += 1
             return FinalRecord.from_new(self._unlogged, final)
@@ -358,7 +412,7 @@ class Committer:
             self.source,
             acked_until=end / SAMPLE_RATE,  # exact: resume re-sends from here
             next_utterance=index + 1,
-            context=(self.source.context + " " + final.text)[-CONTEXT_CHARS:].strip(),
+            context=self.context,
             language=self.language,
         )
         record = await self._store.append_final(self.source.meeting_id, final, acked)

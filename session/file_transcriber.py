@@ -122,6 +122,7 @@ class FileTranscriber:
                 timing=False,
                 requested_language=options.language,
                 model_languages=services.languages,
+                prompts=services.prompts,
                 clock=services.clock,
             ),
             services.scheduler,

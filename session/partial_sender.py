@@ -6,8 +6,10 @@ partials' share of the model on the stalest sources first, so under load every s
 partials slow down alike. A result goes to the client's outbox (merged with any partial
 not yet sent) and to the meeting's listeners, unless its utterance's final was committed
 meanwhile (stale) or it came back empty. A partial's text is also the next request's
-decoding draft for the same utterance. Every partial not sent is counted by reason:
-queue_full, superseded, stale, failed.
+decoding draft for the same utterance. A partial decodes with its final's prompt (the
+source's previous finals); while the final before it is still open that prompt is not
+known yet, and the partial is not sent. Every partial not sent is counted by reason:
+queue_full, superseded, stale, failed, waiting.
 """
 
 from __future__ import annotations
@@ -71,7 +73,13 @@ class PartialSender:
 
     async def submit(self, event: PartialDue) -> None:
         """Send the partial to the engine; deliver its result when it comes."""
-        utterance = Utterance(event.audio, self._committer.language, self.draft_for(event.index))
+        prompt = self._committer.prompt_for_partial()
+        if prompt is None:  # an earlier final is still open: this partial's prompt is not known
+            self._drop("waiting")
+            return
+        utterance = Utterance(
+            event.audio, self._committer.language, self.draft_for(event.index), prompt
+        )
         request = RecognitionRequest(self._session_id, Priority.PARTIAL, utterance)
         try:
             future = await self._recognition.submit(request)

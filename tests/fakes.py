@@ -20,7 +20,8 @@ class FakeRecognizer:
     it is multilingual: an utterance that pins no language is "detected" as `detects`
     (code, probability).
     `asked` records every utterance's `language` (None: detection asked for), `drafts`
-    every utterance's (sample count, draft).
+    every utterance's (sample count, draft), `prompts` its (sample count, prompt).
+    `empty_on` gives an utterance of that length empty text (as the guard empties one).
     """
 
     def __init__(
@@ -36,6 +37,8 @@ class FakeRecognizer:
         self.detects = detects
         self.asked: list[str | None] = []
         self.drafts: list[tuple[int, str]] = []
+        self.prompts: list[tuple[int, str]] = []
+        self.empty_on: int | None = None
         self.batches: list[list[int]] = []
         self.fail_on: int | None = None
         self.wrong_length = False
@@ -65,6 +68,7 @@ class FakeRecognizer:
         self.batches.append(sizes)
         self.asked.extend(u.language for u in batch)
         self.drafts.extend((len(u.audio), u.draft) for u in batch)
+        self.prompts.extend((len(u.audio), u.prompt) for u in batch)
         self.entered.set()
         if self.gate is not None:
             # Wait for the test to release the batch, or for the scheduler to stop it.
@@ -81,7 +85,7 @@ class FakeRecognizer:
         return results[:-1] if self.wrong_length else results
 
     def _result(self, utterance: Utterance) -> Transcription:
-        text = f"n={len(utterance.audio)}"
+        text = "" if len(utterance.audio) == self.empty_on else f"n={len(utterance.audio)}"
         if len(self._languages) == 1:
             language, probability = next(iter(self._languages)), None
         elif utterance.language is None:

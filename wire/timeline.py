@@ -15,10 +15,11 @@ finals keep the order they were given in.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TypeVar
 
-from wire.messages import Final, WallTime
+from wire.messages import Final, WallTime, Word
 
 WALL_DIGITS = 3  # Unix seconds to the ms, like every other time in the protocol
 
@@ -53,3 +54,30 @@ def in_meeting_order(finals: Sequence[F]) -> list[F]:
     if origin is None:
         return list(finals)
     return sorted(finals, key=lambda f: (shift(f, origin) + f.start, f.seq))
+
+
+def on_meeting_timeline(finals: Sequence[F]) -> list[F]:
+    """The finals with `start`, `end` and their words' times moved from their source's
+    timeline to the meeting's (seconds from `meeting_origin`): what TXT, SRT and VTT show.
+    A final that needs no move is returned as it is."""
+    origin = meeting_origin(finals)
+    return [_shifted(f, shift(f, origin)) for f in finals]
+
+
+def _shifted(final: F, by: float) -> F:
+    if by == 0.0:
+        return final
+    words: list[Word] = [
+        {
+            **w,
+            "start": round(w["start"] + by, WALL_DIGITS),
+            "end": round(w["end"] + by, WALL_DIGITS),
+        }
+        for w in final.words
+    ]
+    return dataclasses.replace(
+        final,
+        start=round(final.start + by, WALL_DIGITS),
+        end=round(final.end + by, WALL_DIGITS),
+        words=words,
+    )

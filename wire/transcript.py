@@ -21,7 +21,7 @@ import orjson
 
 from wire.build import transcript_final
 from wire.messages import Final, Word
-from wire.timeline import in_meeting_order, meeting_origin, shift
+from wire.timeline import in_meeting_order, meeting_origin, on_meeting_timeline
 
 CUE_CHARS = 42  # a subtitle line's customary length
 CUE_SECONDS = 7.0  # the longest a cue stays on screen
@@ -52,6 +52,7 @@ def render(
     finals = in_meeting_order(finals)
     if fmt is TranscriptFormat.JSON:
         return render_json(meeting_id, finals)
+    finals = on_meeting_timeline(finals)  # times from the meeting's origin from here on
     if fmt is TranscriptFormat.TXT:
         return render_txt(finals, labels=labels)
     if fmt is TranscriptFormat.SRT:
@@ -83,29 +84,24 @@ def utterances(finals: Sequence[Final]) -> list[dict[str, Any]]:
 
 
 def render_txt(finals: Sequence[Final], *, labels: bool = True) -> str:
-    origin = meeting_origin(finals)
     return "".join(
-        f"[{_clock(_start(f, origin), '.')}] {_label(f, labels)}{_one_line(f.text)}\n"
-        for f in finals
+        f"[{_clock(f.start, '.')}] {_label(f, labels)}{_one_line(f.text)}\n" for f in finals
     )
 
 
 def render_srt(finals: Sequence[Final], *, labels: bool = True) -> str:
-    origin = meeting_origin(finals)
-    timed = [(f, shift(f, origin), cue) for f in finals for cue in cues(f)]
+    timed = [(f, cue) for f in finals for cue in cues(f)]
     blocks = [
-        f"{i}\n{_clock(at + cue.start, ',')} --> {_clock(at + cue.end, ',')}\n"
+        f"{i}\n{_clock(cue.start, ',')} --> {_clock(cue.end, ',')}\n"
         f"{_label(f, labels)}{_one_line(cue.text)}\n"
-        for i, (f, at, cue) in enumerate(timed, start=1)
+        for i, (f, cue) in enumerate(timed, start=1)
     ]
     return "\n".join(blocks)
 
 
 def render_vtt(finals: Sequence[Final], *, labels: bool = True) -> str:
-    origin = meeting_origin(finals)
     blocks = [
-        f"{_clock(shift(f, origin) + cue.start, '.')} --> "
-        f"{_clock(shift(f, origin) + cue.end, '.')}\n"
+        f"{_clock(cue.start, '.')} --> {_clock(cue.end, '.')}\n"
         + (f"<v {_escape(_who(f, labels))}>" if labels or f.speaker else "")
         + f"{_escape(cue.text)}\n"
         for f in finals
@@ -116,7 +112,7 @@ def render_vtt(finals: Sequence[Final], *, labels: bool = True) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Cue:
-    """One subtitle: seconds on its final's own timeline, and its text."""
+    """One subtitle: seconds on its final's timeline, and its text."""
 
     start: float
     end: float
@@ -130,7 +126,7 @@ def cues(final: Final) -> list[Cue]:
     starts (its first word's start); the first starts with the final, the last ends with it.
     Words that do not make up the final's text (a record from before words were exact)
     leave it one cue."""
-    whole = Cue(final.start, max(final.end, final.start + 0.001), final.text)
+    whole = Cue(final.start, _cue_end(final), final.text)
     words = final.words
     fits = len(_one_line(final.text)) <= CUE_CHARS and final.end - final.start <= CUE_SECONDS
     if fits or not words or _joined(words) != _one_line(final.text):
@@ -170,9 +166,8 @@ def _who(final: Final, labels: bool) -> str:
     return f"{final.participant} ({final.speaker})" if labels else final.speaker
 
 
-def _start(final: Final, origin: float | None) -> float:
-    """The final's start on the meeting's timeline (seconds from `origin`)."""
-    return shift(final, origin) + final.start
+def _cue_end(final: Final) -> float:
+    return max(final.end, final.start + 0.001)
 
 
 def _clock(seconds: float, separator: str) -> str:

@@ -15,6 +15,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
+from server.uploads import parse_started_at
 from tests.appserver import AppServer, serve_app
 from tests.corpus import clip
 from tests.wsclient import ResumableStream, StreamResult, receive_all, stream_url
@@ -96,3 +97,12 @@ async def test_transcript_and_replay_in_meeting_time(app: AppServer) -> None:
         await asyncio.wait_for(replay.wait_for(lambda r: len(r.finals) == len(logged)), 10)
         replaying.cancel()
     assert [f["seq"] for f in replay.finals] == expected
+
+
+def test_started_at_takes_unix_seconds_or_rfc3339_with_an_offset() -> None:
+    now = 1_764_637_800.0
+    assert parse_started_at("1764637000.1234", now) == 1_764_637_000.123
+    assert parse_started_at("2025-12-02T00:50:00Z", now) == 1_764_636_600.0
+    assert parse_started_at("2025-12-02T01:50:00+01:00", now) == 1_764_636_600.0
+    for bad in ("2025-12-02T00:50:00", "yesterday", "nan", "inf", "1764637000123", "12", ""):
+        assert parse_started_at(bad, now) is None, bad  # no offset, not a time, ms, < 2000

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 
 from wire import build
 from wire.messages import Final, TranscriptFinal
-from wire.timeline import in_meeting_order, meeting_origin, wall_time
+from wire.timeline import in_meeting_order, meeting_origin, on_meeting_timeline, wall_time
 from wire.transcript import TranscriptFormat, render
 
 ANA = 1_764_637_800.25  # ana's stream started first ...
@@ -61,3 +63,14 @@ def test_every_format_in_meeting_time() -> None:
     vtt = render("m", FINALS, TranscriptFormat.VTT)
     assert "00:00:06.500 --> 00:00:07.300\n<v bo>Right.\n" in vtt
     assert vtt.index("A long opening.") < vtt.index("Short.") < vtt.index("Then this.")
+
+
+def test_renderings_move_times_and_words_to_the_meeting_timeline() -> None:
+    """A later source's start, end and word times move by its origin's lead; the
+    earliest source's finals are left as they are."""
+    worded = replace(FINALS[0], words=[{"word": " Short.", "start": 0.5, "end": 1.4}])
+    moved = on_meeting_timeline([worded, FINALS[1]])
+    assert (moved[0].start, moved[0].end) == (3.0, 4.0)
+    assert moved[0].words == [{"word": " Short.", "start": 3.0, "end": 3.9}]
+    assert moved[1] is FINALS[1]
+    assert worded.start == 0.5  # the finals given are not changed
