@@ -129,6 +129,7 @@ class BatchScheduler:
         *,
         workers: int = 1,
         max_batch_size: int = 16,
+        max_partial_batch: int = 16,
         max_wait: float = 0.02,
         max_queue: int = 256,
         partial_share: float = 0.5,
@@ -145,7 +146,7 @@ class BatchScheduler:
             workers=workers,
             max_batch_size=batch,
             max_wait=max_wait,
-            max_partial_batch=batch,
+            max_partial_batch=min(max_partial_batch, batch),
             partial_share=partial_share,
         )
         self._max_queue = max_queue

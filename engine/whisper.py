@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -69,6 +69,13 @@ from engine.windows import WindowedEncoders
 logger = logging.getLogger(__name__)
 
 DType = Literal["float32", "float16", "bfloat16"]
+# Which linear layers run in int8 (`engine.int8`): none, the decoder's (its vocabulary
+# projection included), or every one (the encoder's too).
+Quantize = Literal["none", "int8-decoder", "int8"]
+_INT8_LAYERS: dict[str, Callable[[str], bool]] = {
+    "int8-decoder": lambda name: name == "proj_out" or name.startswith("model.decoder."),
+    "int8": lambda name: True,
+}
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -90,9 +97,10 @@ class WhisperRecognizerConfig:
     `retry_loops_on_full_window` decodes looping utterances again on the full window.
     `prompt_tokens` bounds each utterance's `prompt` (the previous text, Whisper's
     `<|startofprev|>` prefix) to its last that many tokens; 0 ignores prompts.
-    `int8` stores every linear layer's weights as int8 and multiplies in integers
-    (`engine.int8`; CPU and float32 only): faster on CPU at equal offline accuracy, but
-    streaming accuracy suffered in our runs (docs/performance.md). `drafts` lets each
+    `quantize` stores some linear layers' weights as int8 and multiplies in integers, with
+    activations quantized per row (`engine.int8`; CPU and float32 only): `int8-decoder`
+    the decoder's layers and its vocabulary projection, `int8` the encoder's as well
+    (docs/performance.md: what each saves, and its accuracy). `drafts` lets each
     utterance's `draft` seed its decoding (`engine.greedy`); off, drafts are ignored.
     `word_timings` computes the words of the utterances that ask for them
     (`engine.alignment`); off, every transcription's `words` is empty.
@@ -105,7 +113,7 @@ class WhisperRecognizerConfig:
     max_batch_size: int = 16
     max_tokens_per_second: float = 8.0
     retry_loops_on_full_window: bool = True
-    int8: bool = False
+    quantize: Quantize = "none"
     drafts: bool = True
     prompt_tokens: int = 128
     word_timings: bool = True
@@ -123,7 +131,9 @@ class WhisperRecognizerConfig:
         if self.window_margin < 0:
             raise ValueError(f"window_margin must be >= 0, got {self.window_margin}")
         device = torch.device(self.device)  # raises on a malformed device string
-        if self.int8:
+        if self.quantize not in ("none", *_INT8_LAYERS):
+            raise ValueError(f"quantize must be none or one of {sorted(_INT8_LAYERS)}")
+        if self.quantize != "none":
             if device.type != "cpu" or self.torch_dtype != torch.float32:
                 raise ValueError("int8 runs on the CPU in float32 only")
             if not int8_available():
@@ -182,9 +192,9 @@ class WhisperRecognizer:
         torch.nn.Module.to(model, self._device)
         torch.nn.Module.eval(model)
         model.requires_grad_(False)
-        if self.config.int8:
+        if self.config.quantize != "none":
             # Before the windows are built: they share the model's (int8) layers.
-            replaced = quantize_linears(model)
+            replaced = quantize_linears(model, _INT8_LAYERS[self.config.quantize])
             logger.info("%s: %d linear layers in int8", self._name, replaced)
         self._model = model
         self._encoders = WindowedEncoders(self._model.model.encoder, self.config.windows)
@@ -235,7 +245,7 @@ class WhisperRecognizer:
             self._name,
             self._device,
             self.config.torch_dtype,
-            ", int8 linear layers" if self.config.int8 else "",
+            "" if self.config.quantize == "none" else f", {self.config.quantize}",
             self._encoders.windows,
         )
 

@@ -52,7 +52,7 @@ def model_config(settings: Settings) -> ModelConfig:
         cache=Path(settings.model_cache),
         device=settings.device,
         dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
-        int8=settings.quantize == "int8",
+        quantize=settings.quantize,  # type: ignore[arg-type]  # Settings checked the value
         drafts=settings.drafts,
         prompt_tokens=settings.prompt_tokens,
         word_timings=settings.word_timings,
@@ -100,6 +100,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         recognizer,
         workers=workers,
         max_batch_size=settings.max_batch_size,
+        max_partial_batch=settings.max_partial_batch,
         max_wait=settings.batch_wait_ms / 1000,
         max_queue=settings.max_queue,
         partial_share=settings.partial_share,

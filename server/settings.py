@@ -37,9 +37,11 @@ class Settings:
         "auto", "`auto`, `float32`, `float16` or `bfloat16` (`auto`: fp32 on CPU, fp16 on CUDA)."
     )
     quantize: str = setting(
-        "none",
-        "`none` or `int8`: int8 weights for the model's linear layers (CPU and float32 "
-        "only): faster, but it raised streaming WER in our runs (docs/performance.md).",
+        "auto",
+        "Int8 weights for the model's linear layers, activations quantized per row (CPU "
+        "and float32 only): `int8-decoder` (the decoder's layers: its steps ~2x faster at "
+        "the same WER), `int8` (the encoder's too), `none`, or `auto` (`int8-decoder` on "
+        "the CPU in float32, else `none`). docs/performance.md has the figures.",
     )
     drafts: bool = setting(
         True,
@@ -66,6 +68,11 @@ class Settings:
         0, "Threads for each model worker's CPU kernels; 0 = the cores shared out among them."
     )
     max_batch_size: int = setting(16, "Most utterances the model runs in one batch.")
+    max_partial_batch: int = setting(
+        16,
+        "Most partials in one batch (at most MAX_BATCH_SIZE). A partial batch that finals "
+        "preempt is thrown away, so on the CPU small ones waste less.",
+    )
     batch_wait_ms: float = setting(
         20.0, "How long a batch may wait to fill after its oldest request arrived."
     )
@@ -251,8 +258,8 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}DEVICE must be auto, cpu or cuda, not {self.device!r}")
         if self.dtype not in {"auto", "float32", "float16", "bfloat16"}:
             raise ValueError(f"{ENV_PREFIX}DTYPE must be auto, float32, float16 or bfloat16")
-        if self.quantize not in {"int8", "none"}:
-            raise ValueError(f"{ENV_PREFIX}QUANTIZE must be none or int8")
+        if self.quantize not in {"auto", "none", "int8-decoder", "int8"}:
+            raise ValueError(f"{ENV_PREFIX}QUANTIZE must be auto, none, int8-decoder or int8")
         if self.max_batch_size < 1 or self.max_queue < self.max_batch_size:
             raise ValueError("need MAX_BATCH_SIZE >= 1 and MAX_QUEUE >= MAX_BATCH_SIZE")
         if min(self.max_upload_bytes, self.upload_decoders, self.upload_max_jobs) < 1:
@@ -302,6 +309,7 @@ class Settings:
             "max_listeners",
             "max_waiting_auth",
             "max_tokens_per_tenant",
+            "max_partial_batch",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()} must be >= 1")

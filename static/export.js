@@ -33,10 +33,23 @@ export function clock(seconds) {
 }
 
 /**
- * Finals placed on one meeting clock, sorted by start (then seq).
+ * Finals placed on one meeting clock, sorted by start (then seq). The server's
+ * `wall_time` places them exactly (from the earliest source's origin, as its own
+ * transcript does); without it, each source is anchored by when its finals arrived.
  * @returns {Array<object>} copies of the finals with `meetingStart`/`meetingEnd`
  */
 export function onMeetingClock(finals) {
+  if (finals.length && finals.every((f) => f.wall_time)) {
+    const ms = (t) => Math.round(t * 1000) / 1000; // the protocol's precision
+    const t0 = Math.min(...finals.map((f) => ms(f.wall_time.start - f.start)));
+    return finals
+      .map((f) => ({
+        ...f,
+        meetingStart: ms(f.wall_time.start - t0),
+        meetingEnd: ms(Math.max(f.wall_time.end, f.wall_time.start) - t0),
+      }))
+      .sort((a, b) => a.meetingStart - b.meetingStart || (a.order ?? a.seq) - (b.order ?? b.seq));
+  }
   const bySeq = [...finals].sort((a, b) => (a.order ?? a.seq) - (b.order ?? b.seq));
   // Split each participant's finals into timelines: a start far before the previous end
   // means the source reconnected as a new stream whose clock restarted at zero.

@@ -63,6 +63,9 @@ export class TranscriptModel {
       language: msg.language ?? null,
       speaker: typeof msg.speaker === 'string' ? msg.speaker : null, // diarize=true sources
       words: Array.isArray(msg.words) ? msg.words : undefined,
+      // The meeting's one clock (Unix s), when the server sends it: see export.onMeetingClock.
+      wall_time: Number.isFinite(msg.wall_time?.start) && Number.isFinite(msg.wall_time?.end)
+        ? { start: msg.wall_time.start, end: msg.wall_time.end } : undefined,
       timing: msg.timing ?? undefined,
       receivedAt: extra.receivedAt ?? null,
       latency: extra.latency ?? null,

@@ -177,6 +177,18 @@ test('several sources are placed on one meeting clock by arrival', () => {
   assert.equal(json.finals[0].meeting_start, 1);
 });
 
+test('finals with the server\'s wall_time are placed by it, not by arrival', () => {
+  const m = new TranscriptModel();
+  // Bo's short phrase was logged first (seq 1), though Ada started 2.5 s before him.
+  const wall = (origin, start, end) => ({ wall_time: { start: origin + start, end: origin + end } });
+  m.addFinal(final(1, 'Bo', 'short', 0.5, 1.5, wall(1002.5, 0.5, 1.5)), { receivedAt: 1_004_000 });
+  m.addFinal(final(2, 'Ada', 'long', 0.2, 6, wall(1000, 0.2, 6)), { receivedAt: 1_006_500 });
+  const placed = onMeetingClock(m.finals);
+  assert.deepEqual(placed.map((f) => f.seq), [2, 1]);
+  assert.deepEqual(placed.map((f) => f.meetingStart), [0.2, 3]);
+  assert.match(toTxt(m.finals), /\[0:00\] Ada: long\n\[0:03\] Bo: short/);
+});
+
 test('limits and quotas reconnect; meeting tokens ride as a subprotocol', async () => {
   assert.equal(closeAction(4413, { errorCode: 'max_duration' }), 'resume');
   assert.equal(closeAction(4429, { errorCode: 'quota_exceeded' }), 'resume');
