@@ -45,7 +45,7 @@ class ModelConfig:
     dtype: DType = "auto"
     quantize: Quantize = "auto"
     drafts: bool = True
-    prompt_tokens: int = 128  # previous text kept as each utterance's prompt; 0: none
+    prompt_tokens: int = 0  # previous text kept as each utterance's prompt; 0: none
     word_timings: bool = True
     workers: int = 0
     torch_threads: int = 0

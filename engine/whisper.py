@@ -314,6 +314,25 @@ class WhisperRecognizer:
                 window,
                 window,
             )
+        decoded = self._decode_in(batch, window, should_stop)
+        # A prompted row the guard would drop is decoded once more without its prompt:
+        # the previous text can lead tiny.en astray (a loop, a repeat), as Whisper's
+        # fallback drops the prompt.
+        redo = [
+            i
+            for i, item in enumerate(decoded)
+            if batch[i].prompt and self._verdict(item) is not Verdict.SPEECH
+        ]
+        if redo:
+            plain = [dataclasses.replace(batch[i], prompt="") for i in redo]
+            for i, item in zip(redo, self._decode_in(plain, window, should_stop), strict=True):
+                decoded[i] = item
+        return [self._postprocess(item) for item in decoded]
+
+    def _decode_in(
+        self, batch: Sequence[Utterance], window: float, should_stop: StopCheck | None
+    ) -> list[_Decoded]:
+        """Decode in `window`; rows that loop there again on the full window."""
         decoded = self._forward(batch, window, should_stop)
         retry = [i for i, item in enumerate(decoded) if self._should_retry(item, window)]
         if retry:
@@ -325,7 +344,7 @@ class WhisperRecognizer:
             )
             for i, item in zip(retry, again, strict=True):
                 decoded[i] = item
-        return [self._postprocess(item) for item in decoded]
+        return decoded
 
     def _should_retry(self, item: _Decoded, window: float) -> bool:
         """A loop in a short window, on what the model still takes for speech."""

@@ -49,10 +49,11 @@ class Settings:
         "same text in float32).",
     )
     prompt_tokens: int = setting(
-        128,
+        0,
         "Decode each utterance after its source's previous finals, their last this many "
-        "tokens (Whisper's previous-text prompt: consistent casing and spelling, fewer "
-        "errors); 0 = off: each utterance on its own. At most 220 for tiny.en.",
+        "tokens (Whisper's previous-text prompt; 128 is a good bound, at most 220 for "
+        "tiny.en); 0 = off: each utterance on its own. Off by default: it raised corpus "
+        "WER in our runs (docs/performance.md).",
     )
     word_timings: bool = setting(
         True,
