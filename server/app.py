@@ -56,6 +56,7 @@ def model_config(settings: Settings) -> ModelConfig:
         quantize=settings.quantize,  # type: ignore[arg-type]  # Settings checked the value
         drafts=settings.drafts,
         prompt_tokens=settings.prompt_tokens,
+        word_timings=settings.word_timings,
         workers=settings.model_workers,
         torch_threads=settings.torch_threads,
         max_batch_size=settings.max_batch_size,

@@ -187,7 +187,7 @@ class Committer:
             event.index,
             event.start,
             event.end,
-            Utterance(event.audio, self.gate.language, draft),
+            Utterance(event.audio, self.gate.language, draft, word_timings=True),
             self.config.clock(),
         )
         if self._labeller is not None:
@@ -358,7 +358,7 @@ class Committer:
         self, audio: FloatArray, language: str, prompt: str
     ) -> Transcription | None:
         """Transcribe one speaker's part of an utterance on its own (with its prompt)."""
-        utterance = Utterance(audio, language, prompt=prompt)
+        utterance = Utterance(audio, language, prompt=prompt, word_timings=True)
         try:
             result = await (await self._recognition.submit(self._request(utterance)))
         except SchedulerError:
@@ -389,8 +389,18 @@ class Committer:
         start = pending.start + part.start
         end = max(start, min(pending.start + part.end, pending.end))
         offset = pending.start / SAMPLE_RATE
+        first, last = seconds(start), seconds(end)
+
+        def inside(time: float) -> float:  # a file's last utterance may run past its end
+            return min(max(round(offset + time, 3), first), last)
+
         words: list[Word] = [
-            {"word": w.word, "start": round(offset + w.start, 3), "end": round(offset + w.end, 3)}
+            {
+                "word": w.word,
+                "start": inside(w.start),
+                "end": inside(w.end),
+                "probability": w.probability,
+            }
             for w in part.words
         ]
         final = NewFinal(
@@ -398,8 +408,8 @@ class Committer:
             session_id=self.config.session_id,
             participant=self.config.participant,
             text=part.text,
-            start=seconds(start),
-            end=seconds(end),
+            start=first,
+            end=last,
             language=part.language,
             words=words,
             speaker=part.speaker or None,
