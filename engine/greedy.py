@@ -96,10 +96,12 @@ class _Cache:
 
 class Started:
     """A batch after <|startoftranscript|>: `logits` (batch, vocabulary) in float32 there,
-    and the cache `GreedyDecoder.decode` continues from (once)."""
+    and the cache `GreedyDecoder.decode` continues from (once). `cross` are its
+    cross-attention keys and values per layer (word timings reuse them)."""
 
     def __init__(self, logits: torch.Tensor, cache: _Cache) -> None:
         self.logits = logits
+        self.cross = cache.cross
         self._cache: _Cache | None = cache
 
     def take_cache(self) -> _Cache:

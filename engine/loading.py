@@ -46,6 +46,7 @@ class ModelConfig:
     quantize: Quantize = "auto"
     drafts: bool = True
     prompt_tokens: int = 0  # previous text kept as each utterance's prompt; 0: none
+    word_timings: bool = True
     workers: int = 0
     torch_threads: int = 0
     max_batch_size: int = 16
@@ -107,6 +108,7 @@ def load_whisper(config: ModelConfig) -> Recognizer:
         quantize=resolve_quantize(config, device),
         drafts=config.drafts,
         prompt_tokens=config.prompt_tokens,
+        word_timings=config.word_timings,
     )
     return load_recognizer(config.model, whisper, cache=config.cache)
 

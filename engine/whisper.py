@@ -31,8 +31,10 @@ conditions on previous text; the no-speech probability is read after it, as Whis
 Rows with and without prompts share a batch (`engine.greedy` keeps each row's attention
 on its own tokens). Whisper's encoder never masks padding (it was trained on zero-padded
 windows).
-Word timings are not computed: they come from cross-attention weights, which the fused
-attention kernels do not return; `Transcription.words` stays empty.
+Word timings (`engine.alignment`) are computed for the utterances that ask for them
+(`Utterance.word_timings`: finals, not partials), once their decoding is kept: one more
+decoder pass over those rows' tokens (without the prompt, as Whisper aligns), reusing the
+greedy decoder's encoder keys and values.
 
 The recognizer never sets torch's thread count; the process that owns it decides.
 """
@@ -55,7 +57,8 @@ from transformers import (
     WhisperTokenizer,
 )
 
-from engine.api import SAMPLE_RATE, Transcription, Utterance
+from engine.alignment import Aligner, AlignmentRequest
+from engine.api import SAMPLE_RATE, Transcription, Utterance, WordTiming
 from engine.decoding import read_row, token_budget
 from engine.greedy import GreedyDecoder, Started
 from engine.guard import GuardConfig, Verdict, judge, looped
@@ -99,6 +102,8 @@ class WhisperRecognizerConfig:
     the decoder's layers and its vocabulary projection, `int8` the encoder's as well
     (docs/performance.md: what each saves, and its accuracy). `drafts` lets each
     utterance's `draft` seed its decoding (`engine.greedy`); off, drafts are ignored.
+    `word_timings` computes the words of the utterances that ask for them
+    (`engine.alignment`); off, every transcription's `words` is empty.
     """
 
     device: str = "cpu"
@@ -111,6 +116,7 @@ class WhisperRecognizerConfig:
     quantize: Quantize = "none"
     drafts: bool = True
     prompt_tokens: int = 128
+    word_timings: bool = True
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
@@ -150,6 +156,9 @@ class _Decoded:
     language: str
     language_probability: float | None  # None: pinned, not detected
     exhausted: bool  # ran out of tokens without <|endoftext|>
+    tokens: list[int] = field(default_factory=list)  # the text tokens
+    logprobs: list[float] = field(default_factory=list)  # each text token's
+    words: tuple[WordTiming, ...] = ()
 
 
 class WhisperRecognizer:
@@ -230,6 +239,7 @@ class WhisperRecognizer:
         if longest > self._greedy.max_positions:
             room = self._greedy.max_positions - longest + self.config.prompt_tokens
             raise ValueError(f"prompt_tokens must be at most {room} for this model")
+        self._aligner = self._build_aligner(generation, model_path)
         logger.info(
             "loaded %s on %s (%s%s), windows %s s",
             self._name,
@@ -238,6 +248,16 @@ class WhisperRecognizer:
             "" if self.config.quantize == "none" else f", {self.config.quantize}",
             self._encoders.windows,
         )
+
+    def _build_aligner(self, generation: GenerationConfig, model_path: Path) -> Aligner | None:
+        if not self.config.word_timings:
+            return None
+        heads = getattr(generation, "alignment_heads", None)
+        if not heads:
+            logger.warning("%s has no alignment heads: finals carry no word timings", model_path)
+            return None
+        strings = self._tokenizer.convert_ids_to_tokens(list(range(self._eot)))
+        return Aligner(self._model.model.decoder, heads, strings, end_token=self._eot)
 
     @property
     def name(self) -> str:
@@ -351,9 +371,53 @@ class WhisperRecognizer:
         positions = max(map(len, prefixes)) + 2 + len(self._prompt_tail) + max(budgets)
         started = self._greedy.start(hidden, min(positions, self._greedy.max_positions), prefixes)
         no_speech, languages, probabilities = self._read_first_step(started.logits, batch)
-        return self._decode(
+        decoded = self._decode(
             started, batch, budgets, no_speech.tolist(), languages, probabilities, should_stop
         )
+        return self._with_words(decoded, batch, started, window, should_stop)
+
+    def _with_words(
+        self,
+        decoded: list[_Decoded],
+        batch: Sequence[Utterance],
+        started: Started,
+        window: float,
+        should_stop: StopCheck | None,
+    ) -> list[_Decoded]:
+        """Word timings for the utterances that ask for them and keep this decoding (not
+        to be decoded again on the full window, not dropped by the guard)."""
+        if self._aligner is None:
+            return decoded
+        requests = [
+            AlignmentRequest(
+                row=i,
+                tokens=item.tokens,
+                logprobs=item.logprobs,
+                prompt=[self._sot, *self._prompt_row(item.language)],
+                language=item.language,
+                samples=len(utterance.audio),
+            )
+            for i, (utterance, item) in enumerate(zip(batch, decoded, strict=True))
+            if utterance.word_timings
+            and item.tokens
+            and not self._should_retry(item, window)
+            and self._verdict(item) is Verdict.SPEECH
+        ]
+        if not requests:
+            return decoded
+        if should_stop is not None:
+            _check(should_stop)
+        timings = self._aligner.align(started.cross, requests)
+        out = list(decoded)
+        for request, words in zip(requests, timings, strict=True):
+            out[request.row] = dataclasses.replace(out[request.row], words=words)
+        return out
+
+    def _prompt_row(self, language: str) -> list[int]:
+        """The prompt after <|startoftranscript|>: [language, task,] <|notimestamps|>."""
+        if self._multilingual:
+            return [self._lang_to_id[language], *self._prompt_tail]
+        return list(self._prompt_tail)
 
     def _encode(
         self, window: float, features: torch.Tensor, should_stop: StopCheck | None
@@ -454,6 +518,8 @@ class WhisperRecognizer:
                     language=languages[i],
                     language_probability=probabilities[i],
                     exhausted=row.exhausted,
+                    tokens=row.tokens,
+                    logprobs=row.token_logprobs,
                 )
             )
         return decoded
@@ -492,6 +558,7 @@ class WhisperRecognizer:
             avg_logprob=decoded.avg_logprob,
             no_speech_prob=decoded.no_speech_prob,
             language_probability=decoded.language_probability,
+            words=decoded.words if verdict is Verdict.SPEECH else (),
         )
 
 

@@ -55,6 +55,11 @@ class Settings:
         "tiny.en); 0 = off: each utterance on its own. Off by default: it raised corpus "
         "WER in our runs (docs/performance.md).",
     )
+    word_timings: bool = setting(
+        True,
+        "Give every final its words with their times and probabilities (one more decoder "
+        "pass per final, a few per cent of its inference time: docs/performance.md).",
+    )
     model_workers: int = setting(
         0,
         "Model workers, each running one batch at a time (threads sharing the model); 0 = "
