@@ -169,7 +169,9 @@ class Offline:
     def __init__(self, model_path: Path) -> None:
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-        self.model = WhisperForConditionalGeneration.from_pretrained(model_path)
+        self.model = WhisperForConditionalGeneration.from_pretrained(
+            model_path, dtype=torch.float32
+        )
         torch.nn.Module.eval(self.model)
         self.processor = WhisperProcessor.from_pretrained(model_path)
 
@@ -294,6 +296,7 @@ async def main() -> None:
     parser.add_argument("--speed", type=float, default=4.0, help="streaming x real time")
     parser.add_argument("--streams", type=int, default=4, help="tracks streamed at once")
     parser.add_argument("--cost", action="store_true", help="time finals with/without prompt")
+    parser.add_argument("--show", action="store_true", help="print every streamed final")
     args = parser.parse_args()
     model_path = resolve_model("tiny.en", MODELS)
     offline = Offline(model_path)
@@ -317,10 +320,15 @@ async def main() -> None:
                     f"{caps_switches(finals)} all-caps among sentence-case",
                     flush=True,
                 )
-            if paths.inference:
-                print(
-                    f"    streamed finals' inference: mean {statistics.mean(paths.inference):.3f} s"
-                )
+            if args.show:
+                for track_id, said in paths.streamed.items():
+                    print(f"    {track_id}:", *(f"      {text}" for text in said), sep="\n")
+            inference = statistics.mean(paths.inference) if paths.inference else 0.0
+            print(
+                f"    streamed finals' mean inference {inference:.3f} s; "
+                f"uploads took {paths.upload_seconds:.1f} s",
+                flush=True,
+            )
         if args.cost and len(tracks) == 1:
             cost = cost_per_final(model_path, tracks[0])
             print(f"  cost per final ({len(tracks[0].turns)} turns): {cost}", flush=True)

@@ -134,8 +134,8 @@ def run(settings: Settings) -> str:
         "buckets, drafts": (WhisperRecognizerConfig(device=settings.device), True),
     }
     if cpu and int8_available():
-        modes["buckets, int8"] = (WhisperRecognizerConfig(int8=True), False)
-        modes["buckets, int8, drafts"] = (WhisperRecognizerConfig(int8=True), True)
+        modes["buckets, int8"] = (WhisperRecognizerConfig(quantize="int8"), False)
+        modes["buckets, int8, drafts"] = (WhisperRecognizerConfig(quantize="int8"), True)
     columns: dict[str, list[Measurement]] = {}
     headers = []
     for label, (config, drafted) in modes.items():

@@ -45,12 +45,15 @@ class Utterance:
     `prompt` is the text said before it by the same source (its previous finals): Whisper
     is conditioned on it (`<|startofprev|>`), which keeps spelling, casing and punctuation
     consistent; a recognizer keeps its most recent part. Empty: decoded on its own.
+    `word_timings` asks for the transcription's `words` (finals do; partials do not: the
+    timings cost another decoder pass).
     """
 
     audio: AudioArray
     language: str | None = None
     draft: str = ""
     prompt: str = ""
+    word_timings: bool = False
 
     @property
     def duration(self) -> float:
@@ -59,9 +62,14 @@ class Utterance:
 
 @dataclass(frozen=True, slots=True)
 class WordTiming:
+    """One word of a transcription: its text as the model wrote it (with its leading
+    space; the words joined make the text), its span and the model's probability of it
+    (the mean over its tokens)."""
+
     word: str
     start: float  # seconds from the start of the utterance's audio
     end: float
+    probability: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ class Row:
     """One utterance's decoding: its text tokens, before any text is made of them."""
 
     tokens: list[int]
+    token_logprobs: list[float]  # each text token's log-probability
     avg_logprob: float
     exhausted: bool  # stopped by its budget, not by <|endoftext|>
 
@@ -44,8 +45,11 @@ def read_row(tokens: list[int], logprobs: torch.Tensor, *, end_token: int, budge
     exhausted = end >= budget
     stop = min(end, budget)
     counted = stop if exhausted else stop + 1  # Whisper averages over the end token too
+    pairs = zip(tokens[:stop], logprobs[:stop].tolist(), strict=True)
+    kept = [(token, float(logprob)) for token, logprob in pairs if token < end_token]
     return Row(
-        tokens=[token for token in tokens[:stop] if token < end_token],
+        tokens=[token for token, _ in kept],
+        token_logprobs=[logprob for _, logprob in kept],
         avg_logprob=float(logprobs[:counted].mean()) if counted else 0.0,
         exhausted=exhausted,
     )

@@ -31,9 +31,9 @@ positions, so the cache tracks a length per row and attention masks per row.
 
 In float32 the tokens are greedy decoding's (27 of 27 corpus clips identical, drafts from
 simulated partials every 0.8 s). With int8 layers (`engine.int8`) activations are
-quantized per call, so a many-token pass rounds differently from single steps, as a row
-also does in another batch: 21 of 27 clips came out identical and the rest differ in a
-word or a comma, at the same corpus WER (0.0665 with drafts and without).
+quantized per row, so every token of a many-token pass is computed as a single step
+computes it, in any batch: drafts change nothing there either (tests/engine/test_greedy.py;
+with the per-call scales of before, 6 of 27 clips differed by a word or a comma).
 
 Prompts of previous text (Whisper's `<|startofprev|>` prefix): `start` takes each row's
 tokens before <|startoftranscript|>, of any length. Rows then start at different
@@ -96,10 +96,12 @@ class _Cache:
 
 class Started:
     """A batch after <|startoftranscript|>: `logits` (batch, vocabulary) in float32 there,
-    and the cache `GreedyDecoder.decode` continues from (once)."""
+    and the cache `GreedyDecoder.decode` continues from (once). `cross` are its
+    cross-attention keys and values per layer (word timings reuse them)."""
 
     def __init__(self, logits: torch.Tensor, cache: _Cache) -> None:
         self.logits = logits
+        self.cross = cache.cross
         self._cache: _Cache | None = cache
 
     def take_cache(self) -> _Cache:
@@ -278,9 +280,9 @@ class GreedyDecoder:
             agree = picked[: len(draft)].eq(torch.tensor(draft, device=picked.device))
             kept = len(draft) if bool(agree.all()) else int(agree.long().argmin())
             # The token after the kept prefix is left to a single step (the last kept token
-            # is fed again), not taken from this pass: with int8 layers a many-token pass
-            # quantizes its activations more coarsely, and that choice (often: end here,
-            # or say more) is the one a coarse logit tips (seen: a sentence said twice).
+            # is fed again), not taken from this pass: that choice (often: end here, or
+            # say more) is a near tie, and a single step is what decoding without a draft
+            # takes (int8 with per-call scales once tipped it: a sentence said twice).
             mine = max(kept, 1)
             tokens.append(picked[:mine].tolist())
             logprobs.append(chosen[:mine].tolist())

@@ -21,6 +21,10 @@ DEFAULT_MODEL = "tiny.en"
 DEFAULT_CACHE = Path("~/.cache/parley/models")
 
 DType = Literal["auto", "float32", "float16", "bfloat16"]
+# Which linear layers run in int8 (engine/whisper.py `Quantize`, repeated here so that
+# importing this module does not import torch); `auto`: `int8-decoder` where the model
+# runs on the CPU in float32 and the int8 kernels exist, else none.
+Quantize = Literal["auto", "none", "int8-decoder", "int8"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +43,10 @@ class ModelConfig:
     cache: Path = DEFAULT_CACHE
     device: str = "auto"  # or "cpu", "cuda", "cuda:1"
     dtype: DType = "auto"
-    int8: bool = False
+    quantize: Quantize = "auto"
     drafts: bool = True
-    prompt_tokens: int = 128  # previous text kept as each utterance's prompt; 0: none
+    prompt_tokens: int = 0  # previous text kept as each utterance's prompt; 0: none
+    word_timings: bool = True
     workers: int = 0
     torch_threads: int = 0
     max_batch_size: int = 16
@@ -54,6 +59,18 @@ def resolve_device(config: ModelConfig) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_quantize(config: ModelConfig, device: str) -> Literal["none", "int8-decoder", "int8"]:
+    """The int8 scope: the configured one, or for `auto` the decoder's layers on the CPU in
+    float32 (faster at the same accuracy, and a row's tokens do not depend on its batch:
+    docs/performance.md), nothing elsewhere."""
+    if config.quantize != "auto":
+        return config.quantize
+    from engine.int8 import int8_available
+
+    cpu_float32 = device == "cpu" and config.dtype in ("auto", "float32")
+    return "int8-decoder" if cpu_float32 and int8_available() else "none"
 
 
 def worker_plan(config: ModelConfig) -> tuple[int, int]:
@@ -88,9 +105,10 @@ def load_whisper(config: ModelConfig) -> Recognizer:
         device=device,
         dtype=None if config.dtype == "auto" else config.dtype,
         max_batch_size=config.max_batch_size,
-        int8=config.int8,
+        quantize=resolve_quantize(config, device),
         drafts=config.drafts,
         prompt_tokens=config.prompt_tokens,
+        word_timings=config.word_timings,
     )
     return load_recognizer(config.model, whisper, cache=config.cache)
 

@@ -31,19 +31,22 @@ conditions on previous text; the no-speech probability is read after it, as Whis
 Rows with and without prompts share a batch (`engine.greedy` keeps each row's attention
 on its own tokens). Whisper's encoder never masks padding (it was trained on zero-padded
 windows).
-Word timings are not computed: they come from cross-attention weights, which the fused
-attention kernels do not return; `Transcription.words` stays empty.
+Word timings (`engine.alignment`) are computed for the utterances that ask for them
+(`Utterance.word_timings`: finals, not partials), once their decoding is kept: one more
+decoder pass over those rows' tokens (without the prompt, as Whisper aligns), reusing the
+greedy decoder's encoder keys and values.
 
 The recognizer never sets torch's thread count; the process that owns it decides.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -54,79 +57,25 @@ from transformers import (
     WhisperTokenizer,
 )
 
-from engine.api import SAMPLE_RATE, Transcription, Utterance
+from engine.alignment import Aligner, AlignmentRequest
+from engine.api import SAMPLE_RATE, Transcription, Utterance, WordTiming
 from engine.decoding import read_row, token_budget
 from engine.greedy import GreedyDecoder, Started
-from engine.guard import GuardConfig, Verdict, judge, looped
-from engine.int8 import int8_available, quantize_linears
+from engine.guard import Verdict, judge, looped
+from engine.int8 import quantize_linears
 from engine.recognizer import Interrupted, StopCheck
+from engine.whisper_config import (
+    ENGLISH,
+    INT8_LAYERS,
+    DType,
+    Quantize,
+    WhisperRecognizerConfig,
+)
 from engine.windows import WindowedEncoders
 
+__all__ = ["DType", "Quantize", "WhisperRecognizer", "WhisperRecognizerConfig"]
+
 logger = logging.getLogger(__name__)
-
-DType = Literal["float32", "float16", "bfloat16"]
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
-ENGLISH = "en"
-
-
-@dataclass(frozen=True, slots=True)
-class WhisperRecognizerConfig:
-    """How to run the model. `dtype=None` means float32 on CPU, float16 on CUDA.
-
-    `windows` are the encoder window buckets in seconds; the model's full window (30 s) is
-    always added. Give `(30.0,)` to pad everything to 30 s as stock Whisper does. A batch
-    gets the smallest window holding its longest utterance plus `window_margin` seconds.
-    `max_tokens_per_second` bounds each utterance's decoding at that many tokens per second
-    of its audio (plus a few; at most half the decoder's context, Whisper's own limit), so
-    a looping utterance stops early and does not hold up the rest of its batch.
-    `retry_loops_on_full_window` decodes looping utterances again on the full window.
-    `prompt_tokens` bounds each utterance's `prompt` (the previous text, Whisper's
-    `<|startofprev|>` prefix) to its last that many tokens; 0 ignores prompts.
-    `int8` stores every linear layer's weights as int8 and multiplies in integers
-    (`engine.int8`; CPU and float32 only): faster on CPU at equal offline accuracy, but
-    streaming accuracy suffered in our runs (docs/performance.md). `drafts` lets each
-    utterance's `draft` seed its decoding (`engine.greedy`); off, drafts are ignored.
-    """
-
-    device: str = "cpu"
-    dtype: DType | None = None
-    windows: tuple[float, ...] = (10.0, 15.0, 20.0, 30.0)
-    window_margin: float = 1.0
-    max_batch_size: int = 16
-    max_tokens_per_second: float = 8.0
-    retry_loops_on_full_window: bool = True
-    int8: bool = False
-    drafts: bool = True
-    prompt_tokens: int = 128
-    guard: GuardConfig = field(default_factory=GuardConfig)
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.max_tokens_per_second <= 0:
-            raise ValueError("max_tokens_per_second must be > 0")
-        if not self.windows:
-            raise ValueError("windows must name at least one window length")
-        if self.prompt_tokens < 0:
-            raise ValueError(f"prompt_tokens must be >= 0, got {self.prompt_tokens}")
-        if self.window_margin < 0:
-            raise ValueError(f"window_margin must be >= 0, got {self.window_margin}")
-        device = torch.device(self.device)  # raises on a malformed device string
-        if self.int8:
-            if device.type != "cpu" or self.torch_dtype != torch.float32:
-                raise ValueError("int8 runs on the CPU in float32 only")
-            if not int8_available():
-                raise ValueError("this torch build has no fbgemm/x86 kernels for int8")
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        if self.dtype is not None:
-            return _DTYPES[self.dtype]
-        return torch.float16 if torch.device(self.device).type == "cuda" else torch.float32
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +88,9 @@ class _Decoded:
     language: str
     language_probability: float | None  # None: pinned, not detected
     exhausted: bool  # ran out of tokens without <|endoftext|>
+    tokens: list[int] = field(default_factory=list)  # the text tokens
+    logprobs: list[float] = field(default_factory=list)  # each text token's
+    words: tuple[WordTiming, ...] = ()
 
 
 class WhisperRecognizer:
@@ -172,9 +124,9 @@ class WhisperRecognizer:
         torch.nn.Module.to(model, self._device)
         torch.nn.Module.eval(model)
         model.requires_grad_(False)
-        if self.config.int8:
+        if self.config.quantize != "none":
             # Before the windows are built: they share the model's (int8) layers.
-            replaced = quantize_linears(model)
+            replaced = quantize_linears(model, INT8_LAYERS[self.config.quantize])
             logger.info("%s: %d linear layers in int8", self._name, replaced)
         self._model = model
         self._encoders = WindowedEncoders(self._model.model.encoder, self.config.windows)
@@ -219,14 +171,25 @@ class WhisperRecognizer:
         if longest > self._greedy.max_positions:
             room = self._greedy.max_positions - longest + self.config.prompt_tokens
             raise ValueError(f"prompt_tokens must be at most {room} for this model")
+        self._aligner = self._build_aligner(generation, model_path)
         logger.info(
             "loaded %s on %s (%s%s), windows %s s",
             self._name,
             self._device,
             self.config.torch_dtype,
-            ", int8 linear layers" if self.config.int8 else "",
+            "" if self.config.quantize == "none" else f", {self.config.quantize}",
             self._encoders.windows,
         )
+
+    def _build_aligner(self, generation: GenerationConfig, model_path: Path) -> Aligner | None:
+        if not self.config.word_timings:
+            return None
+        heads = getattr(generation, "alignment_heads", None)
+        if not heads:
+            logger.warning("%s has no alignment heads: finals carry no word timings", model_path)
+            return None
+        strings = self._tokenizer.convert_ids_to_tokens(list(range(self._eot)))
+        return Aligner(self._model.model.decoder, heads, strings, end_token=self._eot)
 
     @property
     def name(self) -> str:
@@ -283,6 +246,25 @@ class WhisperRecognizer:
                 window,
                 window,
             )
+        decoded = self._decode_in(batch, window, should_stop)
+        # A prompted row the guard would drop is decoded once more without its prompt:
+        # the previous text can lead tiny.en astray (a loop, a repeat), as Whisper's
+        # fallback drops the prompt.
+        redo = [
+            i
+            for i, item in enumerate(decoded)
+            if batch[i].prompt and self._verdict(item) is not Verdict.SPEECH
+        ]
+        if redo:
+            plain = [dataclasses.replace(batch[i], prompt="") for i in redo]
+            for i, item in zip(redo, self._decode_in(plain, window, should_stop), strict=True):
+                decoded[i] = item
+        return [self._postprocess(item) for item in decoded]
+
+    def _decode_in(
+        self, batch: Sequence[Utterance], window: float, should_stop: StopCheck | None
+    ) -> list[_Decoded]:
+        """Decode in `window`; rows that loop there again on the full window."""
         decoded = self._forward(batch, window, should_stop)
         retry = [i for i, item in enumerate(decoded) if self._should_retry(item, window)]
         if retry:
@@ -294,7 +276,7 @@ class WhisperRecognizer:
             )
             for i, item in zip(retry, again, strict=True):
                 decoded[i] = item
-        return [self._postprocess(item) for item in decoded]
+        return decoded
 
     def _should_retry(self, item: _Decoded, window: float) -> bool:
         """A loop in a short window, on what the model still takes for speech."""
@@ -321,9 +303,53 @@ class WhisperRecognizer:
         positions = max(map(len, prefixes)) + 2 + len(self._prompt_tail) + max(budgets)
         started = self._greedy.start(hidden, min(positions, self._greedy.max_positions), prefixes)
         no_speech, languages, probabilities = self._read_first_step(started.logits, batch)
-        return self._decode(
+        decoded = self._decode(
             started, batch, budgets, no_speech.tolist(), languages, probabilities, should_stop
         )
+        return self._with_words(decoded, batch, started, window, should_stop)
+
+    def _with_words(
+        self,
+        decoded: list[_Decoded],
+        batch: Sequence[Utterance],
+        started: Started,
+        window: float,
+        should_stop: StopCheck | None,
+    ) -> list[_Decoded]:
+        """Word timings for the utterances that ask for them and keep this decoding (not
+        to be decoded again on the full window, not dropped by the guard)."""
+        if self._aligner is None:
+            return decoded
+        requests = [
+            AlignmentRequest(
+                row=i,
+                tokens=item.tokens,
+                logprobs=item.logprobs,
+                prompt=[self._sot, *self._prompt_row(item.language)],
+                language=item.language,
+                samples=len(utterance.audio),
+            )
+            for i, (utterance, item) in enumerate(zip(batch, decoded, strict=True))
+            if utterance.word_timings
+            and item.tokens
+            and not self._should_retry(item, window)
+            and self._verdict(item) is Verdict.SPEECH
+        ]
+        if not requests:
+            return decoded
+        if should_stop is not None:
+            _check(should_stop)
+        timings = self._aligner.align(started.cross, requests)
+        out = list(decoded)
+        for request, words in zip(requests, timings, strict=True):
+            out[request.row] = dataclasses.replace(out[request.row], words=words)
+        return out
+
+    def _prompt_row(self, language: str) -> list[int]:
+        """The prompt after <|startoftranscript|>: [language, task,] <|notimestamps|>."""
+        if self._multilingual:
+            return [self._lang_to_id[language], *self._prompt_tail]
+        return list(self._prompt_tail)
 
     def _encode(
         self, window: float, features: torch.Tensor, should_stop: StopCheck | None
@@ -424,6 +450,8 @@ class WhisperRecognizer:
                     language=languages[i],
                     language_probability=probabilities[i],
                     exhausted=row.exhausted,
+                    tokens=row.tokens,
+                    logprobs=row.token_logprobs,
                 )
             )
         return decoded
@@ -443,14 +471,17 @@ class WhisperRecognizer:
         tokens = self._draft_tokens(prompt) if keep else []
         return [self._prev, *tokens[-keep:]] if tokens else []
 
-    def _postprocess(self, decoded: _Decoded) -> Transcription:
-        verdict = judge(
+    def _verdict(self, decoded: _Decoded) -> Verdict:
+        return judge(
             decoded.text,
             avg_logprob=decoded.avg_logprob,
             no_speech_prob=decoded.no_speech_prob,
             exhausted=decoded.exhausted,
             config=self.config.guard,
         )
+
+    def _postprocess(self, decoded: _Decoded) -> Transcription:
+        verdict = self._verdict(decoded)
         if verdict is not Verdict.SPEECH:
             logger.debug("guard dropped %r (%s; %s)", decoded.text, verdict.value, decoded)
         return Transcription(
@@ -459,6 +490,7 @@ class WhisperRecognizer:
             avg_logprob=decoded.avg_logprob,
             no_speech_prob=decoded.no_speech_prob,
             language_probability=decoded.language_probability,
+            words=decoded.words if verdict is Verdict.SPEECH else (),
         )
 
 

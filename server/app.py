@@ -34,6 +34,7 @@ from server.sandbox import SandboxMode, open_sandbox
 from server.settings import Settings
 from server.state import AppState, ModelState
 from server.tokens import open_tokens
+from session.actor import CLOSE_TIMEOUT
 from session.diarizer import DiarizerConfig
 from session.segmenter import SegmenterConfig
 from session.services import SessionServices
@@ -52,9 +53,10 @@ def model_config(settings: Settings) -> ModelConfig:
         cache=Path(settings.model_cache),
         device=settings.device,
         dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
-        int8=settings.quantize == "int8",
+        quantize=settings.quantize,  # type: ignore[arg-type]  # Settings checked the value
         drafts=settings.drafts,
         prompt_tokens=settings.prompt_tokens,
+        word_timings=settings.word_timings,
         workers=settings.model_workers,
         torch_threads=settings.torch_threads,
         max_batch_size=settings.max_batch_size,
@@ -128,8 +130,14 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
 
 
 async def drain(state: AppState) -> None:
-    """Refuse new streams and let every session flush its finals (bounded)."""
-    await state.registry.drain(state.settings.drain_timeout_s)
+    """Refuse new streams and let every session flush its finals (bounded). Sessions
+    still waiting for the model after the drain timeout: the engine stops, and each says
+    how many finals it lost (`session.ended`, close 1012) before uvicorn closes sockets."""
+    if await state.registry.drain(state.settings.drain_timeout_s):
+        return
+    if state.scheduler is not None:
+        await state.scheduler.stop()
+        await state.registry.drain(2 * CLOSE_TIMEOUT)  # their last messages and close
 
 
 def create_app(
@@ -181,7 +189,10 @@ def create_app(
             waiting_auth=Slots(settings.max_waiting_auth),
         )
         state.metrics.watch(
-            lambda: state.scheduler, lambda: len(state.registry), lambda: state.registry.meetings
+            lambda: state.scheduler,
+            lambda: len(state.registry),
+            lambda: state.registry.meetings,
+            lambda: state.store.failures,
         )
         app.state.parley = state  # for the CLI's graceful shutdown hook
         state.loader = asyncio.create_task(_load_model(state, recognizer_factory))

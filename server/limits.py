@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult
 from engine.scheduler import BatchScheduler
-from session.actor import Connection
+from session.stream_state import Connection
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 

@@ -102,7 +102,6 @@ class Metrics:
             ["close_code"],
             registry=r,
         )
-        self.store_errors = Counter("parley_store_errors", "Failed store operations", registry=r)
         self.listeners = Gauge("parley_listeners", "Open listener sockets", registry=r)
 
     def watch(
@@ -110,6 +109,7 @@ class Metrics:
         scheduler: Callable[[], BatchScheduler | None],
         sessions: Callable[[], int],
         meetings: Callable[[], int],
+        store_failures: Callable[[], int],
     ) -> None:
         """Register the live gauges, read from their owners at scrape time."""
 
@@ -141,7 +141,11 @@ class Metrics:
             preempted.add_metric([], current.stats.preempted_batches if current else 0)
             tasks = GaugeMetricFamily("parley_event_loop_tasks", "asyncio tasks alive")
             tasks.add_metric([], len(asyncio.all_tasks()))
-            return [active, rooms, depth, workers, busy, preempted, tasks]
+            store = CounterMetricFamily(
+                "parley_store_errors", "Store calls that failed to reach the store"
+            )
+            store.add_metric([], store_failures())
+            return [active, rooms, depth, workers, busy, preempted, tasks, store]
 
         self.registry.register(_LiveCollector(read))
 

@@ -37,6 +37,9 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def sessions(self) -> list[SessionActor]:
+        return list(self._sessions)
+
     @property
     def meetings(self) -> int:
         return len({s.meeting_id for s in self._sessions})
@@ -51,7 +54,13 @@ class SessionRegistry:
             )
 
     def admit(self, actor: SessionActor) -> None:
+        """Admit `actor`. A resumed source takes over: the connection this node still
+        serves for it (half-open, or not yet timed out) is superseded now, closed 4409."""
         self.check_room()
+        for old in self._sessions:
+            if old.session_id == actor.session_id and old.meeting_id == actor.meeting_id:
+                logger.info("source %s resumed: superseding its old connection", old.session_id)
+                old.supersede()
         self._sessions.add(actor)
         self._empty.clear()
 

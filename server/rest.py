@@ -127,9 +127,12 @@ async def transcript(request: Request) -> Response:
             return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")
     except ProtocolError as exc:
         return _refusal(exc)
-    finals = await state.store.finals(meeting_id)
-    if not finals and await state.store.last_seq(meeting_id) == 0:
-        return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")
+    try:
+        finals = await state.store.finals(meeting_id)
+        if not finals and await state.store.last_seq(meeting_id) == 0:
+            return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")
+    except StoreError as exc:  # unreachable: 503 with Retry-After, as store/api.py promises
+        return _refusal(overloaded(f"meeting store: {exc}"))
     return Response(render(meeting_id, finals, fmt), media_type=fmt.media_type)
 
 

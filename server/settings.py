@@ -37,9 +37,11 @@ class Settings:
         "auto", "`auto`, `float32`, `float16` or `bfloat16` (`auto`: fp32 on CPU, fp16 on CUDA)."
     )
     quantize: str = setting(
-        "none",
-        "`none` or `int8`: int8 weights for the model's linear layers (CPU and float32 "
-        "only): faster, but it raised streaming WER in our runs (docs/performance.md).",
+        "auto",
+        "Int8 weights for the model's linear layers, activations quantized per row (CPU "
+        "and float32 only): `int8-decoder` (the decoder's layers: its steps ~2x faster at "
+        "the same WER), `int8` (the encoder's too), `none`, or `auto` (`int8-decoder` on "
+        "the CPU in float32, else `none`). docs/performance.md has the figures.",
     )
     drafts: bool = setting(
         True,
@@ -47,10 +49,16 @@ class Settings:
         "same text in float32).",
     )
     prompt_tokens: int = setting(
-        128,
+        0,
         "Decode each utterance after its source's previous finals, their last this many "
-        "tokens (Whisper's previous-text prompt: consistent casing and spelling, fewer "
-        "errors); 0 = off: each utterance on its own. At most 220 for tiny.en.",
+        "tokens (Whisper's previous-text prompt; 128 is a good bound, at most 220 for "
+        "tiny.en); 0 = off: each utterance on its own. Off by default: it raised corpus "
+        "WER in our runs (docs/performance.md).",
+    )
+    word_timings: bool = setting(
+        True,
+        "Give every final its words with their times and probabilities (one more decoder "
+        "pass per final, a few per cent of its inference time: docs/performance.md).",
     )
     model_workers: int = setting(
         0,
@@ -251,8 +259,8 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}DEVICE must be auto, cpu or cuda, not {self.device!r}")
         if self.dtype not in {"auto", "float32", "float16", "bfloat16"}:
             raise ValueError(f"{ENV_PREFIX}DTYPE must be auto, float32, float16 or bfloat16")
-        if self.quantize not in {"int8", "none"}:
-            raise ValueError(f"{ENV_PREFIX}QUANTIZE must be none or int8")
+        if self.quantize not in {"auto", "none", "int8-decoder", "int8"}:
+            raise ValueError(f"{ENV_PREFIX}QUANTIZE must be auto, none, int8-decoder or int8")
         if self.max_batch_size < 1 or self.max_queue < self.max_batch_size:
             raise ValueError("need MAX_BATCH_SIZE >= 1 and MAX_QUEUE >= MAX_BATCH_SIZE")
         if min(self.max_upload_bytes, self.upload_decoders, self.upload_max_jobs) < 1:

@@ -24,8 +24,9 @@ from server.gate import Handshake, authenticate, close_reason
 from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
-from session.actor import Connection, SessionActor
+from session.actor import SessionActor
 from session.services import SessionServices
+from session.stream_state import Connection
 from store.api import Store
 from store.errors import ResumeRefused, StoreError, SubscriberLagged, UnknownResumeToken
 from store.records import FinalRecord, SourceState
@@ -256,17 +257,17 @@ async def _open_source(
         source = (await store.resume_source(meeting_id, token, participant)).with_origin(
             time.time()
         )
+        replay = [
+            f
+            for f in await store.finals(meeting_id, after_seq=last_seq)
+            if f.session_id == source.session_id
+        ]
     except UnknownResumeToken as exc:
         raise ProtocolError(ErrorCode.NOT_FOUND, CloseCode.NOT_FOUND, str(exc)) from None
     except ResumeRefused as exc:
         raise ProtocolError(ErrorCode.FORBIDDEN, CloseCode.FORBIDDEN, str(exc)) from None
     except StoreError as exc:
         raise overloaded(f"meeting store: {exc}") from None
-    replay = [
-        f
-        for f in await store.finals(meeting_id, after_seq=last_seq)
-        if f.session_id == source.session_id
-    ]
     config = dataclasses.replace(config, participant=source.participant)
     if "language" not in query and source.language is not None:
         config = dataclasses.replace(config, language=source.language)  # keep its language

@@ -22,13 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from engine.api import SAMPLE_RATE, Priority
+from engine.api import SAMPLE_RATE, EngineDead, Priority, SchedulerStopped
 from session.audio import FrameDecoder
 from session.committer import Committer, CommitterConfig, PendingFinal
 from session.ending import (
@@ -36,12 +35,15 @@ from session.ending import (
     INTERNAL_ERROR,
     SHUTDOWN,
     STOPPED,
+    SUPERSEDED,
     Ending,
     EndReason,
+    commit_timeout,
     committer_failed,
     disconnected,
     first_ending,
     refused,
+    slow_consumer,
 )
 from session.outbox import Outbox, OutboxState
 from session.partial_sender import PartialSender
@@ -49,6 +51,8 @@ from session.pipeline import AudioPipeline, seconds
 from session.segmenter import PartialDue, SegmentEvent, SpeechStarted, SpeechStopped, UtteranceEnded
 from session.services import SessionServices
 from session.speakers import SpeakerLabeller
+from session.stream_state import TRANSITIONS, Connection, SessionState, SessionTotals
+from store.errors import StoreError
 from store.records import FinalRecord, SourceState
 from wire import build
 from wire.codes import CloseCode, ErrorCode
@@ -60,39 +64,7 @@ from wire.query import StreamConfig
 logger = logging.getLogger(__name__)
 
 COMMIT_TIMEOUT = 60.0  # seconds the committer may take for the last finals of a stream
-
-
-class Connection(Protocol):
-    """What the actor needs of a WebSocket (Starlette's satisfies it)."""
-
-    async def receive(self) -> Any: ...
-    async def send_text(self, data: str) -> None: ...
-    async def close(self, code: int = 1000, reason: str | None = None) -> None: ...
-
-
-class SessionState(enum.Enum):
-    CONNECTING = "connecting"
-    STREAMING = "streaming"
-    DRAINING = "draining"  # no more audio; finishing finals
-    CLOSED = "closed"
-
-
-_TRANSITIONS = {
-    SessionState.CONNECTING: {SessionState.STREAMING, SessionState.CLOSED},
-    SessionState.STREAMING: {SessionState.DRAINING, SessionState.CLOSED},
-    SessionState.DRAINING: {SessionState.CLOSED},
-    SessionState.CLOSED: set(),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class SessionTotals:
-    audio_samples: int = 0
-    utterances: int = 0
-    finals: int = 0
-    partials: int = 0
-    partials_dropped: int = 0
-    empty_finals: int = 0  # utterances the hallucination guard judged not to be speech
+CLOSE_TIMEOUT = 5.0  # seconds a slow consumer gets for its last message; any client, the close
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +94,9 @@ class SessionActor:
     def __post_init__(self) -> None:
         services, config = self.services, self.config
         self.session_id = self.source.session_id
+        # The engine's key for this connection's requests: a resume on this node runs a
+        # second connection of the source, and neither may cancel the other's requests.
+        self.request_key = f"{self.session_id}/{self.source.generation}"
         self.start_sample = round(self.source.acked_until * SAMPLE_RATE)
         segmenter = services.segmenter
         if not config.interim_results:
@@ -152,6 +127,7 @@ class SessionActor:
                 prompts=services.prompts,
                 clock=services.clock,
                 telemetry=services.telemetry,
+                request_key=self.request_key,
             ),
             services.scheduler,
             services.store,
@@ -170,7 +146,8 @@ class SessionActor:
         )
         self._finals: asyncio.Queue[PendingFinal | _Finalized | None] = asyncio.Queue()
         self._utterances = 0
-        self._shutdown_requested = False
+        self._committed = 0  # utterances whose final was logged (or judged not speech)
+        self._end_requested: Ending | None = None
         self._receiving = False
         self._reader: asyncio.Task[Ending] | None = None
 
@@ -191,66 +168,57 @@ class SessionActor:
             empty_finals=self._committer.empty,
         )
 
+    @property
+    def outbox_state(self) -> OutboxState:
+        """OVERFLOWED once the client is judged too slow (the stream is ending 1008)."""
+        return self._outbox.state
+
     def request_shutdown(self) -> None:
         """Server shutdown: stop reading, finalize, send every final, close 1012."""
-        self._shutdown_requested = True
+        self._request_end(SHUTDOWN)
+
+    def supersede(self) -> None:
+        """The source was resumed on another connection of this node: stop reading, drop
+        what this connection still has queued (the new one re-sends that audio), close
+        4409. Its requests are keyed by connection: they cannot touch the new one's."""
+        self._request_end(SUPERSEDED)
+
+    def _request_end(self, ending: Ending) -> None:
+        if self._end_requested is None:
+            self._end_requested = ending
         if self._receiving and self._reader is not None:
             self._reader.cancel()
 
     async def run(self) -> EndReason:
         """Serve the stream until it ends; returns why it ended."""
         self._transition(SessionState.STREAMING)
-        self._put(
-            build.session_started(
-                session_id=self.session_id,
-                meeting_id=self.meeting_id,
-                participant=self.config.participant,
-                config=self.config.as_dict(),
-                resume_token=self.resume_token,
-                resume_from=self.start_sample / SAMPLE_RATE,
-                resumed=self.resumed,
-                last_seq=await self.services.store.last_seq(self.meeting_id),
-                origin=self.source.origin,
-            )
-        )
-        language = self._committer.language
-        if self.config.language == "auto" and language is not None:
-            self._put(build.session_language(language, None, 0))
-        for record in self.replay:
-            final = build.encode(build.transcript_final(record))
-            self._outbox.put(final, utterance_id=record.utterance_id)
-        writer = asyncio.create_task(self._write(), name=f"writer-{self.session_id}")
-        committer = asyncio.create_task(self._commit(), name=f"committer-{self.session_id}")
-        self._reader = asyncio.create_task(self._read(), name=f"reader-{self.session_id}")
         ending: Ending | None = None
+        tasks: list[asyncio.Task[Any]] = []
         try:
-            done, _ = await asyncio.wait(
-                {self._reader, writer, committer}, return_when=asyncio.FIRST_COMPLETED
+            try:
+                opening = await self._opening()
+            except StoreError as exc:  # the store is unreachable as the stream starts
+                ending = committer_failed(exc)
+                await self._send_error(ending)
+                return ending.reason
+            writer = asyncio.create_task(self._write(opening), name=f"writer-{self.session_id}")
+            committer = asyncio.create_task(self._commit(), name=f"committer-{self.session_id}")
+            self._reader = asyncio.create_task(self._read(), name=f"reader-{self.session_id}")
+            overflow = asyncio.create_task(
+                self._outbox.overflowed(), name=f"overflow-{self.session_id}"
             )
-            ending = await first_ending(done, self._reader, writer, committer)
-            self._transition(SessionState.DRAINING)
-            if ending.flush:  # the stream is over: drain the resampler too
-                await self._handle(await self._pipeline.end())
-            await self._finals.put(None)
-            await asyncio.wait({committer}, timeout=COMMIT_TIMEOUT)
-            if committer.done() and (failure := committer.exception()) is not None:
-                ending = committer_failed(failure)  # a store failure while draining
+            tasks = [self._reader, writer, committer, overflow]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            ending = await first_ending(done, self._reader, writer, committer, overflow)
+            ending = await self._drain(ending, committer)
+            if self._outbox.state is OutboxState.OVERFLOWED and ending.reason not in CLIENT_GONE:
+                ending = slow_consumer(None)  # it overflowed while the last finals came
             if ending.reason in CLIENT_GONE:
                 return ending.reason
-            if ending.error is not None:
-                self._put(build.error(ending.error.code, ending.error.message))
-            if ending.reason in {EndReason.STOP, EndReason.SHUTDOWN}:
-                totals = self.totals
-                self._put(
-                    build.session_ended(
-                        reason=ending.reason.value,
-                        audio_seconds=round(totals.audio_samples / SAMPLE_RATE, 3),
-                        utterances=totals.utterances,
-                        finals=totals.finals,
-                    )
-                )
-            self._outbox.close()
-            await asyncio.wait({writer}, timeout=COMMIT_TIMEOUT)
+            self._say_goodbye(ending)
+            # A client that reads gets its last messages; one judged too slow, a moment.
+            slow = ending.reason is EndReason.SLOW_CONSUMER
+            await asyncio.wait({writer}, timeout=CLOSE_TIMEOUT if slow else COMMIT_TIMEOUT)
             return ending.reason
         except Exception:
             logger.exception("session %s failed", self.session_id)
@@ -261,9 +229,9 @@ class SessionActor:
                 )
             return ending.reason
         finally:
-            self.services.scheduler.cancel(self.session_id)
+            self.services.scheduler.cancel(self.request_key)
             await self._committer.close()
-            tasks = [t for t in (self._reader, writer, committer, *self._partials.tasks()) if t]
+            tasks.extend(self._partials.tasks())
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -271,25 +239,99 @@ class SessionActor:
                 self.services.telemetry.session_closed(ending.reason.value, ending.close_code)
             if ending is not None and ending.reason not in CLIENT_GONE:
                 with contextlib.suppress(Exception):
-                    await self.websocket.close(ending.close_code, ending.reason.value)
+                    async with asyncio.timeout(CLOSE_TIMEOUT):  # a peer that reads nothing
+                        await self.websocket.close(
+                            ending.close_code, ending.close_reason(self.lost)
+                        )
             self._transition(SessionState.CLOSED)
+
+    async def _opening(self) -> list[str]:
+        """What the client gets first: `session.started` (the meeting's last `seq` is read
+        from the store) and, when pinned, `session.language`."""
+        started = build.session_started(
+            session_id=self.session_id,
+            meeting_id=self.meeting_id,
+            participant=self.config.participant,
+            config=self.config.as_dict(),
+            resume_token=self.resume_token,
+            resume_from=self.start_sample / SAMPLE_RATE,
+            resumed=self.resumed,
+            last_seq=await self.services.store.last_seq(self.meeting_id),
+            origin=self.source.origin,
+        )
+        opening = [build.encode(started)]
+        language = self._committer.language
+        if self.config.language == "auto" and language is not None:
+            opening.append(build.encode(build.session_language(language, None, 0)))
+        return opening
+
+    async def _drain(self, ending: Ending, committer: asyncio.Task[None]) -> Ending:
+        """No more audio: finalize (if the ending says so) and commit what was cut, up to
+        COMMIT_TIMEOUT. Returns the ending, changed if committing failed."""
+        self._transition(SessionState.DRAINING)
+        if ending is SUPERSEDED:  # its appends would be refused: nothing to wait for
+            committer.cancel()
+        elif ending.flush:  # the stream is over: drain the resampler too
+            await self._handle(await self._pipeline.end())
+        await self._finals.put(None)
+        await asyncio.wait({committer}, timeout=COMMIT_TIMEOUT)
+        if not committer.done():
+            committer.cancel()
+            await asyncio.gather(committer, return_exceptions=True)
+            if ending.reason is EndReason.STOP:  # the client asked for every final
+                return commit_timeout(COMMIT_TIMEOUT)
+        elif not committer.cancelled() and (failure := committer.exception()) is not None:
+            return committer_failed(failure)  # a store failure, or the engine stopped or died
+        return ending
+
+    def _say_goodbye(self, ending: Ending) -> None:
+        """The last messages: `session.ended` after `stop` or at shutdown (with the count
+        of finals lost), `error` when the stream broke, then the outbox closes."""
+        if ending.reason is EndReason.SLOW_CONSUMER and ending.error is not None:
+            # It reads too slowly for its backlog: drop it (a resume replays the finals).
+            self._outbox.close_with(build.encode(ending.error.to_message()))
+            return
+        if ending.reason in {EndReason.STOP, EndReason.SHUTDOWN}:
+            totals = self.totals
+            self._put(
+                build.session_ended(
+                    reason=ending.reason.value,
+                    audio_seconds=round(totals.audio_samples / SAMPLE_RATE, 3),
+                    utterances=totals.utterances,
+                    finals=totals.finals,
+                    finals_lost=self.lost,
+                )
+            )
+        if ending.error is not None:  # last: the close with its code follows
+            self._put(build.error(ending.error.code, ending.error_message(self.lost)))
+        self._outbox.close()
+
+    @property
+    def lost(self) -> int:
+        """Utterances cut whose final was neither logged nor sent."""
+        return self._utterances - self._committed
+
+    async def _send_error(self, ending: Ending) -> None:
+        if ending.error is not None:
+            with contextlib.suppress(Exception):
+                await self.websocket.send_text(build.encode(ending.error.to_message()))
 
     # ------------------------------------------------------------------ reader
 
     async def _read(self) -> Ending:
         while True:
-            if self._shutdown_requested:
-                return SHUTDOWN
+            if self._end_requested is not None:
+                return self._end_requested
             self._receiving = True
             try:
                 message = await self.websocket.receive()
             except asyncio.CancelledError:
-                if not self._shutdown_requested:
+                if self._end_requested is None:
                     raise
                 current = asyncio.current_task()
                 if current is not None:
                     current.uncancel()
-                return SHUTDOWN
+                return self._end_requested
             except ProtocolError as exc:  # a limit the connection enforces (idle, duration)
                 return refused(EndReason.LIMIT, exc)
             finally:
@@ -339,7 +381,7 @@ class SessionActor:
             elif isinstance(event, UtteranceEnded):
                 self._utterances += 1
                 # A queued partial would never run before this final (finals outrank them).
-                self.services.scheduler.cancel(self.session_id, partials_only=True)
+                self.services.scheduler.cancel(self.request_key, partials_only=True)
                 draft = self._partials.draft_for(event.index)
                 await self._finals.put(await self._committer.submit(event, draft))
 
@@ -352,11 +394,21 @@ class SessionActor:
                     self._put(build.finalize_done(pending.utterance_id))
                 continue
             committed = await self._committer.commit(pending)
-            if committed.lost is not None and self._outbox.state is OutboxState.OPEN:
+            if isinstance(committed.lost, SchedulerStopped | EngineDead):
+                raise committed.lost  # nothing more will be transcribed: end the stream
+            if committed.lost is None:
+                self._committed += 1
+            elif self._outbox.state is OutboxState.OPEN:
                 self._put(build.error(ErrorCode.INTERNAL, "an utterance could not be transcribed"))
         await self._committer.finish()  # the last speaker labels; an unsure detection pins
 
-    async def _write(self) -> None:
+    async def _write(self, opening: list[str]) -> None:
+        """Send the opening, the replay of the finals a resumed client missed (as fast as
+        the client reads them: nothing piles up), then the outbox."""
+        for first in opening:
+            await self.websocket.send_text(first)
+        for record in self.replay:
+            await self.websocket.send_text(build.encode(build.transcript_final(record)))
         while (message := await self._outbox.get()) is not None:
             await self.websocket.send_text(message)
 
@@ -366,7 +418,7 @@ class SessionActor:
         self._outbox.put(build.encode(message))
 
     def _transition(self, new: SessionState) -> None:
-        if new not in _TRANSITIONS[self.state]:
+        if new not in TRANSITIONS[self.state]:
             raise RuntimeError(
                 f"session {self.session_id}: illegal transition {self.state.value} → {new.value}"
             )

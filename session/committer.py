@@ -26,8 +26,10 @@ final the hallucination guard emptied (no speech, a loop) clears the context: th
 final starts afresh rather than continue from what went wrong. A partial decodes with
 its utterance's prompt (`prompt_for_partial`).
 
-A final's request is keyed by the source's `session_id`: `Recognition.cancel(session_id)`
-drops whatever the source still has queued.
+A final's request is keyed by the committer's `request_key`: one per connection (a live
+source that is resumed on the same node has two connections for a moment, and neither
+may cancel the other's requests), the source's `session_id` for a file.
+`Recognition.cancel(request_key)` drops whatever this connection still has queued.
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ from typing import Protocol
 from engine.api import (
     SAMPLE_RATE,
     BatchFailed,
+    EngineDead,
     Priority,
     Recognition,
     RecognitionRequest,
     RecognitionResult,
     SchedulerError,
+    SchedulerStopped,
     SpeakerWindows,
     Transcription,
     Utterance,
@@ -112,7 +116,7 @@ class Committed:
 class CommitterConfig:
     """Who the finals are from and how they travel."""
 
-    session_id: str  # the engine's request key; prefix of every utterance id
+    session_id: str  # prefix of every utterance id
     participant: str
     priority: Priority  # FINAL for a live source, FILE for an upload
     timing: bool  # put the server's timings in each final's message (live)
@@ -121,6 +125,12 @@ class CommitterConfig:
     prompts: bool = False  # decode each final after the source's previous finals' text
     clock: Callable[[], float] = time.monotonic
     telemetry: Telemetry = field(default_factory=NullTelemetry)
+    # The engine's key for this connection's requests (None: the session_id).
+    request_key: str | None = None
+
+    @property
+    def engine_key(self) -> str:
+        return self.request_key or self.session_id
 
 
 class Committer:
@@ -177,7 +187,7 @@ class Committer:
             event.index,
             event.start,
             event.end,
-            Utterance(event.audio, self.gate.language, draft),
+            Utterance(event.audio, self.gate.language, draft, word_timings=True),
             self.config.clock(),
         )
         if self._labeller is not None:
@@ -248,10 +258,17 @@ class Committer:
     # ------------------------------------------------------------------ requests
 
     async def _submit(self, pending: PendingFinal) -> None:
-        pending.future = await self._recognition.submit(self._request(pending.utterance))
+        """Queue the final's request; an engine that stopped or died fails its future (the
+        final is then lost in `commit`, which says why) instead of the caller."""
+        try:
+            pending.future = await self._recognition.submit(self._request(pending.utterance))
+        except SchedulerError as exc:
+            failed: asyncio.Future[RecognitionResult] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            pending.future = failed
 
     def _request(self, utterance: Utterance) -> RecognitionRequest:
-        return RecognitionRequest(self.config.session_id, self.config.priority, utterance)
+        return RecognitionRequest(self.config.engine_key, self.config.priority, utterance)
 
     async def _result(
         self, pending: PendingFinal
@@ -263,6 +280,15 @@ class Committer:
             return await pending.future, None
         except BatchFailed:
             logger.warning("final batch failed for %s; retrying", self.config.session_id)
+        except (SchedulerStopped, EngineDead) as exc:  # nothing will run a retry
+            logger.warning("final of %s lost: %s", self.config.session_id, exc)
+            return None, exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not pending.future.cancelled() or (task is not None and task.cancelling()):
+                raise  # this task is cancelled, not only the request
+            logger.error("final of %s lost: its request was cancelled", self.config.session_id)
+            return None, BatchFailed("the final's request was cancelled")
         try:
             return await (await self._recognition.submit(self._request(pending.utterance))), None
         except SchedulerError as exc:
@@ -332,7 +358,7 @@ class Committer:
         self, audio: FloatArray, language: str, prompt: str
     ) -> Transcription | None:
         """Transcribe one speaker's part of an utterance on its own (with its prompt)."""
-        utterance = Utterance(audio, language, prompt=prompt)
+        utterance = Utterance(audio, language, prompt=prompt, word_timings=True)
         try:
             result = await (await self._recognition.submit(self._request(utterance)))
         except SchedulerError:
@@ -363,8 +389,18 @@ class Committer:
         start = pending.start + part.start
         end = max(start, min(pending.start + part.end, pending.end))
         offset = pending.start / SAMPLE_RATE
+        first, last = seconds(start), seconds(end)
+
+        def inside(time: float) -> float:  # a file's last utterance may run past its end
+            return min(max(round(offset + time, 3), first), last)
+
         words: list[Word] = [
-            {"word": w.word, "start": round(offset + w.start, 3), "end": round(offset + w.end, 3)}
+            {
+                "word": w.word,
+                "start": inside(w.start),
+                "end": inside(w.end),
+                "probability": w.probability,
+            }
             for w in part.words
         ]
         final = NewFinal(
@@ -372,8 +408,8 @@ class Committer:
             session_id=self.config.session_id,
             participant=self.config.participant,
             text=part.text,
-            start=seconds(start),
-            end=seconds(end),
+            start=first,
+            end=last,
             language=part.language,
             words=words,
             speaker=part.speaker or None,

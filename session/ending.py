@@ -2,8 +2,10 @@
 
 `stop`, a clean client close and server shutdown finalize the utterance in progress; a
 dropped connection does not (the client resumes and re-sends that audio). Finals already
-cut are always committed. The reader returns the `Ending` it saw; when the writer or the
-committer ends first, `first_ending` says what that means for the stream.
+cut are always committed. The reader returns the `Ending` it saw; when the writer, the
+committer or the outbox's overflow ends first, `first_ending` says what that means for
+the stream. The actor counts the cut utterances that got no final (the engine stopped
+or died, or the last finals outlived the commit timeout) and says so in the close.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from session.outbox import SlowConsumer
+from engine.api import EngineDead, SchedulerStopped
 from store.errors import SourceSuperseded, StoreError
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
@@ -42,12 +44,29 @@ class Ending:
     flush: bool  # finalize the utterance in progress
     error: ProtocolError | None = None
 
+    def close_reason(self, lost: int) -> str:
+        """The close frame's reason: says how many finals were `lost`, if any."""
+        return f"{self.reason.value}; {lost} finals lost" if lost else self.reason.value
+
+    def error_message(self, lost: int) -> str:
+        """The `error` message's text: says how many finals were `lost`, if any."""
+        message = self.error.message if self.error is not None else self.reason.value
+        return f"{message}; {lost} finals lost" if lost else message
+
 
 STOPPED = Ending(EndReason.STOP, CloseCode.NORMAL, flush=True)
 SHUTDOWN = Ending(EndReason.SHUTDOWN, CloseCode.SERVICE_RESTART, flush=True)
 CLIENT_CLOSED = Ending(EndReason.CLIENT_CLOSED, CloseCode.NORMAL, flush=True)
 CONNECTION_LOST = Ending(EndReason.CONNECTION_LOST, CloseCode.GOING_AWAY, flush=False)
 INTERNAL_ERROR = Ending(EndReason.INTERNAL_ERROR, CloseCode.INTERNAL_ERROR, flush=False)
+SUPERSEDED = Ending(
+    EndReason.SUPERSEDED,
+    CloseCode.CONFLICT,
+    flush=False,
+    error=ProtocolError(
+        ErrorCode.CONFLICT, CloseCode.CONFLICT, "this source was resumed on another connection"
+    ),
+)
 
 
 def disconnected(code: int) -> Ending:
@@ -67,41 +86,66 @@ async def first_ending(
     reader: asyncio.Task[Ending],
     writer: asyncio.Task[None],
     committer: asyncio.Task[None],
+    overflow: asyncio.Task[None],
 ) -> Ending:
     """How the stream ends, given the tasks that ended first (`done`)."""
+    if overflow in done:  # the client is too slow, whatever the reader was doing
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        return slow_consumer(overflow.exception())
     if reader in done:
         return reader.result()
-    # The writer or committer ended first: the client is gone or too slow, or a bug.
+    # The writer or committer ended first: the client is gone, or a failure.
     reader.cancel()
     await asyncio.gather(reader, return_exceptions=True)
     task = writer if writer in done else committer
-    error = task.exception()
+    error = None if task.cancelled() else task.exception()
     if task is committer and error is not None:
         return committer_failed(error)
-    if isinstance(error, SlowConsumer):
-        return Ending(
-            EndReason.SLOW_CONSUMER,
-            CloseCode.POLICY_VIOLATION,
-            flush=True,
-            error=ProtocolError(ErrorCode.SLOW_CONSUMER, CloseCode.POLICY_VIOLATION, str(error)),
-        )
     if task is writer:  # send failed: the connection is gone
         return CONNECTION_LOST
     raise RuntimeError("committer ended before the stream") from error
 
 
+def slow_consumer(error: BaseException | None) -> Ending:
+    return Ending(
+        EndReason.SLOW_CONSUMER,
+        CloseCode.POLICY_VIOLATION,
+        flush=True,  # the utterance in progress is logged and published; a resume replays it
+        error=ProtocolError(
+            ErrorCode.SLOW_CONSUMER,
+            CloseCode.POLICY_VIOLATION,
+            str(error or "client left too many messages unread"),
+        ),
+    )
+
+
+def commit_timeout(timeout: float) -> Ending:
+    """After `stop`, the last finals took longer than `timeout` to commit."""
+    return Ending(
+        EndReason.STOP,
+        CloseCode.TRY_AGAIN_LATER,
+        flush=False,
+        error=ProtocolError(
+            ErrorCode.OVERLOADED,
+            CloseCode.TRY_AGAIN_LATER,
+            f"the last finals were not transcribed within {timeout:g} s",
+        ),
+    )
+
+
 def committer_failed(error: BaseException) -> Ending:
-    """How a stream ends when logging a final failed."""
+    """How a stream ends when committing a final failed (the log, or the engine)."""
     if isinstance(error, SourceSuperseded):
+        return SUPERSEDED
+    if isinstance(error, SchedulerStopped):  # the server is stopping
+        return SHUTDOWN
+    if isinstance(error, EngineDead):
         return Ending(
-            EndReason.SUPERSEDED,
-            CloseCode.CONFLICT,
+            EndReason.INTERNAL_ERROR,
+            CloseCode.INTERNAL_ERROR,
             flush=False,
-            error=ProtocolError(
-                ErrorCode.CONFLICT,
-                CloseCode.CONFLICT,
-                "this source was resumed on another connection",
-            ),
+            error=ProtocolError(ErrorCode.INTERNAL, CloseCode.INTERNAL_ERROR, str(error)),
         )
     if isinstance(error, StoreError):
         return Ending(

@@ -80,11 +80,14 @@ class PartialSender:
         utterance = Utterance(
             event.audio, self._committer.language, self.draft_for(event.index), prompt
         )
-        request = RecognitionRequest(self._session_id, Priority.PARTIAL, utterance)
+        request = RecognitionRequest(self._committer.config.engine_key, Priority.PARTIAL, utterance)
         try:
             future = await self._recognition.submit(request)
         except SchedulerFull:
             self._drop("queue_full")
+            return
+        except SchedulerError:  # the engine stopped or died: the final's commit says so
+            self._drop("failed")
             return
         task = asyncio.create_task(self._deliver(event, future))
         self._tasks.add(task)

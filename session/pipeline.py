@@ -10,6 +10,7 @@ into `vad.*` messages. Times are samples on the source's own timeline, which sta
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -19,9 +20,11 @@ from engine.api import SAMPLE_RATE
 from session.audio import FrameDecoder
 from session.segmenter import Segmenter, SegmenterConfig, SegmentEvent
 from session.telemetry import NullTelemetry, Telemetry
-from session.vad import VadScorer, VadStream
+from session.vad import WINDOW, VadScorer, VadStream
 
 FloatArray = npt.NDArray[np.float32]
+
+SLICE_SAMPLES = 16 * WINDOW  # VAD windows scored between two yields (~3 ms on this box)
 
 
 def seconds(sample: int) -> float:
@@ -56,14 +59,21 @@ class AudioPipeline:
         return await self.push(self._decoder.decode(frame))
 
     async def push(self, samples: FloatArray) -> list[SegmentEvent]:
-        """Samples at the model's rate: score every whole VAD window, segment them."""
+        """Samples at the model's rate: score every whole VAD window, segment them.
+
+        A large frame (a client may send up to 1 MiB: 1,024 windows, ~0.2 s of VAD) is
+        scored in slices of SLICE_SAMPLES with a yield between them, so other streams are
+        served meanwhile, as a file is."""
         self.samples += len(samples)
-        started = time.perf_counter()
         events: list[SegmentEvent] = []
-        scored = await self._vad.process(samples)
-        for window, probability in scored:
-            events.extend(self._segmenter.push(window, probability))
-        self._telemetry.vad_processed(time.perf_counter() - started, len(scored))
+        for offset in range(0, len(samples), SLICE_SAMPLES):
+            if offset:
+                await asyncio.sleep(0)  # let other streams run between slices
+            started = time.perf_counter()
+            scored = await self._vad.process(samples[offset : offset + SLICE_SAMPLES])
+            for window, probability in scored:
+                events.extend(self._segmenter.push(window, probability))
+            self._telemetry.vad_processed(time.perf_counter() - started, len(scored))
         return events
 
     def cut(self) -> list[SegmentEvent]:

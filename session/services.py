@@ -26,7 +26,7 @@ class SessionServices:
     outbox_limit: int
     languages: frozenset[str]  # what the recognizer transcribes (`{'en'}`: English only)
     # Each utterance is decoded after its source's previous finals (Committer: prompts).
-    prompts: bool = True
+    prompts: bool = False
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
     # Speaker embeddings for `diarize=true` sources; None: diarization is off.

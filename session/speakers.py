@@ -133,7 +133,7 @@ class SpeakerLabeller:
                     for w in transcription.words
                     if part.start <= (w.start + w.end) / 2 * SAMPLE_RATE < part.end
                 )
-                text = " ".join(w.word.strip() for w in words).strip()
+                text = "".join(w.word for w in words).strip()
                 out.append((text, words, transcription.language))
             return out
         results = await asyncio.gather(*(recognize(audio[p.start : p.end]) for p in parts))

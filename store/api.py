@@ -83,6 +83,11 @@ class Store(Protocol):
         if the listener falls too far behind or loses the store."""
         ...
 
+    @property
+    def failures(self) -> int:
+        """Calls that failed to reach the store so far (`parley_store_errors_total`)."""
+        ...
+
     async def health(self) -> StoreHealth:
         """ok, or degraded with a reason (unreachable, catching up, buffer full)."""
         ...

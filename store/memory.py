@@ -239,6 +239,10 @@ class MemoryStore:
 
     # -- lifecycle
 
+    @property
+    def failures(self) -> int:
+        return 0  # in process: nothing to fail to reach
+
     async def health(self) -> StoreHealth:
         return StoreHealth(backend=self.backend, ok=True)
 

@@ -26,8 +26,10 @@ class Link:
     def __init__(self) -> None:
         self.failing = False  # the last call to Redis failed
         self.last_error = ""
+        self.failures = 0  # calls that failed, ever (parley_store_errors_total)
 
     def note_failure(self, exc: BaseException) -> None:
+        self.failures += 1
         if not self.failing:
             logger.warning("redis unreachable: %s", exc)
         self.failing = True
@@ -35,6 +37,7 @@ class Link:
 
     def note_error(self, reason: str) -> None:
         """Redis answered with an error (already logged by the caller)."""
+        self.failures += 1
         self.failing = True
         self.last_error = reason
 

@@ -391,6 +391,10 @@ class RedisStore:
 
     # -- lifecycle
 
+    @property
+    def failures(self) -> int:
+        return self._link.failures
+
     async def health(self) -> StoreHealth:
         if (reason := self._buffer.degraded()) is not None:
             return StoreHealth(self.backend, ok=False, reason=reason, buffered=len(self._buffer))

@@ -39,7 +39,8 @@ def system_clock() -> float:
 
 @dataclass(frozen=True, slots=True)
 class TTLSettings:
-    """The policy's constants; the server reads them from `PARLEY_TTL_*` settings."""
+    """The policy's constants (docs/store.md). The server sets `base_s` and `decay_s`
+    from `PARLEY_MEETING_TTL_S`; the others are these defaults, no setting changes them."""
 
     base_s: float = 24 * 3600.0  # TTL of a meeting written once, before growth and decay
     floor: float = 0.3  # the decay factor never goes below this

@@ -144,12 +144,14 @@ def finalize_done(utterance_id: str | None) -> FinalizeDone:
 
 
 def session_ended(
-    *, reason: str, audio_seconds: float, utterances: int, finals: int
+    *, reason: str, audio_seconds: float, utterances: int, finals: int, finals_lost: int = 0
 ) -> SessionEnded:
+    """`finals_lost`: utterances cut whose final was neither logged nor sent."""
     return {
         "type": "session.ended",
         "reason": reason,
         "audio_seconds": audio_seconds,
         "utterances": utterances,
         "finals": finals,
+        "finals_lost": finals_lost,
     }

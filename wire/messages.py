@@ -12,9 +12,14 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 
 class Word(TypedDict):
+    """One word of a final: its text as the model wrote it, with its leading space (the
+    words concatenated, then stripped, make the final's text), its span in stream seconds
+    and the model's probability of it."""
+
     word: str
     start: float
     end: float
+    probability: NotRequired[float]  # absent from finals logged before words had it
 
 
 class WallTime(TypedDict):
@@ -128,6 +133,7 @@ class SessionEnded(TypedDict):
     audio_seconds: float
     utterances: int
     finals: int
+    finals_lost: int  # utterances cut whose final was neither logged nor sent
 
 
 ServerMessage = (

@@ -4,19 +4,27 @@ The JSON form is the finals as `transcript.final` messages (without live timings
 client that recorded a meeting's finals renders what `GET …/transcript` answers. Every
 form lists the finals in meeting-time order (wire/timeline.py); TXT, SRT and VTT show
 times on the meeting's timeline, from its `origin` (the earliest source's start).
+
+SRT and VTT show a final as one cue, or, when it has word timings and is longer than
+`CUE_CHARS` characters or `CUE_SECONDS` seconds, as several cues cut between words; the
+cues follow each other without gaps over the final's span.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from wire.build import transcript_final
-from wire.messages import Final
+from wire.messages import Final, Word
 from wire.timeline import in_meeting_order, meeting_origin, on_meeting_timeline
+
+CUE_CHARS = 42  # a subtitle line's customary length
+CUE_SECONDS = 7.0  # the longest a cue stays on screen
 
 
 class TranscriptFormat(enum.StrEnum):
@@ -82,22 +90,69 @@ def render_txt(finals: Sequence[Final], *, labels: bool = True) -> str:
 
 
 def render_srt(finals: Sequence[Final], *, labels: bool = True) -> str:
-    cues = [
-        f"{i}\n{_clock(f.start, ',')} --> {_clock(_cue_end(f), ',')}\n"
-        f"{_label(f, labels)}{_one_line(f.text)}\n"
-        for i, f in enumerate(finals, start=1)
+    timed = [(f, cue) for f in finals for cue in cues(f)]
+    blocks = [
+        f"{i}\n{_clock(cue.start, ',')} --> {_clock(cue.end, ',')}\n"
+        f"{_label(f, labels)}{_one_line(cue.text)}\n"
+        for i, (f, cue) in enumerate(timed, start=1)
     ]
-    return "\n".join(cues)
+    return "\n".join(blocks)
 
 
 def render_vtt(finals: Sequence[Final], *, labels: bool = True) -> str:
-    cues = [
-        f"{_clock(f.start, '.')} --> {_clock(_cue_end(f), '.')}\n"
+    blocks = [
+        f"{_clock(cue.start, '.')} --> {_clock(cue.end, '.')}\n"
         + (f"<v {_escape(_who(f, labels))}>" if labels or f.speaker else "")
-        + f"{_escape(f.text)}\n"
+        + f"{_escape(cue.text)}\n"
         for f in finals
+        for cue in cues(f)
     ]
-    return "WEBVTT\n\n" + "\n".join(cues)
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class Cue:
+    """One subtitle: seconds on its final's timeline, and its text."""
+
+    start: float
+    end: float
+    text: str
+
+
+def cues(final: Final) -> list[Cue]:
+    """The final as subtitle cues: itself, or, when its words are known and it is longer
+    than `CUE_CHARS` characters or `CUE_SECONDS` seconds, groups of whole words, each as
+    many as fit both limits (a longer word stands alone). A cue lasts until the next one
+    starts (its first word's start); the first starts with the final, the last ends with it.
+    Words that do not make up the final's text (a record from before words were exact)
+    leave it one cue."""
+    whole = Cue(final.start, _cue_end(final), final.text)
+    words = final.words
+    fits = len(_one_line(final.text)) <= CUE_CHARS and final.end - final.start <= CUE_SECONDS
+    if fits or not words or _joined(words) != _one_line(final.text):
+        return [whole]
+    groups: list[list[Word]] = [[]]
+    for word in words:
+        group = groups[-1]
+        if group and (
+            len(_joined([*group, word])) > CUE_CHARS
+            or word["end"] - group[0]["start"] > CUE_SECONDS
+        ):
+            groups.append([word])
+        else:
+            group.append(word)
+    starts = [final.start] + [
+        min(max(group[0]["start"], final.start), final.end) for group in groups[1:]
+    ]
+    ends = [*starts[1:], whole.end]
+    return [
+        Cue(start, max(end, start + 0.001), _joined(group))
+        for start, end, group in zip(starts, ends, groups, strict=True)
+    ]
+
+
+def _joined(words: Sequence[Word]) -> str:
+    return _one_line("".join(w["word"] for w in words))
 
 
 def _label(final: Final, labels: bool) -> str:

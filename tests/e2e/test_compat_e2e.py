@@ -115,6 +115,16 @@ async def test_deepgram_sdk_stream_joins_a_meeting(parley_server: ServerProcess)
     assert "SpeechStarted" in kinds and "UtteranceEnd" in kinds
     assert any(m.speech_final for m in results)
     assert {m.metadata.model_info.name for m in results} == {"nova-3"}
+    # Final Results carry the final's words: in order, inside the result, with confidences.
+    for final in (m for m in results if m.is_final and m.channel.alternatives[0].transcript):
+        alternative = final.channel.alternatives[0]
+        words = alternative.words or []
+        assert "".join(w.punctuated_word or "" for w in words) == alternative.transcript.replace(
+            " ", ""
+        )
+        assert all(0 < (w.confidence or 0) <= 1 for w in words)
+        span = (final.start - 0.001, final.start + final.duration + 0.001)
+        assert all(span[0] <= w.start <= w.end <= span[1] for w in words)
     # The same finals reach the meeting's listener and its stored transcript.
     assert [f["text"] for f in heard.finals] == finals(received)
     assert {f["participant"] for f in heard.finals} == {"dg-bot"}

@@ -11,7 +11,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from bench.corpus import clips
 from engine.api import Utterance
 from engine.decoding import read_row
-from engine.whisper import WhisperRecognizer
+from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
 
 pytestmark = pytest.mark.slow
 
@@ -169,3 +169,63 @@ def test_a_new_cache_holds_zeros_not_garbage(recognizer: WhisperRecognizer) -> N
         (cache.values[:, :, :, 1:] == 0).all()
     )
     assert int(cache.lengths.max()) == 1
+
+
+@pytest.fixture(scope="module")
+def int8_decoder(tiny_en: Path) -> WhisperRecognizer:
+    """The CPU default of the server: the decoder's layers in int8, scales per row."""
+    return WhisperRecognizer(tiny_en, WhisperRecognizerConfig(quantize="int8-decoder"))
+
+
+def test_an_int8_rows_result_does_not_depend_on_its_batch(
+    int8_decoder: WhisperRecognizer,
+) -> None:
+    """Eight clips decoded together and each alone, from the same encoder states: every
+    row's start logits are bit for bit the same, and so are its tokens (activations are
+    quantized per row, not per call)."""
+    selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:8]
+    greedy = int8_decoder._greedy
+    prompt = int8_decoder._prompt_tail
+    with torch.inference_mode():
+        hidden = torch.cat(
+            [
+                int8_decoder._encoders.encode(30.0, int8_decoder._preprocess([u], 30.0))
+                for u in (Utterance(clip.audio()) for clip in selected)
+            ]
+        )
+        started = greedy.start(hidden)
+        logits = started.logits.clone()
+        together = greedy.decode(started, torch.tensor([prompt] * 8), [60] * 8)
+        for i, clip in enumerate(selected):
+            alone_started = greedy.start(hidden[i : i + 1])
+            assert torch.equal(alone_started.logits[0], logits[i]), clip.id
+            alone = greedy.decode(alone_started, torch.tensor([prompt]), [60])
+            width = alone.tokens.shape[1]
+            assert alone.tokens[0].tolist() == together.tokens[i, :width].tolist(), clip.id
+
+
+def test_int8_drafts_change_nothing_but_the_work(int8_decoder: WhisperRecognizer) -> None:
+    """With int8 layers too, right, half-right and wrong drafts decode to the tokens of no
+    draft (per-call scales once made a many-token draft check round differently)."""
+    selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:6]
+    audio = [clip.audio() for clip in selected]
+    greedy = int8_decoder._greedy
+    prompts = torch.tensor([int8_decoder._prompt_tail] * len(audio))
+    budgets = [60] * len(audio)
+    with torch.inference_mode():
+        hidden = int8_decoder._encoders.encode(
+            30.0, int8_decoder._preprocess([Utterance(a) for a in audio], 30.0)
+        )
+        plain = greedy.decode(greedy.start(hidden), prompts, budgets)
+        truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
+        drafts = [
+            truth[0],
+            truth[1][: len(truth[1]) // 2],
+            [*truth[2][: len(truth[2]) // 2], 11, 11],
+            [400, 401],
+            truth[4] + [13, 13],
+            truth[5][:3],
+        ]
+        checked = greedy.decode(greedy.start(hidden), prompts, budgets, drafts)
+    for i, clip in enumerate(selected):
+        assert [t for t in checked.tokens[i].tolist() if t < 50256] == truth[i], clip.id

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.int8 import Int8Linear, int8_available, quantize_linears
+from engine.loading import ModelConfig, resolve_quantize
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="no fbgemm/x86 int8 kernels")
 
@@ -58,3 +59,44 @@ def test_int8_refuses_other_dtypes() -> None:
     layer = Int8Linear(torch.nn.Linear(4, 4))
     with pytest.raises(TypeError, match="float32"), torch.inference_mode():
         layer(torch.randn(2, 4, dtype=torch.float64))
+
+
+def test_a_rows_output_does_not_depend_on_its_batch() -> None:
+    """Activations are quantized per row: a row's output is bit for bit the same alone, in
+    a batch with rows 10,000 times larger or smaller, and inside a many-token pass."""
+    torch.manual_seed(2)
+    layer = Int8Linear(torch.nn.Linear(64, 96))
+    rows = torch.randn(8, 64) * torch.logspace(-2, 2, 8)[:, None]
+    with torch.inference_mode():
+        together = layer(rows)
+        passes = layer(rows.reshape(2, 4, 64))
+        for i in range(8):
+            assert torch.equal(layer(rows[i : i + 1])[0], together[i]), i
+        assert torch.equal(passes.reshape(8, 96), together)
+
+
+@pytest.mark.parametrize("reduce_range", [True, False])
+def test_each_row_uses_the_whole_grid_unclipped(reduce_range: bool) -> None:
+    """A row's largest magnitude, either sign, is on the grid: no clipping at +1 or -1,
+    and rows of any magnitude (or none) come out as accurately as a unit row."""
+    linear = torch.nn.Linear(4, 3, bias=False)
+    linear.weight.data = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0.5, -0.5, 0.25, 0]])
+    layer = Int8Linear(linear, reduce_range=reduce_range)
+    x = torch.tensor([[1.0, -1.0, 0.5, 0.0], [-3e4, 3e4, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    with torch.inference_mode():
+        got = layer(x)
+        expected = linear(x)
+    assert torch.allclose(got[0, :2], expected[0, :2], rtol=1e-6)  # +1 and -1 exactly
+    assert torch.allclose(got, expected, rtol=0.02, atol=1e-6)
+    assert torch.equal(got[2], torch.zeros(3))
+
+
+def test_auto_quantizes_the_decoder_on_the_cpu_in_float32_only() -> None:
+    """`PARLEY_QUANTIZE=auto` (the default): int8 decoder layers on the CPU in float32;
+    nothing on cuda or in another dtype; an explicit choice is kept."""
+    assert resolve_quantize(ModelConfig(), "cpu") == "int8-decoder"
+    assert resolve_quantize(ModelConfig(dtype="float32"), "cpu") == "int8-decoder"
+    assert resolve_quantize(ModelConfig(), "cuda") == "none"
+    assert resolve_quantize(ModelConfig(dtype="bfloat16"), "cpu") == "none"
+    assert resolve_quantize(ModelConfig(quantize="none"), "cpu") == "none"
+    assert resolve_quantize(ModelConfig(quantize="int8"), "cpu") == "int8"

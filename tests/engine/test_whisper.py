@@ -36,8 +36,8 @@ def full_window(tiny_en: Path) -> WhisperRecognizer:
 
 @pytest.fixture(scope="module")
 def int8(tiny_en: Path) -> WhisperRecognizer:
-    """The CPU default of the server: buckets and int8 linear layers."""
-    return WhisperRecognizer(tiny_en, WhisperRecognizerConfig(int8=True))
+    """The CPU default of the server: buckets and the decoder's layers in int8."""
+    return WhisperRecognizer(tiny_en, WhisperRecognizerConfig(quantize="int8-decoder"))
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +89,9 @@ def test_int8_costs_no_accuracy(
 
 def test_int8_is_refused_where_it_cannot_run(tiny_en: Path) -> None:
     with pytest.raises(ValueError, match="CPU in float32"):
-        WhisperRecognizerConfig(int8=True, dtype="bfloat16")
+        WhisperRecognizerConfig(quantize="int8", dtype="bfloat16")
     with pytest.raises(ValueError, match="CPU in float32"):
-        WhisperRecognizerConfig(int8=True, device="cuda")
+        WhisperRecognizerConfig(quantize="int8", device="cuda")
 
 
 @pytest.mark.parametrize("name", ["bucketed", "int8"])

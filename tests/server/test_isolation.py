@@ -317,11 +317,15 @@ async def test_an_upload_never_joins_a_meeting_another_tenant_created_meanwhile(
     create_source = store.create_source
 
     async def t1_wins_the_race(
-        meeting_id: str, participant: str, config: Mapping[str, Any] | None = None
+        meeting_id: str,
+        participant: str,
+        config: Mapping[str, Any] | None = None,
+        *,
+        origin: float | None = None,
     ) -> tuple[SourceState, str]:
         if meeting_id == "raced" and (config or {}).get(OWNER_FIELD) == "t0":
             await create_source(meeting_id, "t1-speaker", {OWNER_FIELD: "t1"})
-        return await create_source(meeting_id, participant, config)
+        return await create_source(meeting_id, participant, config, origin=origin)
 
     content_type, pieces = multipart(audiofiles.encode(clip("en_jfk").samples(), "wav"), "a.wav")
     with pytest.MonkeyPatch.context() as patch:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from session.outbox import Outbox, SlowConsumer
+from session.outbox import Outbox, OutboxState, SlowConsumer
 
 
 async def test_partials_merge_and_finals_drop_their_partial() -> None:
@@ -23,12 +25,22 @@ async def test_partials_merge_and_finals_drop_their_partial() -> None:
 
 
 async def test_committed_messages_overflow_is_a_slow_consumer() -> None:
-    """More than `limit` unread committed messages raise SlowConsumer."""
+    """More than `limit` unread committed messages overflow the outbox: the put does not
+    fail (a final is still logged and published), later puts are dropped, and
+    `overflowed()` raises SlowConsumer for the actor to end the stream."""
     box = Outbox(2)
+    watcher = asyncio.create_task(box.overflowed())
     box.put("a")
     box.put("b")
+    await asyncio.sleep(0)
+    assert not watcher.done()
+    box.put("c")
+    box.put_partial("u1", "p")
+    assert box.state is OutboxState.OVERFLOWED and box.dropped == 1
     with pytest.raises(SlowConsumer):
-        box.put("c")
+        await asyncio.wait_for(watcher, 1)
+    box.close_with("error")  # the backlog is dropped: a resume replays its finals
+    assert [m async for m in _drain(box)] == ["error"]
 
 
 async def test_closed_outbox_refuses_puts_and_drains() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 import pytest
 
@@ -9,9 +11,9 @@ from wire import build
 from wire.codes import CloseCode, Encoding, ErrorCode
 from wire.control import ControlType, control_message, parse_auth, parse_control
 from wire.errors import ProtocolError
-from wire.messages import Final, TranscriptFinal
+from wire.messages import Final, TranscriptFinal, Word
 from wire.query import parse_flag, parse_stream_config, validate_id
-from wire.transcript import TranscriptFormat, render, utterances
+from wire.transcript import CUE_CHARS, CUE_SECONDS, Cue, TranscriptFormat, cues, render, utterances
 
 FINALS = [
     Final(1, "s1-0", "ana", "Hello  there.", 0.16, 2.336, "en"),
@@ -44,7 +46,10 @@ def test_builder_writes_the_documented_fields_in_order() -> None:
     )
     assert list(partial) == ["type", "utterance_id", "participant", "text", "start", "end"]
     ended = build.session_ended(reason="stop", audio_seconds=11.0, utterances=4, finals=4)
-    assert list(ended) == ["type", "reason", "audio_seconds", "utterances", "finals"]
+    assert list(ended) == [
+        "type", "reason", "audio_seconds", "utterances", "finals", "finals_lost",
+    ]  # fmt: skip
+    assert ended["finals_lost"] == 0  # additive: a v1 client that ignores it is unaffected
     assert build.error(ErrorCode.OVERLOADED, "full", retry_after=2.0) == {
         "type": "error", "code": "overloaded", "message": "full", "retry_after": 2.0,
     }  # fmt: skip
@@ -101,3 +106,49 @@ def test_render_formats() -> None:
     body = orjson.loads(render("m", FINALS, TranscriptFormat.JSON))
     assert body["finals"][0] == build.transcript_final(FINALS[0])
     assert utterances(FINALS)[1]["words"] == FINALS[1].words
+
+
+def _timed(text: str, start: float, step: float) -> list[Word]:
+    """`text`'s words as the model writes them (leading spaces), `step` seconds each."""
+    return [
+        {
+            "word": " " + w,
+            "start": round(start + i * step, 3),
+            "end": round(start + (i + 1) * step, 3),
+        }
+        for i, w in enumerate(text.split())
+    ]
+
+
+def test_long_finals_are_cut_into_cues_between_words() -> None:
+    """A final over 42 characters or 7 s becomes cues of whole words within both limits,
+    back to back over its span; short, wordless or inconsistent finals stay one cue."""
+    text = "And so my fellow Americans, ask not what your country can do for you, ask what."
+    words = _timed(text, 10.0, 0.3)  # 16 words, 4.8 s: only the characters force cuts
+    long = Final(1, "s-0", "ana", text, 9.9, 15.0, "en", words)
+    split = cues(long)
+    assert len(split) == 2 and " ".join(c.text for c in split) == text
+    assert all(len(c.text) <= CUE_CHARS for c in split)
+    assert split[0].start == 9.9 and split[-1].end == 15.0
+    assert all(a.end == b.start for a, b in itertools.pairwise(split))
+    assert split[1].start == words[len(split[0].text.split())]["start"]
+    slow = Final(
+        2,
+        "s-1",
+        "ana",
+        "one two three four",
+        0.0,
+        20.0,
+        "en",
+        _timed("one two three four", 0.0, 5.0),
+    )
+    assert [c.text for c in cues(slow)] == ["one", "two", "three", "four"]
+    assert all(c.end - c.start <= CUE_SECONDS for c in cues(slow))
+    assert cues(Final(3, "s-2", "ana", text, 0.0, 5.0, "en")) == [Cue(0.0, 5.0, text)]
+    stale = Final(4, "s-3", "ana", text, 0.0, 5.0, "en", _timed("other words", 0.0, 1.0))
+    assert cues(stale) == [Cue(0.0, 5.0, text)]
+    srt = render("m", [long], TranscriptFormat.SRT, labels=False).splitlines()
+    assert srt[:3] == ["1", "00:00:09,900 --> 00:00:12,400", split[0].text]
+    assert srt[4:7] == ["2", "00:00:12,400 --> 00:00:15,000", split[1].text]
+    vtt = render("m", [long], TranscriptFormat.VTT)
+    assert f"00:00:12.400 --> 00:00:15.000\n<v ana>{split[1].text}\n" in vtt

@@ -1,0 +1,333 @@
+"""What one decoder step and one encoder pass cost, by int8 scope, and whether a row's
+result depends on its batch.
+
+Five parts, one model load per `--quantize` scope (engine/whisper.py `Quantize`):
+
+- **projection**: the vocabulary projection alone (tiny.en's 51,864 × 384) through each
+  kernel there is: float32, fbgemm int8 with one activation scale per call (the kernel
+  as is), int8 with scales per row (`engine.int8.Int8Linear`), fbgemm's float16 weights,
+  and `aten._weight_int8pack_mm` (int8 weights, bfloat16 activations). "same alone" says
+  whether row 0's output is bit for bit the same alone and in a batch of 8.
+- **step**: one decoder step (one new token per row, 24 tokens cached, the projection
+  included) at each batch size, per scope.
+- **encoder**: one encoder pass of one row, per window, per scope.
+- **rows**: eight corpus clips decoded together and each alone (the same encoder states):
+  how many rows' tokens, and start-step logits, are identical.
+- **partials** (not by default): live partials' audio (each clip's first 0.8-4 s)
+  decoded on every window that holds it (give `--windows 5 10`): loops, words that differ
+  from the largest window's text, and the time per partial (last `--quantize` scope only).
+
+Medians over `--repeats` timed calls after a warm-up, on `--threads` torch threads (1: what
+each of the two model workers gets on the 2-core machine).
+
+    python -m bench.step
+    python -m bench.step --quantize none int8-decoder --batch-sizes 1 8
+    python -m bench.step --quantize int8-decoder --parts partials --windows 5 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn import functional
+
+from bench.corpus import clips
+from engine.api import Utterance
+from engine.guard import looped
+from engine.int8 import Int8Linear
+from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer
+from engine.whisper import Quantize, WhisperRecognizer, WhisperRecognizerConfig
+from loadgen.wer import ErrorCounts, error_counts
+
+logger = logging.getLogger("bench.step")
+
+SCOPES: tuple[Quantize, ...] = ("none", "int8-decoder", "int8")
+ROW_CLIPS = ("en_ls_", "en_jfk", "en_lj_LJ0")
+CACHED = 24  # tokens already in the cache when a step is timed
+PARTIAL_PREFIXES = (0.8, 1.6, 2.4, 3.2, 4.0)  # seconds: a live utterance's first partials
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model: str
+    model_cache: Path
+    threads: int
+    quantize: tuple[Quantize, ...]
+    batch_sizes: tuple[int, ...]
+    windows: tuple[float, ...]
+    repeats: int
+    parts: tuple[str, ...]
+
+
+def parse_args(argv: Sequence[str] | None) -> Settings:
+    parser = argparse.ArgumentParser(prog="python -m bench.step", description=__doc__)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument(
+        "--model-cache",
+        type=Path,
+        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or DEFAULT_CACHE),
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    parser.add_argument("--quantize", nargs="+", choices=SCOPES, default=list(SCOPES))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--windows", type=float, nargs="+", default=[5.0, 10.0, 30.0])
+    parser.add_argument("--repeats", type=int, default=15, help="timed calls per cell")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=["projection", "step", "encoder", "rows", "partials"],
+        default=["projection", "step", "encoder", "rows"],
+    )
+    args = parser.parse_args(argv)
+    return Settings(
+        model=args.model,
+        model_cache=args.model_cache,
+        threads=args.threads,
+        quantize=tuple(args.quantize),
+        batch_sizes=tuple(args.batch_sizes),
+        windows=tuple(sorted(set(args.windows))),
+        repeats=args.repeats,
+        parts=tuple(args.parts),
+    )
+
+
+def timed(call: Callable[[], object], repeats: int) -> float:
+    """Median milliseconds of `repeats` calls, after one untimed call."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def projection_kernels(
+    linear: torch.nn.Linear,
+) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Every way to run the vocabulary projection (no bias) on float32 rows."""
+    weight = linear.weight.detach()
+    scales = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    int8_weight = torch.round(weight / scales[:, None]).to(torch.int8)
+    bf16_scales = scales.to(torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantized = torch.quantize_per_channel(
+            weight, scales.double(), torch.zeros(weight.shape[0], dtype=torch.long), 0, torch.qint8
+        )
+        per_call = torch.ops.quantized.linear_prepack(quantized, None)
+        fp16 = torch.ops.quantized.linear_prepack_fp16(weight, None)
+    per_row = Int8Linear(linear)
+    return {
+        "float32": lambda x: functional.linear(x, weight),
+        "int8, scale per call": lambda x: torch.ops.quantized.linear_dynamic(x, per_call, True),
+        "int8, scales per row": per_row,
+        "float16 weights (fbgemm)": lambda x: torch.ops.quantized.linear_dynamic_fp16(x, fp16),
+        "int8 weights, bf16 rows": lambda x: torch.ops.aten._weight_int8pack_mm(
+            x.to(torch.bfloat16), int8_weight, bf16_scales
+        ).float(),
+    }
+
+
+def projection_table(recognizer: WhisperRecognizer, settings: Settings) -> list[str]:
+    projection = recognizer._model.proj_out
+    if not isinstance(projection, torch.nn.Linear):
+        raise SystemExit("the projection table needs the float32 model (--quantize none first)")
+    torch.manual_seed(0)
+    # Realistic inputs: decoder states after the final layer norm, here random rows of
+    # the same spread.
+    rows = torch.randn(max(8, *settings.batch_sizes), projection.in_features) * 2.0
+    lines = [
+        "| kernel | " + " | ".join(f"batch {b}" for b in settings.batch_sizes) + " | same alone |",
+        "|---|" + "---|" * (len(settings.batch_sizes) + 1),
+    ]
+    for name, kernel in projection_kernels(projection).items():
+        cells = [
+            f"{timed(lambda b=b, k=kernel: k(rows[:b]), settings.repeats):.2f} ms"
+            for b in settings.batch_sizes
+        ]
+        same = torch.equal(kernel(rows[:1]), kernel(rows[:8])[:1])
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {'yes' if same else 'no'} |")
+    return lines
+
+
+def encoder_states(recognizer: WhisperRecognizer, utterances: Sequence[Utterance]) -> torch.Tensor:
+    """Each utterance encoded alone on the 30 s window, stacked."""
+    window = recognizer.windows[-1]
+    return torch.cat(
+        [
+            recognizer._encoders.encode(window, recognizer._preprocess([u], window))
+            for u in utterances
+        ]
+    )
+
+
+def step_cells(
+    recognizer: WhisperRecognizer, hidden: torch.Tensor, settings: Settings
+) -> list[str]:
+    greedy = recognizer._greedy
+    cells = []
+    for size in settings.batch_sizes:
+        batch = hidden[torch.arange(size) % hidden.shape[0]]
+        cache = greedy.start(batch, CACHED + 2).take_cache()
+        ids = torch.full((size, 1), 440, dtype=torch.long)
+
+        def step(cache: object = cache, ids: torch.Tensor = ids) -> torch.Tensor:
+            cache.lengths[:] = CACHED  # type: ignore[attr-defined]
+            return greedy._project(greedy._step(cache, ids)[:, -1])  # type: ignore[arg-type]
+
+        cells.append(f"{timed(step, settings.repeats):.2f} ms")
+    return cells
+
+
+def encoder_cells(recognizer: WhisperRecognizer, settings: Settings) -> list[str]:
+    audio = Utterance(clips(("en_jfk",))[0].audio()[: 16_000 * 4])
+    encode = recognizer._encoders.encode
+    repeats = max(3, settings.repeats // 3)
+    cells = []
+    for window in settings.windows:
+        features = recognizer._preprocess([audio], window)
+        ms = timed(lambda w=window, f=features: encode(w, f), repeats)
+        cells.append(f"{ms:.1f} ms")
+    return cells
+
+
+def rows_cell(recognizer: WhisperRecognizer, hidden: torch.Tensor) -> str:
+    """Tokens and start logits of each row decoded alone against in the batch of all."""
+    greedy = recognizer._greedy
+    prompt = recognizer._prompt_tail
+    together_start = greedy.start(hidden)
+    together_logits = together_start.logits.clone()
+    together = greedy.decode(
+        together_start, torch.tensor([prompt] * hidden.shape[0]), [100] * hidden.shape[0]
+    )
+    same_tokens = same_logits = 0
+    for i in range(hidden.shape[0]):
+        started = greedy.start(hidden[i : i + 1])
+        same_logits += torch.equal(started.logits[0], together_logits[i])
+        alone = greedy.decode(started, torch.tensor([prompt]), [100])
+        width = alone.tokens.shape[1]
+        same_tokens += alone.tokens[0].tolist() == together.tokens[i, :width].tolist()
+    n = hidden.shape[0]
+    return f"{same_tokens}/{n} tokens, {same_logits}/{n} start logits"
+
+
+def partial_windows(recognizer: WhisperRecognizer, settings: Settings) -> list[str]:
+    """Live partials' audio (every clip's first 0.8, 1.6, ... 4 s) decoded alone on each
+    window that holds it plus the 1 s margin: loops (as the guard judges them), the words
+    that differ from the largest such window's text (today's partials: 10 s), the time."""
+    guard = recognizer.config.guard
+    prefixes = [
+        Utterance(clip.audio()[: round(seconds * 16_000)])
+        for clip in clips()
+        if clip.language == "en" and clip.duration < 30
+        for seconds in PARTIAL_PREFIXES
+        if seconds < clip.duration
+    ]
+    windows = [w for w in settings.windows if w >= max(PARTIAL_PREFIXES) + 1.0]
+    lines = [
+        f"Partials: {len(prefixes)} prefixes of the English clips ("
+        + ", ".join(f"{s:g}" for s in PARTIAL_PREFIXES)
+        + " s), each decoded alone, no retry:",
+        "",
+        f"| window | loops | words that differ from the {windows[-1]:g} s window's | "
+        "encoder + decoder per prefix |",
+        "|---|---|---|---|",
+    ]
+    decoded_by_window = {}
+    for window in reversed(windows):
+        start = time.perf_counter()
+        decoded = [recognizer._forward([u], window)[0] for u in prefixes]
+        ms = (time.perf_counter() - start) / len(prefixes) * 1000
+        decoded_by_window[window] = decoded
+        reference = [d.text for d in decoded_by_window[windows[-1]]]
+        loops = sum(looped(d.text, d.exhausted, guard) for d in decoded)
+        errors = ErrorCounts(0, 0, 0, 0)
+        for want, got in zip(reference, decoded, strict=True):
+            errors += error_counts(want, got.text)
+        lines.append(
+            f"| {window:g} s | {loops} | {errors.rate:.3f} ({errors.errors} of "
+            f"{errors.reference_length}) | {ms:.0f} ms |"
+        )
+    return lines
+
+
+def run(settings: Settings) -> str:
+    torch.set_num_threads(settings.threads)
+    lines = [
+        f"{settings.model}, {settings.threads} torch thread(s), torch {torch.__version__}, "
+        f"median of {settings.repeats} calls",
+        "",
+    ]
+    utterances = [Utterance(clip.audio()[: 16_000 * 28]) for clip in clips(ROW_CLIPS)[:8]]
+    step_rows, encoder_rows, row_rows = [], [], []
+    partial_lines: list[str] = []
+    for scope in settings.quantize:
+        windows = tuple(sorted({*settings.windows, 30.0}))
+        config = WhisperRecognizerConfig(quantize=scope, windows=windows)
+        recognizer = load_recognizer(settings.model, config, cache=settings.model_cache)
+        with torch.inference_mode():
+            if scope == settings.quantize[0] and "projection" in settings.parts:
+                lines += ["Vocabulary projection:", "", *projection_table(recognizer, settings), ""]
+            hidden = encoder_states(recognizer, utterances)
+            if "step" in settings.parts:
+                step_rows.append(
+                    f"| {scope} | " + " | ".join(step_cells(recognizer, hidden, settings)) + " |"
+                )
+            if "encoder" in settings.parts:
+                encoder_rows.append(
+                    f"| {scope} | " + " | ".join(encoder_cells(recognizer, settings)) + " |"
+                )
+            if "partials" in settings.parts and scope == settings.quantize[-1]:
+                partial_lines = partial_windows(recognizer, settings)
+            if "rows" in settings.parts:
+                row_rows.append(f"| {scope} | {rows_cell(recognizer, hidden)} |")
+        logger.info("%s done", scope)
+    if step_rows:
+        lines += [
+            f"Decoder step (one token per row, {CACHED} cached, projection included):",
+            "",
+            "| quantize | " + " | ".join(f"batch {b}" for b in settings.batch_sizes) + " |",
+            "|---|" + "---|" * len(settings.batch_sizes),
+            *step_rows,
+            "",
+        ]
+    if encoder_rows:
+        lines += [
+            "Encoder pass, one row:",
+            "",
+            "| quantize | " + " | ".join(f"{w:g} s window" for w in settings.windows) + " |",
+            "|---|" + "---|" * len(settings.windows),
+            *encoder_rows,
+            "",
+        ]
+    if row_rows:
+        lines += [
+            f"Rows decoded alone vs in a batch of {len(utterances)} (same encoder states):",
+            "",
+            "| quantize | identical |",
+            "|---|---|",
+            *row_rows,
+        ]
+    if partial_lines:
+        lines += ["", *partial_lines]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    print(run(settings))
+
+
+if __name__ == "__main__":
+    main()

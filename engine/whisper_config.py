@@ -1,0 +1,89 @@
+"""How to run the Whisper recognizer: `WhisperRecognizerConfig` and its vocabularies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from engine.guard import GuardConfig
+from engine.int8 import int8_available
+
+DType = Literal["float32", "float16", "bfloat16"]
+# Which linear layers run in int8 (`engine.int8`): none, the decoder's (its vocabulary
+# projection included), or every one (the encoder's too).
+Quantize = Literal["none", "int8-decoder", "int8"]
+INT8_LAYERS: dict[str, Callable[[str], bool]] = {
+    "int8-decoder": lambda name: name == "proj_out" or name.startswith("model.decoder."),
+    "int8": lambda name: True,
+}
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+ENGLISH = "en"
+
+
+@dataclass(frozen=True, slots=True)
+class WhisperRecognizerConfig:
+    """How to run the model. `dtype=None` means float32 on CPU, float16 on CUDA.
+
+    `windows` are the encoder window buckets in seconds; the model's full window (30 s) is
+    always added. Give `(30.0,)` to pad everything to 30 s as stock Whisper does. A batch
+    gets the smallest window holding its longest utterance plus `window_margin` seconds.
+    `max_tokens_per_second` bounds each utterance's decoding at that many tokens per second
+    of its audio (plus a few; at most half the decoder's context, Whisper's own limit), so
+    a looping utterance stops early and does not hold up the rest of its batch.
+    `retry_loops_on_full_window` decodes looping utterances again on the full window.
+    `prompt_tokens` bounds each utterance's `prompt` (the previous text, Whisper's
+    `<|startofprev|>` prefix) to its last that many tokens; 0 ignores prompts.
+    `quantize` stores some linear layers' weights as int8 and multiplies in integers, with
+    activations quantized per row (`engine.int8`; CPU and float32 only): `int8-decoder`
+    the decoder's layers and its vocabulary projection, `int8` the encoder's as well
+    (docs/performance.md: what each saves, and its accuracy). `drafts` lets each
+    utterance's `draft` seed its decoding (`engine.greedy`); off, drafts are ignored.
+    `word_timings` computes the words of the utterances that ask for them
+    (`engine.alignment`); off, every transcription's `words` is empty.
+    """
+
+    device: str = "cpu"
+    dtype: DType | None = None
+    windows: tuple[float, ...] = (10.0, 15.0, 20.0, 30.0)
+    window_margin: float = 1.0
+    max_batch_size: int = 16
+    max_tokens_per_second: float = 8.0
+    retry_loops_on_full_window: bool = True
+    quantize: Quantize = "none"
+    drafts: bool = True
+    prompt_tokens: int = 128
+    word_timings: bool = True
+    guard: GuardConfig = field(default_factory=GuardConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_tokens_per_second <= 0:
+            raise ValueError("max_tokens_per_second must be > 0")
+        if not self.windows:
+            raise ValueError("windows must name at least one window length")
+        if self.prompt_tokens < 0:
+            raise ValueError(f"prompt_tokens must be >= 0, got {self.prompt_tokens}")
+        if self.window_margin < 0:
+            raise ValueError(f"window_margin must be >= 0, got {self.window_margin}")
+        device = torch.device(self.device)  # raises on a malformed device string
+        if self.quantize not in ("none", *INT8_LAYERS):
+            raise ValueError(f"quantize must be none or one of {sorted(INT8_LAYERS)}")
+        if self.quantize != "none":
+            if device.type != "cpu" or self.torch_dtype != torch.float32:
+                raise ValueError("int8 runs on the CPU in float32 only")
+            if not int8_available():
+                raise ValueError("this torch build has no fbgemm/x86 kernels for int8")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype is not None:
+            return _DTYPES[self.dtype]
+        return torch.float16 if torch.device(self.device).type == "cuda" else torch.float32
