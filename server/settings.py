@@ -37,11 +37,12 @@ class Settings:
         "auto", "`auto`, `float32`, `float16` or `bfloat16` (`auto`: fp32 on CPU, fp16 on CUDA)."
     )
     quantize: str = setting(
-        "auto",
+        "none",
         "Int8 weights for the model's linear layers, activations quantized per row (CPU "
         "and float32 only): `int8-decoder` (the decoder's layers: its steps ~2x faster at "
-        "the same WER), `int8` (the encoder's too), `none`, or `auto` (`int8-decoder` on "
-        "the CPU in float32, else `none`). docs/performance.md has the figures.",
+        "the same corpus WER, but worse on 8 kHz telephone audio), `int8` (the encoder's "
+        "too), `auto` (`int8-decoder` on the CPU in float32, else `none`), or `none`. "
+        "docs/performance.md has the figures.",
     )
     drafts: bool = setting(
         True,

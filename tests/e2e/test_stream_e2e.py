@@ -93,7 +93,7 @@ async def test_listener_receives_both_participants_in_seq_order(
     parley_server: ServerProcess,
 ) -> None:
     """A listener sees every final of two participants of its meeting in seq order; a late
-    listener gets the same finals replayed from the log."""
+    listener gets the same finals replayed from the log, in meeting-time order."""
     meeting = "e2e-listened"
     heard: StreamResult = StreamResult()
     async with connect(f"{parley_server.ws_url}/v1/meetings/{meeting}/events") as listener:
@@ -130,7 +130,10 @@ async def test_listener_receives_both_participants_in_seq_order(
         await asyncio.sleep(0.5)
         await listener.close()
         await receiver
-    assert [f["text"] for f in late.finals] == [f["text"] for f in finals]
+    # The replay comes in meeting-time order (docs/protocol.md, "One meeting timeline"):
+    # by each final's wall-clock start, then seq; the live finals above came in seq order.
+    in_meeting_order = sorted(finals, key=lambda f: (f["wall_time"]["start"], f["seq"]))
+    assert [f["text"] for f in late.finals] == [f["text"] for f in in_meeting_order]
 
 
 def parse_srt(text: str) -> list[tuple[float, float, str]]:

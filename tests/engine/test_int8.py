@@ -92,7 +92,7 @@ def test_each_row_uses_the_whole_grid_unclipped(reduce_range: bool) -> None:
 
 
 def test_auto_quantizes_the_decoder_on_the_cpu_in_float32_only() -> None:
-    """`PARLEY_QUANTIZE=auto` (the default): int8 decoder layers on the CPU in float32;
+    """`PARLEY_QUANTIZE=auto`: int8 decoder layers on the CPU in float32;
     nothing on cuda or in another dtype; an explicit choice is kept."""
     assert resolve_quantize(ModelConfig(), "cpu") == "int8-decoder"
     assert resolve_quantize(ModelConfig(dtype="float32"), "cpu") == "int8-decoder"
