@@ -35,6 +35,19 @@ AudioArray = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True, slots=True)
+class LeftContext:
+    """The audio just before an utterance and what was said in it: its source's previous
+    utterance (and the gap after it) and that utterance's final text."""
+
+    audio: AudioArray
+    text: str
+
+    @property
+    def duration(self) -> float:
+        return len(self.audio) / SAMPLE_RATE
+
+
+@dataclass(frozen=True, slots=True)
 class Utterance:
     """Mono float32 audio at 16 kHz, in [-1, 1].
 
@@ -47,6 +60,10 @@ class Utterance:
     consistent; a recognizer keeps its most recent part. Empty: decoded on its own.
     `word_timings` asks for the transcription's `words` (finals do; partials do not: the
     timings cost another decoder pass).
+    `left` is the audio before it with its text: a recognizer may put that audio in the
+    same window, ahead of the utterance, and its text ahead of the transcript, so the
+    model hears the utterance in context (it transcribes only the utterance itself, and
+    may drop the context when it does not fit).
     """
 
     audio: AudioArray
@@ -54,6 +71,7 @@ class Utterance:
     draft: str = ""
     prompt: str = ""
     word_timings: bool = False
+    left: LeftContext | None = None
 
     @property
     def duration(self) -> float:

@@ -41,6 +41,11 @@ positions, as after drafts: the cache's per-row lengths and masks keep every row
 attention on its own tokens, so a row decodes the same beside rows with other prompts
 or none (tests/engine/test_prompts.py).
 
+Forced text (left context, `engine.context`): a row's prompt after <|startoftranscript|>
+may go on with text of its own (the transcript of audio at the start of its window), so
+rows' prompts differ in length; `decode` takes each row's length and, as for prefixes,
+each row decodes on from its own last prompt token.
+
 What it does not do: beam search, temperature fallback, timestamps. There is no mask on
 the encoder states (Whisper was trained on zero-padded windows).
 """
@@ -189,9 +194,14 @@ class GreedyDecoder:
         budgets: list[int],
         drafts: list[list[int]] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        prompt_lengths: Sequence[int] | None = None,
     ) -> Greedy:
         """Greedy tokens after the prompt (batch, n) that follows <|startoftranscript|>;
         row i decodes at most `budgets[i]` tokens.
+
+        `prompt_lengths[i]`, if given, is how many of row i's prompt tokens are its own
+        (rows of different lengths, padded at the end: a forced text prefix, say); row i
+        decodes on from its last one. Default: all n.
 
         `drafts[i]`, if given, is a guess at row i's first tokens (the text of an earlier,
         shorter transcription of the same utterance). All drafts are checked in one decoder
@@ -215,7 +225,7 @@ class GreedyDecoder:
         if min(budgets) < 1:
             raise ValueError("the prompt leaves no room to decode")
         _check(should_stop)
-        logits = self._project(self._step(cache, prompts)[:, -1])
+        logits = self._project(self._feed(cache, prompts, prompt_lengths))
         logits[:, self._begin_suppress] = -torch.inf
         logits[:, self._suppress] = -torch.inf
         # A draft token may only be kept where the next would still fit the budget.
@@ -255,6 +265,23 @@ class GreedyDecoder:
             torch.tensor([row + [self._end] * (width - len(row)) for row in tokens]),
             torch.tensor([row + [0.0] * (width - len(row)) for row in logprobs]),
         )
+
+    def _feed(
+        self, cache: _Cache, prompts: torch.Tensor, lengths: Sequence[int] | None
+    ) -> torch.Tensor:
+        """Decoder states (batch, d_model) at each row's last prompt token; the cache then
+        ends there (a row's padding is overwritten by what it decodes next, unseen)."""
+        base = cache.lengths.clone()
+        states = self._step(cache, prompts)
+        if lengths is None:
+            return states[:, -1]
+        own = torch.tensor(list(lengths), dtype=torch.long, device=prompts.device)
+        if own.shape[0] != prompts.shape[0] or not bool(
+            ((own >= 1) & (own <= prompts.shape[1])).all()
+        ):
+            raise ValueError("one prompt length in [1, prompt width] per row")
+        cache.lengths = base + own
+        return states[torch.arange(prompts.shape[0], device=prompts.device), own - 1]
 
     def _check_drafts(
         self, cache: _Cache, logits: torch.Tensor, drafts: list[list[int]]

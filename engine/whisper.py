@@ -57,9 +57,11 @@ from transformers import (
     WhisperTokenizer,
 )
 
+from engine import context
 from engine.alignment import Aligner, AlignmentRequest
 from engine.api import SAMPLE_RATE, Transcription, Utterance, WordTiming
 from engine.decoding import read_row, token_budget
+from engine.first_step import FirstRead, FirstStep
 from engine.greedy import GreedyDecoder, Started
 from engine.guard import Verdict, judge, looped
 from engine.int8 import quantize_linears
@@ -91,6 +93,9 @@ class _Decoded:
     tokens: list[int] = field(default_factory=list)  # the text tokens
     logprobs: list[float] = field(default_factory=list)  # each text token's
     words: tuple[WordTiming, ...] = ()
+    # Tokens between the prompt and the text: the left context's text (forced) and what
+    # the model wrote before this utterance's first word (`engine.context`).
+    lead: list[int] = field(default_factory=list)
 
 
 class WhisperRecognizer:
@@ -141,13 +146,16 @@ class WhisperRecognizer:
         }
         if self._multilingual and not self._lang_to_id:
             raise ValueError(f"{model_path}: a multilingual model without lang_to_id")
-        self._language_codes = list(self._lang_to_id)
-        self._language_ids = torch.tensor(list(self._lang_to_id.values()), device=self._device)
         self._sot = _token_setting(generation, "decoder_start_token_id")
         self._eot = _token_setting(generation, "eos_token_id")
         # Whisper's no-speech token sits just below <|notimestamps|> in every vocabulary.
         no_timestamps = _token_setting(generation, "no_timestamps_token_id")
-        self._no_speech = no_timestamps - 1
+        self._first_step = FirstStep(
+            self._name,
+            no_timestamps - 1,
+            self._lang_to_id if self._multilingual else None,
+            self._device,
+        )
         # The prompt after <|startoftranscript|>: [language, task,] <|notimestamps|>.
         self._prompt_tail = [no_timestamps]
         if self._multilingual:
@@ -237,7 +245,9 @@ class WhisperRecognizer:
     def _transcribe_batch(
         self, batch: Sequence[Utterance], should_stop: StopCheck | None
     ) -> list[Transcription]:
-        longest = max(utterance.duration for utterance in batch)
+        room = self._encoders.full_window - self.config.window_margin
+        batch = [context.fitted(utterance, room) for utterance in batch]
+        longest = max(context.span(utterance) for utterance in batch)
         window = self._encoders.for_duration(longest + self.config.window_margin)
         if longest > window:
             logger.warning(
@@ -247,16 +257,22 @@ class WhisperRecognizer:
                 window,
             )
         decoded = self._decode_in(batch, window, should_stop)
-        # A prompted row the guard would drop is decoded once more without its prompt:
-        # the previous text can lead tiny.en astray (a loop, a repeat), as Whisper's
-        # fallback drops the prompt.
+        # A row with a prompt or a left context that the guard would drop is decoded once
+        # more without them: the previous text can lead tiny.en astray (a loop, a repeat),
+        # as Whisper's fallback drops the prompt, and a context's text may seem to say it
+        # all already (nothing written: it ends at once) or lead it to say the utterance
+        # twice (`engine.context`).
         redo = [
             i
             for i, item in enumerate(decoded)
-            if batch[i].prompt and self._verdict(item) is not Verdict.SPEECH
+            if (batch[i].prompt or batch[i].left)
+            and (
+                self._verdict(item) is not Verdict.SPEECH
+                or (batch[i].left is not None and context.repeats_itself(item.text))
+            )
         ]
         if redo:
-            plain = [dataclasses.replace(batch[i], prompt="") for i in redo]
+            plain = [dataclasses.replace(batch[i], prompt="", left=None) for i in redo]
             for i, item in zip(redo, self._decode_in(plain, window, should_stop), strict=True):
                 decoded[i] = item
         return [self._postprocess(item) for item in decoded]
@@ -299,13 +315,15 @@ class WhisperRecognizer:
             for u in batch
         ]
         prefixes = [self._prefix(utterance.prompt) for utterance in batch]
-        # [The prefix,] <|startoftranscript|>, [language,] the prompt tail, then the tokens.
-        positions = max(map(len, prefixes)) + 2 + len(self._prompt_tail) + max(budgets)
+        forced = [self._draft_tokens(u.left.text) if u.left else [] for u in batch]
+        # [The prefix,] <|startoftranscript|>, [language,] the prompt tail, [the left
+        # context's text,] then the tokens.
+        positions = (
+            max(map(len, prefixes)) + 2 + len(self._prompt_tail) + max(map(len, forced))
+        ) + max(budgets)
         started = self._greedy.start(hidden, min(positions, self._greedy.max_positions), prefixes)
-        no_speech, languages, probabilities = self._read_first_step(started.logits, batch)
-        decoded = self._decode(
-            started, batch, budgets, no_speech.tolist(), languages, probabilities, should_stop
-        )
+        first = self._first_step.read(started.logits, batch)
+        decoded = self._decode(started, batch, budgets, forced, first, should_stop)
         return self._with_words(decoded, batch, started, window, should_stop)
 
     def _with_words(
@@ -325,9 +343,9 @@ class WhisperRecognizer:
                 row=i,
                 tokens=item.tokens,
                 logprobs=item.logprobs,
-                prompt=[self._sot, *self._prompt_row(item.language)],
+                prompt=[self._sot, *self._prompt_row(item.language), *item.lead],
                 language=item.language,
-                samples=len(utterance.audio),
+                samples=round(context.span(utterance) * SAMPLE_RATE),
             )
             for i, (utterance, item) in enumerate(zip(batch, decoded, strict=True))
             if utterance.word_timings
@@ -342,6 +360,9 @@ class WhisperRecognizer:
         timings = self._aligner.align(started.cross, requests)
         out = list(decoded)
         for request, words in zip(requests, timings, strict=True):
+            utterance = batch[request.row]
+            if utterance.left is not None:
+                words = context.shifted(words, utterance.left.duration, utterance.duration)
             out[request.row] = dataclasses.replace(out[request.row], words=words)
         return out
 
@@ -371,7 +392,7 @@ class WhisperRecognizer:
     def _preprocess(self, batch: Sequence[Utterance], window: float) -> torch.Tensor:
         samples = round(window * SAMPLE_RATE)
         inputs = self._features(
-            [utterance.audio for utterance in batch],
+            [context.window_audio(utterance) for utterance in batch],
             sampling_rate=SAMPLE_RATE,
             padding="max_length",
             max_length=samples,
@@ -383,78 +404,52 @@ class WhisperRecognizer:
             raise RuntimeError(f"{features.shape[-1]} mel frames for a {window} s window")
         return features.to(self._device, self.config.torch_dtype)
 
-    def _read_first_step(
-        self, logits: torch.Tensor, batch: Sequence[Utterance]
-    ) -> tuple[torch.Tensor, list[str], list[float | None]]:
-        """No-speech probability at <|startoftranscript|>, and each utterance's language
-        with the probability of the detected ones (None where it was pinned).
-
-        Whisper reads both off the decoder's first position, before any prompt token
-        beyond <|startoftranscript|>, so one decoder step serves both. The language is the
-        most probable language token (softmax over language tokens only, as Whisper's
-        `detect_language`), computed only for the rows that leave it open.
-        """
-        no_speech = logits.softmax(dim=-1)[:, self._no_speech].cpu()
-        probabilities: list[float | None] = [None] * len(batch)
-        if not self._multilingual:
-            return no_speech, [ENGLISH] * len(batch), probabilities
-        for utterance in batch:
-            if utterance.language is not None and utterance.language not in self._lang_to_id:
-                raise ValueError(f"{self._name} does not know language {utterance.language!r}")
-        open_rows = [i for i, utterance in enumerate(batch) if utterance.language is None]
-        detected: dict[int, str] = {}
-        if open_rows:
-            rows = torch.tensor(open_rows, device=self._device)
-            scores = logits[rows][:, self._language_ids].softmax(dim=-1)
-            best_probability, best = scores.max(dim=-1)
-            for row, index, probability in zip(
-                open_rows, best.tolist(), best_probability.tolist(), strict=True
-            ):
-                detected[row] = self._language_codes[index]
-                probabilities[row] = probability
-        languages = [
-            detected[i] if utterance.language is None else utterance.language
-            for i, utterance in enumerate(batch)
-        ]
-        return no_speech, languages, probabilities
-
     def _decode(
         self,
         started: Started,
         batch: Sequence[Utterance],
         budgets: list[int],
-        no_speech: list[float],
-        languages: list[str],
-        probabilities: list[float | None],
+        forced: list[list[int]],
+        first: FirstRead,
         should_stop: StopCheck | None = None,
     ) -> list[_Decoded]:
+        """Greedy decoding after each row's prompt and forced tokens (its left context's
+        text), which rows of other lengths pad after theirs."""
         rows = [
-            [self._lang_to_id[language], *self._prompt_tail]
-            if self._multilingual
-            else self._prompt_tail
-            for language in languages
+            [*self._prompt_row(language), *forced[i]] for i, language in enumerate(first.languages)
         ]
-        prompts = torch.tensor(rows, dtype=torch.long, device=self._device)
+        width = max(map(len, rows))
+        padded = [row + [self._eot] * (width - len(row)) for row in rows]
+        prompts = torch.tensor(padded, dtype=torch.long, device=self._device)
         drafts = [
             self._draft_tokens(utterance.draft) if self.config.drafts else [] for utterance in batch
         ]
-        greedy = self._greedy.decode(started, prompts, budgets, drafts, should_stop)
+        lengths = [len(row) for row in rows] if any(forced) else None
+        greedy = self._greedy.decode(started, prompts, budgets, drafts, should_stop, lengths)
         decoded = []
         for i, tokens in enumerate(greedy.tokens.tolist()):
             row = read_row(tokens, greedy.logprobs[i], end_token=self._eot, budget=budgets[i])
+            # After a context's text, what comes before the first word is the context's.
+            trim = context.lead_trimmed(row.tokens, self._spell) if forced[i] else 0
             decoded.append(
                 _Decoded(
-                    text=self._tokenizer.decode(row.tokens, skip_special_tokens=True).strip(),
+                    text=self._tokenizer.decode(
+                        row.tokens[trim:], skip_special_tokens=True
+                    ).strip(),
                     avg_logprob=row.avg_logprob,
-                    no_speech_prob=no_speech[i],
-                    language=languages[i],
-                    language_probability=probabilities[i],
+                    no_speech_prob=first.no_speech[i],
+                    language=first.languages[i],
+                    language_probability=first.probabilities[i],
                     exhausted=row.exhausted,
-                    tokens=row.tokens,
-                    logprobs=row.token_logprobs,
+                    tokens=row.tokens[trim:],
+                    logprobs=row.token_logprobs[trim:],
+                    lead=[*forced[i], *row.tokens[:trim]],
                 )
             )
         return decoded
+
+    def _spell(self, token: int) -> str:
+        return str(self._tokenizer.decode([token]))
 
     def _draft_tokens(self, text: str) -> list[int]:
         """A draft's tokens as the model would write them (text after a space)."""

@@ -1,0 +1,93 @@
+"""Left context: an utterance decoded in one window behind the audio said before it.
+
+Decoded alone, each utterance's window holds that utterance and silence, and tiny.en
+hears every utterance cold. Long-form Whisper decodes 30 s windows that begin with
+whatever came before, and on a dialogue of synthetic voices it made 6 points fewer
+errors than per-utterance decoding of the very same VAD segments (docs/performance.md,
+"Where the dialogue's errors came from"): not from the prompt of previous text (one
+point), the window length, timestamps or the segments' padding (none), but from hearing
+the speech before.
+
+So an utterance may carry its `LeftContext` (`engine.api`): the audio before it (its
+source's previous utterance and the gap after it) and that audio's final text. The
+recognizer puts the context's audio in the window ahead of the utterance's and feeds the
+context's text after <|notimestamps|> as the transcript so far (forced tokens, not the
+`<|startofprev|>` prompt), so the model writes on from there: only the utterance's words,
+having heard the voice, pace and topic that led up to them. Word timings are aligned over
+the whole window (the context's tokens take the context's audio) and moved back to the
+utterance's own time. A context that would not fit the full window is dropped.
+
+Behind a context tiny.en sometimes says the utterance twice ("And it is worth mention in
+passing that as an example of fine typography, and it is worth mention in passing ...":
+once in 39 utterances of the meeting set), too few repeats for the guard's compression
+ratio to call it a loop; `repeats_itself` spots it, and the recognizer then decodes that
+utterance again without its context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.api import AudioArray, Utterance, WordTiming
+
+
+def fitted(utterance: Utterance, room: float) -> Utterance:
+    """`utterance`, without its left context when context and utterance together last
+    more than `room` seconds or the context has no text."""
+    left = utterance.left
+    if left is None:
+        return utterance
+    if left.duration + utterance.duration > room or not left.text.strip():
+        return dataclasses.replace(utterance, left=None)
+    return utterance
+
+
+def window_audio(utterance: Utterance) -> AudioArray:
+    """What goes in the encoder window: the context's audio, then the utterance's."""
+    if utterance.left is None:
+        return utterance.audio
+    return np.concatenate([utterance.left.audio, utterance.audio]).astype(np.float32, copy=False)
+
+
+def span(utterance: Utterance) -> float:
+    """Seconds of `window_audio(utterance)`."""
+    return utterance.duration + (utterance.left.duration if utterance.left else 0.0)
+
+
+def lead_trimmed(tokens: list[int], spell: Callable[[int], str]) -> int:
+    """How many tokens at the start of a continuation hold no letter or digit: the full
+    stop or comma the context's text lacked (". Thanks Marcus" after "...release status"),
+    which belongs to the context, not to this utterance."""
+    count = 0
+    while count < len(tokens) and not any(c.isalnum() for c in spell(tokens[count])):
+        count += 1
+    return count
+
+
+REPEAT_WORDS = 4  # a text whose first this-many words come again repeats itself
+
+
+def repeats_itself(text: str) -> bool:
+    """Whether the text's first REPEAT_WORDS words (case and punctuation aside) come again
+    later in it: the utterance said twice."""
+    words = re.findall(r"[\w']+", text.casefold())
+    head = words[:REPEAT_WORDS]
+    if len(head) < REPEAT_WORDS:
+        return False
+    return any(words[i : i + REPEAT_WORDS] == head for i in range(1, len(words) - REPEAT_WORDS + 1))
+
+
+def shifted(
+    words: tuple[WordTiming, ...], seconds: float, duration: float
+) -> tuple[WordTiming, ...]:
+    """Word times aligned over the whole window, moved `seconds` (the context's length)
+    back onto the utterance's own time and kept inside [0, duration]."""
+
+    def inside(time: float) -> float:
+        return round(min(max(time - seconds, 0.0), duration), 3)
+
+    return tuple(dataclasses.replace(w, start=inside(w.start), end=inside(w.end)) for w in words)

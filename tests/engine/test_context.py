@@ -1,0 +1,136 @@
+"""Left context: the pure helpers, then the real model on corpus speech behind the speech
+that came before it (engine/context.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.corpus import clips
+from engine import context
+from engine.api import SAMPLE_RATE, LeftContext, Utterance, WordTiming
+from engine.whisper import WhisperRecognizer
+from loadgen.wer import error_rate
+
+# Consecutive sentences of one reader: the second continues the first.
+PAIRS = (("en_lj_LJ001-0001", "en_lj_LJ001-0002"), ("en_lj_LJ001-0007", "en_lj_LJ001-0008"))
+GAP = np.zeros(SAMPLE_RATE // 2, np.float32)
+
+
+def _seconds(n: float) -> np.ndarray:
+    return np.zeros(round(n * SAMPLE_RATE), np.float32)
+
+
+def test_fitted_drops_a_context_that_does_not_fit_or_says_nothing() -> None:
+    """The context stays while context and utterance fit the room and it has text."""
+    left = LeftContext(_seconds(4.0), "Said before.")
+    utterance = Utterance(_seconds(3.0), left=left)
+    assert context.fitted(utterance, 7.0) is utterance
+    assert context.fitted(utterance, 6.9).left is None
+    assert (
+        context.fitted(dataclasses.replace(utterance, left=LeftContext(left.audio, " ")), 29.0).left
+        is None
+    )
+    assert context.span(utterance) == pytest.approx(7.0)
+    assert len(context.window_audio(utterance)) == 7 * SAMPLE_RATE
+    assert context.window_audio(Utterance(_seconds(1.0))).shape == (SAMPLE_RATE,)
+
+
+def test_lead_trimmed_counts_the_tokens_before_the_first_word() -> None:
+    """Punctuation and spaces the context's text lacked are the context's; a word or a
+    number starts the utterance."""
+    spelled = {1: ".", 2: " ,", 3: " Thanks", 4: " 10", 5: "!"}
+    assert context.lead_trimmed([1, 2, 3, 5], spelled.__getitem__) == 2
+    assert context.lead_trimmed([4, 1], spelled.__getitem__) == 0
+    assert context.lead_trimmed([1, 5], spelled.__getitem__) == 2
+    assert context.lead_trimmed([], spelled.__getitem__) == 0
+
+
+def test_shifted_moves_words_onto_the_utterance_and_keeps_them_inside() -> None:
+    """Times over the whole window, less the context's length, inside [0, duration]."""
+    words = (
+        WordTiming(" a", 2.9, 3.4, 0.9),
+        WordTiming(" b", 3.4, 4.0, 0.8),
+        WordTiming(" c", 4.0, 9.0, 0.7),
+    )
+    moved = context.shifted(words, 3.0, 5.0)
+    assert [(w.word, w.start, w.end) for w in moved] == [
+        (" a", 0.0, 0.4),
+        (" b", 0.4, 1.0),
+        (" c", 1.0, 5.0),
+    ]
+
+
+@pytest.fixture(scope="module")
+def recognizer(tiny_en: Path) -> WhisperRecognizer:
+    return WhisperRecognizer(tiny_en)
+
+
+def _after(recognizer: WhisperRecognizer, before: str, after: str) -> tuple[Utterance, str]:
+    """The second clip as an utterance behind the first (its decoded text), its reference."""
+    first, second = clips((before,))[0], clips((after,))[0]
+    said = recognizer.transcribe([Utterance(first.audio())])[0].text
+    left = LeftContext(np.concatenate([first.audio(), GAP]), said)
+    return Utterance(second.audio(), left=left, word_timings=True), second.reference
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("before", "after"), PAIRS)
+def test_a_short_utterance_behind_its_context_says_only_itself(
+    recognizer: WhisperRecognizer, before: str, after: str
+) -> None:
+    """A short sentence decoded behind the one before it: its own words only (nothing of
+    the context repeated), no leading punctuation, and word timings on its own time,
+    inside it, in order, joining to its text."""
+    utterance, reference = _after(recognizer, before, after)
+    result = recognizer.transcribe([utterance])[0]
+    assert error_rate(reference, result.text) == 0.0, result.text
+    assert result.text[0].isalnum(), result.text
+    assert "".join(w.word for w in result.words).strip() == result.text
+    starts = [w.start for w in result.words]
+    assert starts == sorted(starts)
+    assert all(0.0 <= w.start <= w.end <= utterance.duration for w in result.words)
+    assert result.words[0].start < 0.6  # the clip's speech starts within its first half second
+
+
+@pytest.mark.slow
+def test_a_row_with_context_decodes_alike_whatever_its_batch_mates(
+    recognizer: WhisperRecognizer,
+) -> None:
+    """Rows with contexts of different lengths and rows without one share a batch: each
+    row's text and scores equal its decoding alone."""
+    batch = [_after(recognizer, *pair)[0] for pair in PAIRS]
+    batch += [Utterance(clips(("en_ls_61-",))[0].audio()), dataclasses.replace(batch[0], left=None)]
+    together = recognizer.transcribe(batch)
+    alone = [recognizer.transcribe([utterance])[0] for utterance in batch]
+    assert [r.text for r in together] == [r.text for r in alone]
+    for mixed, single in zip(together, alone, strict=True):
+        assert mixed.avg_logprob == pytest.approx(single.avg_logprob, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_silence_behind_speech_gives_empty_text(recognizer: WhisperRecognizer) -> None:
+    """Silence and low noise after a sentence: no text, the context's speech
+    notwithstanding (the guard drops the row, which is decoded again without context)."""
+    first = clips(("en_lj_LJ001-0007",))[0].audio()
+    said = recognizer.transcribe([Utterance(first)])[0].text
+    left = LeftContext(np.concatenate([first, GAP]), said)
+    noise = np.random.default_rng(3).normal(0, 0.003, SAMPLE_RATE * 2).astype(np.float32)
+    results = recognizer.transcribe(
+        [Utterance(_seconds(2.0), left=left), Utterance(noise, left=left)]
+    )
+    assert [r.text for r in results] == ["", ""]
+
+
+def test_repeats_itself_spots_an_utterance_said_twice() -> None:
+    """The first four words again later (case and punctuation aside): said twice; a
+    word repeated, or fewer than four words, is not."""
+    twice = "And it is worth mention in passing, and it is worth mention in passing"
+    assert context.repeats_itself(twice)
+    assert context.repeats_itself("Go forward 10 meters. Go forward 10 meters.")
+    assert not context.repeats_itself("Word, another word, here's some more word, word, word.")
+    assert not context.repeats_itself("Ask not. Ask not.")
+    assert not context.repeats_itself("The billing page is ready, but the designers want it.")
