@@ -121,6 +121,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         outbox_limit=settings.outbox_limit,
         languages=recognizer.languages,
         prompts=settings.prompt_tokens > 0,
+        left_context=settings.left_context_s,
         telemetry=state.metrics,
         speakers=speakers,
         diarizer=DiarizerConfig(max_speakers=settings.diarization_max_speakers),

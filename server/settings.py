@@ -56,6 +56,12 @@ class Settings:
         "tiny.en); 0 = off: each utterance on its own. Off by default: it raised corpus "
         "WER in our runs (docs/performance.md).",
     )
+    left_context_s: float = setting(
+        20.0,
+        "Decode each final behind its source's previous utterances (up to two: their audio "
+        "and final text, at most this many seconds), so the model hears what led up to it; "
+        "0 = off: each utterance on its own. docs/performance.md has the figures.",
+    )
     word_timings: bool = setting(
         True,
         "Give every final its words with their times and probabilities (one more decoder "
@@ -273,6 +279,8 @@ class Settings:
             <= 0
         ):
             raise ValueError("upload duration, time and CPU limits must be positive")
+        if not 0 <= self.left_context_s <= 25:
+            raise ValueError(f"{ENV_PREFIX}LEFT_CONTEXT_S must lie in [0, 25] seconds")
         if self.prompt_tokens < 0:
             raise ValueError(f"{ENV_PREFIX}PROMPT_TOKENS must be >= 0 (0: off)")
         if self.model_workers < 0 or self.torch_threads < 0:

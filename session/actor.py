@@ -125,6 +125,7 @@ class SessionActor:
                 requested_language=None if config.language == "auto" else config.language,
                 model_languages=services.languages,
                 prompts=services.prompts,
+                left_context=services.left_context,
                 clock=services.clock,
                 telemetry=services.telemetry,
                 request_key=self.request_key,

@@ -26,6 +26,11 @@ final the hallucination guard emptied (no speech, a loop) clears the context: th
 final starts afresh rather than continue from what went wrong. A partial decodes with
 its utterance's prompt (`prompt_for_partial`).
 
+Left context (`CommitterConfig.left_context` seconds, 0: off): each final carries the
+source's previous utterances' audio and final text (`session.said_before`), so the model
+hears them ahead of the utterance. Like prompts, a final is then sent once the one before
+it is committed; a final the guard emptied (or a lost one) leaves the next without.
+
 A final's request is keyed by the committer's `request_key`: one per connection (a live
 source that is resumed on the same node has two connections for a moment, and neither
 may cancel the other's requests), the source's `session_id` for a file.
@@ -60,6 +65,7 @@ from engine.api import (
 from session.diarizer import Relabel
 from session.language import LanguageGate, LanguagePinned
 from session.pipeline import FloatArray, seconds
+from session.said_before import SaidBefore
 from session.segmenter import UtteranceEnded
 from session.speakers import LabelledPart, SpeakerLabeller, relabel
 from session.telemetry import NullTelemetry, Telemetry
@@ -123,6 +129,8 @@ class CommitterConfig:
     requested_language: str | None  # None: detect (language=auto)
     model_languages: frozenset[str]
     prompts: bool = False  # decode each final after the source's previous finals' text
+    # Most seconds of the previous utterance (and the gap) heard before each final; 0: off.
+    left_context: float = 0.0
     clock: Callable[[], float] = time.monotonic
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     # The engine's key for this connection's requests (None: the session_id).
@@ -131,6 +139,11 @@ class CommitterConfig:
     @property
     def engine_key(self) -> str:
         return self.request_key or self.session_id
+
+    @property
+    def in_order(self) -> bool:
+        """Whether a final waits for the one before it (its prompt or its context)."""
+        return self.prompts or self.left_context > 0
 
 
 class Committer:
@@ -163,6 +176,7 @@ class Committer:
         self.context = source.context if source is not None else ""
         self._open = 0  # finals submitted (or waiting for their prompt), not yet committed
         self._waiting: deque[PendingFinal] = deque()  # cut, waiting for their prompt
+        self._said = SaidBefore()  # the next final's left context
         self.finals = 0
         self.empty = 0  # utterances the hallucination guard judged not to be speech
         self._unlogged = 0  # finals of a file that stands alone: their seq
@@ -193,7 +207,7 @@ class Committer:
         if self._labeller is not None:
             pending.speakers = self._labeller.embed(event.audio)
         self._open += 1
-        if self.config.prompts and self._open > 1:
+        if self.config.in_order and self._open > 1:
             self._waiting.append(pending)
         elif await self._admit(pending):
             pending.closed_at = self.config.clock()
@@ -202,11 +216,12 @@ class Committer:
     async def _admit(self, pending: PendingFinal) -> bool:
         """Submit the final now, in the source's language and with its prompt, unless
         the language gate holds it (False)."""
-        if self.config.prompts:
+        if self.config.in_order:
             pending.utterance = dataclasses.replace(
                 pending.utterance,
                 language=pending.utterance.language or self.gate.language,
-                prompt=self.context,
+                prompt=self.context if self.config.prompts else "",
+                left=self._said.before(pending.index, pending.start, self.config.left_context),
             )
         if not self.gate.admit(pending):
             return False
@@ -219,6 +234,11 @@ class Committer:
         self._open -= 1
         if committed.result is not None and not committed.records:
             self.context = ""  # the guard emptied it: the next final starts afresh
+        if committed.records and committed.result is not None and self.config.left_context:
+            text = committed.result.transcription.text.strip()
+            self._said.add(pending.index, pending.start, pending.end, pending.utterance.audio, text)
+        else:
+            self._said.clear()
         if self._waiting:
             await self._admit(self._waiting.popleft())
         return committed

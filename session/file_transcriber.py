@@ -123,6 +123,7 @@ class FileTranscriber:
                 requested_language=options.language,
                 model_languages=services.languages,
                 prompts=services.prompts,
+                left_context=services.left_context,
                 clock=services.clock,
             ),
             services.scheduler,

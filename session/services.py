@@ -27,6 +27,8 @@ class SessionServices:
     languages: frozenset[str]  # what the recognizer transcribes (`{'en'}`: English only)
     # Each utterance is decoded after its source's previous finals (Committer: prompts).
     prompts: bool = False
+    # Most seconds of a source's previous utterance heard before each final (0: off).
+    left_context: float = 0.0
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
     # Speaker embeddings for `diarize=true` sources; None: diarization is off.

@@ -38,6 +38,7 @@ class FakeRecognizer:
         self.asked: list[str | None] = []
         self.drafts: list[tuple[int, str]] = []
         self.prompts: list[tuple[int, str]] = []
+        self.lefts: list[Utterance] = []  # every utterance that came with a left context
         self.empty_on: int | None = None
         self.batches: list[list[int]] = []
         self.fail_on: int | None = None
@@ -69,6 +70,7 @@ class FakeRecognizer:
         self.asked.extend(u.language for u in batch)
         self.drafts.extend((len(u.audio), u.draft) for u in batch)
         self.prompts.extend((len(u.audio), u.prompt) for u in batch)
+        self.lefts.extend(u for u in batch if u.left is not None)
         self.entered.set()
         if self.gate is not None:
             # Wait for the test to release the batch, or for the scheduler to stop it.

@@ -41,10 +41,15 @@ def energy_onset(samples: npt.NDArray[np.float32]) -> float:
     return int(np.argmax(level > threshold)) / 100
 
 
-async def test_words_of_two_clips_around_a_silence(tmp_path: Path, tiny_en: Path) -> None:
+@pytest.mark.parametrize("left_context", [0.0, 10.0])
+async def test_words_of_two_clips_around_a_silence(
+    tmp_path: Path, tiny_en: Path, left_context: float
+) -> None:
     """Two corpus clips joined by 1.5 s of silence, transcribed as one file: every final's
     words lie inside it in stream time, in order, and make its text; no word spans the
-    silence; the second clip's first word starts within 0.3 s of its voice onset."""
+    silence; the second clip's first word starts within 0.3 s of its voice onset; also
+    when the second is decoded behind the first (left context: its words are aligned
+    over both and moved back)."""
     first, second = clip(FIRST).samples(), clip(SECOND).samples()
     silence = np.zeros(round(GAP * SAMPLE_RATE), np.float32)
     samples = np.concatenate([first, silence, second])
@@ -60,6 +65,7 @@ async def test_words_of_two_clips_around_a_silence(tmp_path: Path, tiny_en: Path
         max_frame_bytes=1 << 20,
         outbox_limit=100,
         languages=frozenset({"en"}),
+        left_context=left_context,
     )
     progress = FileProgress(total_samples=len(samples))
     try:

@@ -1,0 +1,69 @@
+"""What a source said just before an utterance: its left context (`engine.context`).
+
+Each final may carry its source's previous utterances' audio and final text
+(`Utterance.left`), so the model hears them in the same window ahead of the utterance: on
+a synthetic dialogue per-utterance decoding lost 6 WER points to long-form decoding for
+want of it (docs/performance.md). `SaidBefore` keeps the last `LEFT_UTTERANCES` committed
+utterances with text and gives the context of the next: those of them just before it (no
+utterance between them left out), as many as fit the limit, each followed by the gap
+after it. The gaps are silence to the VAD and go in as zeros, at most `MAX_GAP` each (the
+model needs no more to hear a pause; it keeps the window short).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.api import SAMPLE_RATE, LeftContext
+
+FloatArray = npt.NDArray[np.float32]
+
+LEFT_UTTERANCES = 2  # more did no better on the dialogue (docs/performance.md)
+MAX_GAP = 1.5  # seconds of silence kept after each utterance of the context
+
+
+@dataclass(frozen=True, slots=True)
+class _Said:
+    index: int
+    start: int  # samples on the source's timeline
+    end: int
+    audio: FloatArray
+    text: str
+
+
+class SaidBefore:
+    def __init__(self) -> None:
+        self._said: deque[_Said] = deque(maxlen=LEFT_UTTERANCES)
+
+    def add(self, index: int, start: int, end: int, audio: FloatArray, text: str) -> None:
+        """Utterance `index` was committed with `text`."""
+        self._said.append(_Said(index, start, end, audio, text))
+
+    def clear(self) -> None:
+        """An utterance said nothing (or was lost): the next starts without context."""
+        self._said.clear()
+
+    def before(self, index: int, start: int, limit: float) -> LeftContext | None:
+        """The context of utterance `index` starting at sample `start`: at most `limit`
+        seconds of the utterances just before it, with their gaps; None if none fits."""
+        pieces: list[FloatArray] = []
+        texts: list[str] = []
+        seconds = 0.0
+        for said in reversed(self._said):
+            gap = start - said.end
+            if said.index != index - 1 or gap < 0:
+                break
+            silence = np.zeros(min(gap, round(MAX_GAP * SAMPLE_RATE)), np.float32)
+            seconds += (len(said.audio) + len(silence)) / SAMPLE_RATE
+            if seconds > limit:
+                break
+            pieces[:0] = [said.audio, silence]
+            texts.insert(0, said.text)
+            index, start = said.index, said.start
+        if not pieces:
+            return None
+        return LeftContext(np.concatenate(pieces), " ".join(texts))

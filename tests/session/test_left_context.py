@@ -1,0 +1,119 @@
+"""The committer's left context: each final carries its source's previous utterance.
+
+Scheduling logic over the real scheduler and a fake recognizer that records what each
+utterance carried; tests/engine/test_context.py has what the model does with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from engine.api import SAMPLE_RATE, Priority
+from engine.scheduler import BatchScheduler
+from session.committer import Committer, CommitterConfig, PendingFinal
+from session.said_before import LEFT_UTTERANCES, MAX_GAP
+from session.segmenter import UtteranceEnded
+from store.memory import MemoryStore
+from tests.fakes import FakeRecognizer
+from tests.session.test_prompts import _Nowhere
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[tuple[FakeRecognizer, BatchScheduler]]:
+    recognizer = FakeRecognizer()
+    scheduler = BatchScheduler(recognizer, max_batch_size=8)
+    scheduler.start()
+    yield recognizer, scheduler
+    await scheduler.stop()
+
+
+def committer(scheduler: BatchScheduler, left_context: float) -> Committer:
+    config = CommitterConfig(
+        session_id="s",
+        participant="p",
+        priority=Priority.FINAL,
+        timing=False,
+        requested_language="en",
+        model_languages=frozenset({"en"}),
+        left_context=left_context,
+    )
+    return Committer(config, scheduler, MemoryStore(), None, _Nowhere())
+
+
+def utterance(index: int, start: float, seconds: float, value: float) -> UtteranceEnded:
+    first = round(start * SAMPLE_RATE)
+    samples = round(seconds * SAMPLE_RATE)
+    return UtteranceEnded(index, first, first + samples, np.full(samples, value, np.float32))
+
+
+async def test_each_final_hears_the_utterances_before_it_and_the_gaps(
+    fake: tuple[FakeRecognizer, BatchScheduler],
+) -> None:
+    """Four finals cut at once: each waits for the one before it and carries the last
+    LEFT_UTTERANCES utterances before it (audio, then its gap as zeros, at most MAX_GAP)
+    and their finals' text; the first carries none."""
+    recognizer, scheduler = fake
+    source = committer(scheduler, left_context=10.0)
+    events = [
+        utterance(0, 0.0, 2.0, 0.1),
+        utterance(1, 2.5, 3.0, 0.2),  # 0.5 s after the first
+        utterance(2, 9.0, 1.0, 0.3),  # 3.5 s after the second
+        utterance(3, 10.5, 1.0, 0.4),
+    ]
+    pending: list[PendingFinal] = [await source.submit(event) for event in events]
+    assert [p.future is not None for p in pending] == [True, False, False, False]
+    for p in pending:
+        await source.commit(p)
+    assert [p.utterance.left is None for p in pending] == [True, False, False, False]
+    lefts = [u.left for u in recognizer.lefts]
+    assert all(left is not None for left in lefts)
+    second, third, fourth = (left for left in lefts if left is not None)
+    assert second.text == f"n={2 * SAMPLE_RATE}"
+    assert second.duration == pytest.approx(2.5)  # the 0.5 s gap in full
+    assert np.all(second.audio[: 2 * SAMPLE_RATE] == np.float32(0.1))
+    assert not second.audio[2 * SAMPLE_RATE :].any()
+    assert third.text == f"n={2 * SAMPLE_RATE} n={3 * SAMPLE_RATE}"
+    assert third.duration == pytest.approx(2.5 + 3.0 + MAX_GAP)  # a 3.5 s gap, shortened
+    assert np.all(third.audio[round(2.5 * SAMPLE_RATE) :][: 3 * SAMPLE_RATE] == np.float32(0.2))
+    assert LEFT_UTTERANCES == 2
+    assert fourth.text == f"n={3 * SAMPLE_RATE} n={SAMPLE_RATE}"  # the last two only
+    assert fourth.duration == pytest.approx(3.0 + MAX_GAP + 1.0 + 0.5)
+
+
+async def test_no_context_after_an_empty_final_or_past_the_limit(
+    fake: tuple[FakeRecognizer, BatchScheduler],
+) -> None:
+    """A final the guard emptied gives the next none (nothing was said to force); nor
+    does a previous utterance that with its gap lasts longer than `left_context`; of
+    two, only the last fits."""
+    recognizer, scheduler = fake
+    recognizer.empty_on = 3 * SAMPLE_RATE
+    source = committer(scheduler, left_context=5.0)
+    events = [
+        utterance(0, 0.0, 3.0, 0.1),  # emptied
+        utterance(1, 3.5, 4.8, 0.2),  # no context: the one before said nothing
+        utterance(2, 8.8, 1.0, 0.3),  # no context: 4.8 s + 0.5 s of gap > 5 s
+        utterance(3, 10.0, 1.0, 0.4),  # 1 s + 0.2 s: context (not the 4.8 s one too)
+    ]
+    for event in events:
+        await source.commit(await source.submit(event))
+    assert [len(u.audio) for u in recognizer.lefts] == [SAMPLE_RATE]
+    assert recognizer.lefts[0].left is not None
+    assert recognizer.lefts[0].left.duration == pytest.approx(1.2)
+
+
+async def test_left_context_off_submits_every_final_at_once(
+    fake: tuple[FakeRecognizer, BatchScheduler],
+) -> None:
+    """With left_context 0 (and prompts off) finals go to the engine as they are cut,
+    with no context."""
+    recognizer, scheduler = fake
+    source = committer(scheduler, left_context=0.0)
+    pending = [await source.submit(utterance(i, 2.0 * i, 1.0, 0.1)) for i in range(3)]
+    assert all(p.future is not None for p in pending)
+    for p in pending:
+        await source.commit(p)
+    assert recognizer.lefts == []
