@@ -1,7 +1,7 @@
 """Transcript quality: streaming and file finals against offline decoding, prompts on and off.
 
-    python -m bench.quality                         # every set, prompts on and off
-    python -m bench.quality --sets meeting --prompts 128 0 --speed 4
+    python -m bench.quality                         # every set, left context on and off
+    python -m bench.quality --sets meeting --left 10 0 --prompts 0 128 --speed 4
 
 Three sets, each a list of tracks (one audio source each, a reference text each):
 
@@ -12,18 +12,19 @@ Three sets, each a list of tracks (one audio source each, a reference text each)
 - `dialogue`: a scripted meeting of three espeak-ng voices (`DIALOGUE`), rendered once
   into ~/.cache/parley/bench-quality (never into the repository), same gaps.
 
-For each `PARLEY_PROMPT_TOKENS` value it starts a real server (`python -m server`) and
-sends every track through both paths: streamed over the WebSocket at `--speed` x real
-time (partials and drafts on, as a client gets them) and uploaded to
-`POST /v1/transcriptions` (the file path). Offline is the same tiny.en weights decoding
-the whole track with transformers' long-form `generate()` in 30 s windows with
-timestamps, greedy, each window conditioned on the previous text
+For each pair of `PARLEY_PROMPT_TOKENS` and `PARLEY_LEFT_CONTEXT_S` values it starts a
+real server (`python -m server`) and sends every track through both paths: streamed over
+the WebSocket at `--speed` x real time (partials and drafts on, as a client gets them)
+and uploaded to `POST /v1/transcriptions` (the file path). Offline is the same tiny.en
+weights decoding the whole track with transformers' long-form `generate()` in 30 s
+windows with timestamps, greedy, each window conditioned on the previous text
 (`condition_on_prev_tokens`, faster-whisper's default; no temperature fallback), and
 without that condition for comparison. WER is corpus-level (`loadgen.wer`) over a set.
 
 It also prints, per set and setting, the finals in all capitals beside finals that are
-not (a source switching casing convention), and the cost per final: each meeting clip
-decoded alone on the recognizer, with the previous clips' text as its prompt and without.
+not (a source switching casing convention), and the cost per final: each turn decoded
+alone on the recognizer, plain, with the previous turns' text as its prompt, and behind
+the previous turn (its audio, 0.5 s of silence and its text: the left context).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import soxr
 import torch
 
 from bench.corpus import clips
-from engine.api import SAMPLE_RATE, AudioArray, Utterance
+from engine.api import SAMPLE_RATE, AudioArray, LeftContext, Utterance
 from engine.weights import resolve_model
 from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import ErrorCounts, error_counts
@@ -226,8 +227,14 @@ async def _upload(base: str, track: Track, paths: Paths) -> None:
     paths.uploaded[track.id] = [u["text"] for u in job["result"]["utterances"]]
 
 
-async def serve(tracks: list[Track], prompt_tokens: int, speed: float, streams: int) -> Paths:
-    env = {"PARLEY_PROMPT_TOKENS": str(prompt_tokens), "PARLEY_DIARIZATION": "false"}
+async def serve(
+    tracks: list[Track], prompt_tokens: int, left: float, speed: float, streams: int
+) -> Paths:
+    env = {
+        "PARLEY_PROMPT_TOKENS": str(prompt_tokens),
+        "PARLEY_LEFT_CONTEXT_S": str(left),
+        "PARLEY_DIARIZATION": "false",
+    }
     server = await asyncio.to_thread(start_server, env)
     paths = Paths()
     try:
@@ -273,26 +280,37 @@ def caps_switches(finals: dict[str, list[str]]) -> int:
 
 
 def cost_per_final(model_path: Path, track: Track) -> str:
-    """Each turn alone (batch 1), after the previous turns' text and without: mean ms."""
+    """Each turn alone (batch 1): plain, after the previous turns' text, and behind the
+    previous turn (left context): mean ms."""
     turns, audio = track.turns, track.turn_audio
     recognizer = WhisperRecognizer(model_path, WhisperRecognizerConfig(prompt_tokens=128))
     recognizer.warmup()
-    timings: dict[bool, list[float]] = {False: [], True: []}
+    gap = np.zeros(SAMPLE_RATE // 2, np.float32)
+    timings: dict[str, list[float]] = {"plain": [], "prompt": [], "left": []}
     for i, piece in enumerate(audio):
-        prompt = " ".join(turns[:i])[-1000:]
-        for prompted in (False, True):
-            utterance = Utterance(piece, prompt=prompt if prompted else "")
+        left = LeftContext(np.concatenate([audio[i - 1], gap]), turns[i - 1]) if i else None
+        ways = {
+            "plain": Utterance(piece),
+            "prompt": Utterance(piece, prompt=" ".join(turns[:i])[-1000:]),
+            "left": Utterance(piece, left=left),
+        }
+        for way, utterance in ways.items():
             started = time.perf_counter()
             recognizer.transcribe([utterance])
-            timings[prompted].append(time.perf_counter() - started)
-    plain, after = (statistics.mean(timings[k]) * 1000 for k in (False, True))
-    return f"{plain:.0f} ms without a prompt, {after:.0f} ms with (+{after / plain - 1:.0%})"
+            timings[way].append(time.perf_counter() - started)
+    plain, prompt, left_ms = (statistics.mean(timings[k]) * 1000 for k in timings)
+    return (
+        f"{plain:.0f} ms plain, {prompt:.0f} ms with a prompt (+{prompt / plain - 1:.0%}), "
+        f"{left_ms:.0f} ms with left context (+{left_ms / plain - 1:.0%})"
+    )
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
-    parser.add_argument("--prompts", nargs="+", type=int, default=[128, 0], metavar="TOKENS")
+    parser.add_argument("--prompts", nargs="+", type=int, default=[0], metavar="TOKENS")
+    parser.add_argument("--left", nargs="+", type=float, default=[10.0, 0.0], metavar="SECONDS")
+    parser.add_argument("--no-offline", action="store_true", help="skip offline decoding")
     parser.add_argument("--speed", type=float, default=4.0, help="streaming x real time")
     parser.add_argument("--streams", type=int, default=4, help="tracks streamed at once")
     parser.add_argument("--cost", action="store_true", help="time finals with/without prompt")
@@ -304,18 +322,19 @@ async def main() -> None:
         tracks = SETS[name]()
         seconds = sum(len(t.audio) for t in tracks) / SAMPLE_RATE
         print(f"\n== {name}: {len(tracks)} tracks, {seconds:.0f} s of audio", flush=True)
-        for condition in (True, False):
+        for condition in () if args.no_offline else (True, False):
             started = time.perf_counter()
             texts = {t.id: offline.transcribe(t.audio, condition) for t in tracks}
             label = "conditioned on previous text" if condition else "without previous text"
             took = time.perf_counter() - started
             print(f"  offline, {label}: WER {wer(tracks, texts).rate:.4f} ({took:.0f} s)")
-        for tokens in args.prompts:
-            paths = await serve(tracks, tokens, args.speed, args.streams)
+        for tokens, left in [(t, s) for t in args.prompts for s in args.left]:
+            paths = await serve(tracks, tokens, left, args.speed, args.streams)
             for path, finals in (("streaming", paths.streamed), ("file", paths.uploaded)):
                 texts = {k: " ".join(v) for k, v in finals.items()}
                 print(
-                    f"  {path:9s} PROMPT_TOKENS={tokens:<3d}: WER {wer(tracks, texts).rate:.4f}, "
+                    f"  {path:9s} PROMPT_TOKENS={tokens:<3d} LEFT_CONTEXT_S={left:<4g}: "
+                    f"WER {wer(tracks, texts).rate:.4f}, "
                     f"{sum(map(len, finals.values()))} finals, "
                     f"{caps_switches(finals)} all-caps among sentence-case",
                     flush=True,
