@@ -24,7 +24,8 @@ without that condition for comparison. WER is corpus-level (`loadgen.wer`) over 
 It also prints, per set and setting, the finals in all capitals beside finals that are
 not (a source switching casing convention), and the cost per final: each turn decoded
 alone on the recognizer, plain, with the previous turns' text as its prompt, and behind
-the previous turn (its audio, 0.5 s of silence and its text: the left context).
+the previous two turns (their audio, 0.5 s of silence after each and their text: the left
+context).
 """
 
 from __future__ import annotations
@@ -288,7 +289,15 @@ def cost_per_final(model_path: Path, track: Track) -> str:
     gap = np.zeros(SAMPLE_RATE // 2, np.float32)
     timings: dict[str, list[float]] = {"plain": [], "prompt": [], "left": []}
     for i, piece in enumerate(audio):
-        left = LeftContext(np.concatenate([audio[i - 1], gap]), turns[i - 1]) if i else None
+        before = range(max(0, i - 2), i)  # the server's default: up to two turns
+        left = (
+            LeftContext(
+                np.concatenate([x for k in before for x in (audio[k], gap)]),
+                " ".join(turns[k] for k in before),
+            )
+            if i
+            else None
+        )
         ways = {
             "plain": Utterance(piece),
             "prompt": Utterance(piece, prompt=" ".join(turns[:i])[-1000:]),

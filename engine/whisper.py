@@ -31,6 +31,9 @@ conditions on previous text; the no-speech probability is read after it, as Whis
 Rows with and without prompts share a batch (`engine.greedy` keeps each row's attention
 on its own tokens). Whisper's encoder never masks padding (it was trained on zero-padded
 windows).
+Left context (`Utterance.left`, `engine.context`): the audio said before an utterance goes
+in the window ahead of it and that audio's text is forced after <|notimestamps|>, so the
+model writes on from there (rows' forced texts differ in length: `engine.greedy`).
 Word timings (`engine.alignment`) are computed for the utterances that ask for them
 (`Utterance.word_timings`: finals, not partials), once their decoding is kept: one more
 decoder pass over those rows' tokens (without the prompt, as Whisper aligns), reusing the
