@@ -264,15 +264,12 @@ class WhisperRecognizer:
         # more without them: the previous text can lead tiny.en astray (a loop, a repeat),
         # as Whisper's fallback drops the prompt, and a context's text may seem to say it
         # all already (nothing written: it ends at once) or lead it to say the utterance
-        # twice (`engine.context`).
+        # twice (`_context_failed`).
         redo = [
             i
             for i, item in enumerate(decoded)
             if (batch[i].prompt or batch[i].left)
-            and (
-                self._verdict(item) is not Verdict.SPEECH
-                or (batch[i].left is not None and context.repeats_itself(item.text))
-            )
+            and (self._verdict(item) is not Verdict.SPEECH or self._context_failed(batch[i], item))
         ]
         if redo:
             plain = [dataclasses.replace(batch[i], prompt="", left=None) for i in redo]
@@ -296,6 +293,10 @@ class WhisperRecognizer:
             for i, item in zip(retry, again, strict=True):
                 decoded[i] = item
         return decoded
+
+    def _context_failed(self, utterance: Utterance, item: _Decoded) -> bool:
+        """A row decoded behind its left context that said itself twice."""
+        return utterance.left is not None and context.repeats_itself(item.text)
 
     def _should_retry(self, item: _Decoded, window: float) -> bool:
         """A loop in a short window, on what the model still takes for speech."""
