@@ -111,9 +111,8 @@ def shortlist(tiny_en: Path) -> WhisperRecognizer:
 def english_clips() -> list[tuple[str, Utterance]]:
     """The English corpus clips (their first 29 s), and JFK at 8 kHz resampled to 16 kHz
     (the telephone audio per-row int8 layers mis-transcribe)."""
-    chosen = [
-        (clip.id, Utterance(clip.audio()[: 16_000 * 29])) for clip in clips() if clip.language == "en"
-    ]
+    english = [clip for clip in clips() if clip.language == "en"]
+    chosen = [(clip.id, Utterance(clip.audio()[: 16_000 * 29])) for clip in english]
     jfk = clips(("en_jfk",))[0].audio()
     narrow = soxr.resample(soxr.resample(jfk, 16_000, 8_000), 8_000, 16_000)
     return [*chosen, ("en_jfk at 8 kHz", Utterance(narrow.astype(np.float32)))]
