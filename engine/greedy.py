@@ -33,9 +33,10 @@ The vocabulary projection and the choice of each token are the `head`'s
 (`engine.vocabulary`): every logit, or an int8 shortlist rescored in float32, whose tokens
 are float32's. In float32 the tokens are greedy decoding's (27 of 27 corpus clips
 identical, drafts from simulated partials every 0.8 s). With int8 layers (`engine.int8`)
-activations are quantized per row, so every token of a many-token pass is computed as a single step
-computes it, in any batch: drafts change nothing there either (tests/engine/test_greedy.py;
-with the per-call scales of before, 6 of 27 clips differed by a word or a comma).
+activations are quantized per row, so every token of a many-token pass is computed as a
+single step computes it, in any batch: drafts change nothing there either
+(tests/engine/test_greedy.py; with the per-call scales of before, 6 of 27 clips differed
+by a word or a comma).
 
 Prompts of previous text (Whisper's `<|startofprev|>` prefix): `start` takes each row's
 tokens before <|startoftranscript|>, of any length. Rows then start at different
