@@ -44,10 +44,11 @@ from torch.nn import functional
 
 from bench.corpus import clips
 from engine.api import Utterance
+from engine.greedy import GreedyDecoder
 from engine.guard import looped
 from engine.int8 import Int8Linear
 from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer
-from engine.vocabulary import ShortlistHead
+from engine.vocabulary import Choice, ShortlistHead
 from engine.whisper import Quantize, WhisperRecognizer, WhisperRecognizerConfig
 from engine.whisper_config import QUANTIZE_SCOPES
 from loadgen.wer import ErrorCounts, error_counts
@@ -236,9 +237,29 @@ def encoder_cells(recognizer: WhisperRecognizer, settings: Settings) -> list[str
 
 
 def rows_cell(recognizer: WhisperRecognizer, hidden: torch.Tensor) -> str:
-    """Tokens and start logits of each row decoded alone against in the batch of all."""
+    """Tokens and start logits of each row decoded alone against in the batch of all, and
+    how many choices the int8 shortlist could not vouch for (projected again in full)."""
     greedy = recognizer._greedy
     prompt = recognizer._prompt_tail
+    choices = [0, 0]
+    choose = greedy._choose
+
+    def counted(states: torch.Tensor, suppress: torch.Tensor) -> Choice:
+        choice = choose(states, suppress)
+        choices[0] += choice.rescued.numel()
+        choices[1] += int(choice.rescued.sum())
+        return choice
+
+    greedy._choose = counted  # type: ignore[method-assign]
+    try:
+        return rows_compared(greedy, prompt, hidden) + (
+            f"; {choices[1]} of {choices[0]} choices rescued in full"
+        )
+    finally:
+        del greedy._choose
+
+
+def rows_compared(greedy: GreedyDecoder, prompt: list[int], hidden: torch.Tensor) -> str:
     together_start = greedy.start(hidden)
     together_logits = together_start.logits.clone()
     together = greedy.decode(

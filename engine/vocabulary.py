@@ -135,11 +135,11 @@ class ShortlistHead:
         logprobs = best - approx.logsumexp(dim=-1)
         reach = self._margin * states.abs().amax(dim=-1)
         rescued = shortlist.values[:, -1] + reach >= best
-        if bool(rescued.any()):
-            rows = rescued.nonzero()[:, 0]
-            full = self.logits(states[rows])
+        # One rescued row at a time: a matrix product's rounding depends on its rows.
+        for row in rescued.nonzero()[:, 0].tolist():
+            full = self.logits(states[row : row + 1])
             full[:, suppress] = -torch.inf
-            tokens[rows], logprobs[rows] = pick(full)
+            tokens[row : row + 1], logprobs[row : row + 1] = pick(full)
         return Choice(tokens, logprobs, rescued)
 
 
