@@ -150,14 +150,17 @@ def projection_kernels(
 
 
 def decoder_rows(recognizer: WhisperRecognizer, hidden: torch.Tensor, count: int) -> torch.Tensor:
-    """`count` decoder states of real speech after the final layer norm (what the projection
-    reads): the first steps of greedy decoding of `hidden`'s rows, in the order decoded."""
+    """`count` decoder states of real speech, before the final layer norm: greedy decoding
+    of `hidden`'s rows from the second generated token on (a text's first token, often a
+    near tie among many, is the choice the shortlist rescues most: the rows part counts
+    every choice), in the order decoded."""
     greedy = recognizer._greedy
     seen: list[torch.Tensor] = []
     choose = greedy._choose
 
     def capture(states: torch.Tensor, suppress: torch.Tensor) -> object:
-        seen.append(greedy._decoder.layer_norm(states))
+        if suppress is greedy._suppress:  # not the first position's suppression
+            seen.append(states)
         return choose(states, suppress)
 
     greedy._choose = capture  # type: ignore[method-assign,assignment]
@@ -179,7 +182,8 @@ def projection_table(
     projection = recognizer._model.proj_out
     if not isinstance(projection, torch.nn.Linear):
         raise SystemExit("the projection table needs the float32 model (--quantize none first)")
-    rows = decoder_rows(recognizer, hidden, max(8, *settings.batch_sizes))
+    count = max(8, *settings.batch_sizes)
+    rows = recognizer._greedy._decoder.layer_norm(decoder_rows(recognizer, hidden, count))
     lines = [
         "| kernel | " + " | ".join(f"batch {b}" for b in settings.batch_sizes) + " | same alone |",
         "|---|" + "---|" * (len(settings.batch_sizes) + 1),
@@ -208,17 +212,21 @@ def encoder_states(recognizer: WhisperRecognizer, utterances: Sequence[Utterance
 def step_cells(
     recognizer: WhisperRecognizer, hidden: torch.Tensor, settings: Settings
 ) -> list[str]:
+    """One decoder step per batch size: the layers over a synthetic cache (their cost does
+    not depend on the values), then the choice of each row's token on decoder states of
+    real speech (the shortlist's does: a state it cannot vouch for is projected in full)."""
     greedy = recognizer._greedy
+    real = decoder_rows(recognizer, hidden, max(settings.batch_sizes))
     cells = []
     for size in settings.batch_sizes:
         batch = hidden[torch.arange(size) % hidden.shape[0]]
         cache = greedy.start(batch, CACHED + 2).take_cache()
         ids = torch.full((size, 1), 440, dtype=torch.long)
 
-        def step(cache: object = cache, ids: torch.Tensor = ids) -> object:
+        def step(cache: object = cache, ids: torch.Tensor = ids, size: int = size) -> object:
             cache.lengths[:] = CACHED  # type: ignore[attr-defined]
-            states = greedy._step(cache, ids)[:, -1]  # type: ignore[arg-type]
-            return greedy._choose(states, greedy._suppress)
+            greedy._step(cache, ids)  # type: ignore[arg-type]
+            return greedy._choose(real[:size], greedy._suppress)
 
         cells.append(f"{timed(step, settings.repeats):.2f} ms")
     return cells
