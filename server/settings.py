@@ -253,6 +253,12 @@ class Settings:
         "(up to 2x) and decays with idleness (docs/store.md).",
     )
     static_dir: str = setting("static", "Folder of the browser client, served at `/`.")
+    malloc_trim_interval_s: float = setting(
+        60.0,
+        "Seconds between giving the allocator's free memory back to the OS (glibc "
+        "`malloc_trim`: keeps the RSS at what is in use, not the busiest moment's peak); "
+        "0 = never.",
+    )
     log_level: str = setting("info", "`debug`, `info`, `warning` or `error`.")
     log_format: str = setting("json", "`json` (one object per line) or `text`.")
 
@@ -290,6 +296,8 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}UPLOAD_SANDBOX must be auto, bwrap or none")
         if self.log_format not in {"json", "text"}:
             raise ValueError(f"{ENV_PREFIX}LOG_FORMAT must be json or text")
+        if self.malloc_trim_interval_s < 0:
+            raise ValueError(f"{ENV_PREFIX}MALLOC_TRIM_INTERVAL_S must be >= 0 (0: never)")
         positive = (
             "idle_timeout_s",
             "max_session_s",
