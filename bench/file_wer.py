@@ -9,7 +9,7 @@ WER (`loadgen.wer`, errors over reference words, all clips together), wall time,
 many clips' text differs from the first scope's.
 
     python -m bench.file_wer
-    python -m bench.file_wer --quantize none int8-decoder
+    python -m bench.file_wer --quantize none int8-shortlist
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ from bench.corpus import Clip, clips
 from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer, set_torch_threads
 from engine.scheduler import BatchScheduler
 from engine.whisper import Quantize, WhisperRecognizerConfig
+from engine.whisper_config import QUANTIZE_SCOPES
 from loadgen.wer import ErrorCounts, error_counts
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
-from session.segmenter import SegmenterConfig
-from session.services import SessionServices
-from session.vad import DirectScorer, SileroVad
+from session.services import offline_services
 from store.memory import MemoryStore
 
 logger = logging.getLogger("bench.file_wer")
@@ -62,15 +61,7 @@ async def transcribe_clips(
         worker_init=lambda: set_torch_threads(args.threads),
     )
     scheduler.start()
-    services = SessionServices(
-        scheduler=scheduler,
-        store=MemoryStore(),
-        vad=DirectScorer(SileroVad()),
-        segmenter=SegmenterConfig(),
-        max_frame_bytes=1 << 20,
-        outbox_limit=100,
-        languages=recognizer.languages,
-    )
+    services = offline_services(scheduler, MemoryStore(), recognizer.languages)
     texts: dict[str, str] = {}
     started = time.perf_counter()
     try:
@@ -100,8 +91,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--quantize",
         nargs="+",
-        default=["none", "int8-decoder", "int8"],
-        choices=["none", "int8-decoder", "int8"],
+        default=list(QUANTIZE_SCOPES),
+        choices=QUANTIZE_SCOPES,
     )
     parser.add_argument("--workers", type=int, default=2, help="model workers (default: 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -13,9 +14,7 @@ from engine.api import SAMPLE_RATE
 from engine.scheduler import BatchScheduler
 from engine.whisper import WhisperRecognizer
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
-from session.segmenter import SegmenterConfig
-from session.services import SessionServices
-from session.vad import DirectScorer, SileroVad
+from session.services import offline_services
 from store.memory import MemoryStore
 from tests.corpus import clip
 
@@ -57,15 +56,8 @@ async def test_words_of_two_clips_around_a_silence(
     path.write_bytes((samples * 32767).astype("<i2").tobytes())
     scheduler = BatchScheduler(WhisperRecognizer(tiny_en), max_batch_size=8)
     scheduler.start()
-    services = SessionServices(
-        scheduler=scheduler,
-        store=MemoryStore(),
-        vad=DirectScorer(SileroVad()),
-        segmenter=SegmenterConfig(),
-        max_frame_bytes=1 << 20,
-        outbox_limit=100,
-        languages=frozenset({"en"}),
-        left_context=left_context,
+    services = dataclasses.replace(
+        offline_services(scheduler, MemoryStore()), left_context=left_context
     )
     progress = FileProgress(total_samples=len(samples))
     try:
