@@ -43,7 +43,8 @@ def test_the_shortlist_picks_float32s_token_with_its_exact_logit() -> None:
         got = ShortlistHead(projection, size=8).choose(states, nothing)
     assert torch.equal(got.tokens, want_tokens)
     assert torch.allclose(got.logprobs, want_logprobs, atol=1e-3)
-    assert not bool(got.rescued.any())  # clear winners: the shortlist vouches for every row
+    # The rows at the largest scales win by far more than the margin: none rescued.
+    assert not bool(got.rescued[-4:].any())
 
 
 def test_suppressed_tokens_are_never_chosen() -> None:
