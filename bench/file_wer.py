@@ -33,9 +33,7 @@ from engine.whisper import Quantize, WhisperRecognizerConfig
 from engine.whisper_config import QUANTIZE_SCOPES
 from loadgen.wer import ErrorCounts, error_counts
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
-from session.segmenter import SegmenterConfig
-from session.services import SessionServices
-from session.vad import DirectScorer, SileroVad
+from session.services import offline_services
 from store.memory import MemoryStore
 
 logger = logging.getLogger("bench.file_wer")
@@ -63,15 +61,7 @@ async def transcribe_clips(
         worker_init=lambda: set_torch_threads(args.threads),
     )
     scheduler.start()
-    services = SessionServices(
-        scheduler=scheduler,
-        store=MemoryStore(),
-        vad=DirectScorer(SileroVad()),
-        segmenter=SegmenterConfig(),
-        max_frame_bytes=1 << 20,
-        outbox_limit=100,
-        languages=recognizer.languages,
-    )
+    services = offline_services(scheduler, MemoryStore(), recognizer.languages)
     texts: dict[str, str] = {}
     started = time.perf_counter()
     try:
