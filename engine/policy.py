@@ -14,7 +14,13 @@ when to look again. The rules:
    a running partial batch is told to stop (the recognizer stops at its next decoder
    step or encoder row); its partials go back to the queue and the worker takes the
    finals. File requests do not preempt: they are not waited for live.
-3. **Partials share a budget, stalest first.** Partials run only on a worker no final or
+3. **Speculative finals use what finals leave.** A final decoded before its endpoint
+   (SPECULATIVE) starts only on a worker that no final or file request needs, in batches
+   of its own, oldest first, ahead of partials; finals stop a speculative batch as they
+   stop a partial one (partial batches first) and its requests go back to the queue. So
+   speculation spends idle model time and never delays a final by more than a step; under
+   overload it simply does not run (and its final is decoded as a final).
+4. **Partials share a budget, stalest first.** Partials run only on a worker no final or
    file request needs, and only while `PartialBudget` has credit: partials may take at
    most `partial_share` of the model's time (all workers together), averaged over a few
    seconds, and at most that share of the workers at once (at least one), so with two
@@ -96,11 +102,17 @@ class Queued:
 
 @dataclass(frozen=True, slots=True)
 class Running:
-    """A busy worker: what kind of batch it runs, and whether it was told to stop."""
+    """A busy worker: what kind of batch it runs, and whether it was told to stop.
+    `speculative`: a batch of speculative finals none of which was promoted yet."""
 
     worker: int
     partial: bool
     stopping: bool = False
+    speculative: bool = False
+
+    @property
+    def preemptible(self) -> bool:
+        return self.partial or self.speculative
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +139,10 @@ def plan(
 ) -> Plan:
     """The batches to start on the `free` workers now, and the partial batches to stop."""
     urgent = sorted(
-        (q for q in queued if q.priority is not Priority.PARTIAL),
+        (q for q in queued if q.priority in (Priority.FINAL, Priority.FILE)),
         key=lambda q: (q.priority, q.since),
     )
+    early = sorted((q for q in queued if q.priority is Priority.SPECULATIVE), key=_staleness)
     partials = sorted((q for q in queued if q.priority is Priority.PARTIAL), key=_staleness)
     result = Plan()
     workers = list(free)
@@ -145,11 +158,20 @@ def plan(
         result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), partial=False))
     finals_left = any(q.priority is Priority.FINAL for q in urgent)
     if finals_left and not workers and not wake:
-        # Stop partial batches, the newest first, as many as the finals left need.
+        # Stop partial batches, then speculative ones, the newest first, as many as the
+        # finals left need.
         needed = -(-sum(q.priority is Priority.FINAL for q in urgent) // config.max_batch_size)
-        stopping = sum(1 for r in running if r.partial and r.stopping)
-        candidates = [r.worker for r in reversed(running) if r.partial and not r.stopping]
+        stopping = sum(1 for r in running if r.preemptible and r.stopping)
+        candidates = [
+            r.worker
+            for r in sorted(reversed(running), key=lambda r: not r.partial)
+            if r.preemptible and not r.stopping
+        ]
         result.preempt.extend(candidates[: max(0, needed - stopping)])
+    while early and workers and not urgent:
+        size = min(config.max_batch_size, -(-len(early) // len(workers)))
+        batch, early = early[:size], early[size:]
+        result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), partial=False))
     slots = config.partial_workers - sum(1 for r in running if r.partial and not r.stopping)
     if partials and workers and not urgent and slots > 0:
         if budget.credit(now) > 0:

@@ -85,6 +85,12 @@ class Settings:
         True, "Score every stream's VAD windows in one model call per tick (else one by one)."
     )
     min_silence_ms: float = setting(500.0, "Silence that ends an utterance.")
+    speculate_after_ms: float = setting(
+        160.0,
+        "Silence after which an utterance's final is decoded speculatively, before "
+        "MIN_SILENCE_MS confirms its end (at least the 100 ms post-roll; it runs on model "
+        "time no final needs, and is dropped if speech resumes); 0 turns speculation off.",
+    )
     pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")
     max_utterance_s: float = setting(15.0, "Longer speech is cut at its quietest point.")
     partial_interval_s: float = setting(
