@@ -14,12 +14,13 @@ when to look again. The rules:
    a running partial batch is told to stop (the recognizer stops at its next decoder
    step or encoder row); its partials go back to the queue and the worker takes the
    finals. File requests do not preempt: they are not waited for live.
-3. **Speculative finals use what finals leave.** A final decoded before its endpoint
-   (SPECULATIVE) starts only on a worker that no final or file request needs, in batches
-   of its own, oldest first, ahead of partials; finals stop a speculative batch as they
-   stop a partial one (partial batches first) and its requests go back to the queue. So
-   speculation spends idle model time and never delays a final by more than a step; under
-   overload it simply does not run (and its final is decoded as a final).
+3. **Speculative finals use what finals and partials leave.** A final decoded before its
+   endpoint (SPECULATIVE) starts only on a worker that no final, file request or partial
+   (within its budget, rule 4) takes, in batches of its own, oldest first; finals stop a
+   speculative batch (before a partial one) and its requests go back to the queue. So
+   speculation spends idle model time: it never delays a final by more than a step, and
+   it does not thin the partials, whose text is the finals' decoding draft. Under
+   overload it does not run, and its final is decoded as a final.
 4. **Partials share a budget, stalest first.** Partials run only on a worker no final or
    file request needs, and only while `PartialBudget` has credit: partials may take at
    most `partial_share` of the model's time (all workers together), averaged over a few
@@ -158,32 +159,32 @@ def plan(
         result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), partial=False))
     finals_left = any(q.priority is Priority.FINAL for q in urgent)
     if finals_left and not workers and not wake:
-        # Stop partial batches, then speculative ones, the newest first, as many as the
+        # Stop speculative batches, then partial ones, the newest first, as many as the
         # finals left need.
         needed = -(-sum(q.priority is Priority.FINAL for q in urgent) // config.max_batch_size)
         stopping = sum(1 for r in running if r.preemptible and r.stopping)
         candidates = [
             r.worker
-            for r in sorted(reversed(running), key=lambda r: not r.partial)
+            for r in sorted(reversed(running), key=lambda r: r.partial)
             if r.preemptible and not r.stopping
         ]
         result.preempt.extend(candidates[: max(0, needed - stopping)])
-    while early and workers and not urgent:
-        size = min(config.max_batch_size, -(-len(early) // len(workers)))
-        batch, early = early[:size], early[size:]
-        result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), partial=False))
     slots = config.partial_workers - sum(1 for r in running if r.partial and not r.stopping)
     if partials and workers and not urgent and slots > 0:
         if budget.credit(now) > 0:
-            for worker in workers[:slots]:
+            while partials and workers and slots > 0:
                 batch, partials = (
                     partials[: config.max_partial_batch],
                     partials[config.max_partial_batch :],
                 )
-                if batch:
-                    result.starts.append(Start(worker, tuple(q.key for q in batch), partial=True))
+                result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), True))
+                slots -= 1
         else:
             wake.append(budget.available_at(now))
+    while early and workers and not urgent:
+        size = min(config.max_batch_size, -(-len(early) // len(workers)))
+        batch, early = early[:size], early[size:]
+        result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), partial=False))
     return Plan(result.starts, result.preempt, min(wake) if wake else None)
 
 

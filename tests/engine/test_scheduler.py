@@ -380,11 +380,12 @@ async def test_a_final_stops_a_speculative_batch_which_runs_again_after(
     assert fake.batches == [[10], [20], [10]]
 
 
-async def test_speculation_waits_for_finals_and_goes_before_partials(
+async def test_speculation_waits_for_finals_and_partials(
     gated: tuple[BatchScheduler, FakeRecognizer],
 ) -> None:
-    """Queued behind a busy worker: finals run first, then the speculative final, then
-    the partial; a newer speculation of the session replaces its queued one."""
+    """Queued behind a busy worker: finals run first, then the partial (within its
+    budget), then the speculative final; a newer speculation of the session replaces its
+    queued one."""
     scheduler, fake = gated
     busy = await scheduler.submit(request("busy", 1))
     await wait_entered(fake)
@@ -397,7 +398,7 @@ async def test_speculation_waits_for_finals_and_goes_before_partials(
     for _ in range(4):
         fake.gate.release()  # type: ignore[union-attr]
     await asyncio.wait_for(asyncio.gather(busy, partial, early, final), TIMEOUT)
-    assert fake.batches == [[1], [20], [11], [30]]
+    assert fake.batches == [[1], [20], [30], [11]]
 
 
 async def test_promoted_speculation_is_served_as_a_final(
