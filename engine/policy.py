@@ -16,7 +16,9 @@ when to look again. The rules:
    finals. File requests do not preempt: they are not waited for live.
 3. **Speculative finals use what finals and partials leave.** A final decoded before its
    endpoint (SPECULATIVE) starts only on a worker that no final, file request or partial
-   (within its budget, rule 4) takes, in batches of its own, oldest first; finals stop a
+   (within its budget, rule 4) takes, one per batch (a row promoted to a final would
+   wait for every other row of its batch, most of them finals-to-be of sessions whose
+   endpoint comes later, or never), oldest first; finals stop a
    speculative batch (before a partial one) and its requests go back to the queue. So
    speculation spends idle model time: it never delays a final by more than a step, and
    it does not thin the partials, whose text is the finals' decoding draft. Under
@@ -181,10 +183,8 @@ def plan(
                 slots -= 1
         else:
             wake.append(budget.available_at(now))
-    while early and workers and not urgent:
-        size = min(config.max_batch_size, -(-len(early) // len(workers)))
-        batch, early = early[:size], early[size:]
-        result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), partial=False))
+    while early and workers and not urgent:  # one row a batch: see rule 3
+        result.starts.append(Start(workers.pop(0), (early.pop(0).key,), partial=False))
     return Plan(result.starts, result.preempt, min(wake) if wake else None)
 
 

@@ -18,8 +18,8 @@ CLIPS = ["en_jfk", "en_ls_2412-153948-0000"]
 
 
 @pytest.fixture(scope="module")
-def server_without_speculation() -> Iterator[ServerProcess]:
-    server = start_server({"PARLEY_SPECULATE_AFTER_MS": "0"})
+def server_with_speculation() -> Iterator[ServerProcess]:
+    server = start_server({"PARLEY_SPECULATE_AFTER_MS": "160"})
     yield server
     server.stop()
 
@@ -40,22 +40,23 @@ def finals(messages: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 
 async def test_finals_with_speculation_equal_finals_without(
-    parley_server: ServerProcess, server_without_speculation: ServerProcess
+    parley_server: ServerProcess, server_with_speculation: ServerProcess
 ) -> None:
     """Real speech at 1.5x real time, one stream per server at a time (so every request
-    runs alone, as it would without speculation): the default server (speculation on)
-    sends the same finals (seq, text, times, words) as a server with it off, and some of
-    them were decoded speculatively."""
-    before = speculations(parley_server)
+    runs alone, as it would without speculation): a server with speculation on sends the
+    same finals (seq, text, times, words) as the default one (off), and some of them were
+    decoded speculatively."""
+    on_server, off_server = server_with_speculation, parley_server
+    before = speculations(on_server)
     for i, clip_id in enumerate(CLIPS):
         pcm = clip(clip_id).pcm16()
         on, off = await asyncio.gather(
             *(
                 stream_pcm(server.ws_url, f"spec-{i}", pcm, speed=1.5, trailing_silence=1.0)
-                for server in (parley_server, server_without_speculation)
+                for server in (on_server, off_server)
             )
         )
         assert on.finals and finals(on.finals) == finals(off.finals), clip_id
-    after = speculations(parley_server)
+    after = speculations(on_server)
     assert after["used"] - before["used"] >= 1
-    assert speculations(server_without_speculation)["used"] == 0
+    assert speculations(off_server)["used"] == 0
