@@ -116,7 +116,9 @@ def diarize(
             start = (event.start + part.start) / SAMPLE_RATE
             end = (event.start + part.end) / SAMPLE_RATE
             labelled.append(
-                Labelled(key, start, end, diarizer.assign(key, start, end, part.embedding))
+                Labelled(
+                    key, start, end, diarizer.assign(key, start, end, part.embedding, part.windows)
+                )
             )
         if diarizer.due():
             relabels += len(diarizer.recluster())

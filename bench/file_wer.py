@@ -9,15 +9,13 @@ WER (`loadgen.wer`, errors over reference words, all clips together), wall time,
 many clips' text differs from the first scope's.
 
     python -m bench.file_wer
-    python -m bench.file_wer --quantize none int8-decoder
-    python -m bench.file_wer --quantize none --min-silence-ms 500 400 300   # endpointing
+    python -m bench.file_wer --quantize none int8-shortlist
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import logging
 import os
 import tempfile
@@ -32,11 +30,10 @@ from bench.corpus import Clip, clips
 from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer, set_torch_threads
 from engine.scheduler import BatchScheduler
 from engine.whisper import Quantize, WhisperRecognizerConfig
+from engine.whisper_config import QUANTIZE_SCOPES
 from loadgen.wer import ErrorCounts, error_counts
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
-from session.segmenter import SegmenterConfig
-from session.services import SessionServices
-from session.vad import DirectScorer, SileroVad
+from session.services import offline_services
 from store.memory import MemoryStore
 
 logger = logging.getLogger("bench.file_wer")
@@ -45,11 +42,9 @@ logger = logging.getLogger("bench.file_wer")
 @dataclass(frozen=True, slots=True)
 class Result:
     quantize: Quantize
-    min_silence_ms: float
     errors: ErrorCounts
     seconds: float
     texts: dict[str, str]
-    finals: int
 
 
 async def transcribe_clips(
@@ -57,8 +52,7 @@ async def transcribe_clips(
     selected: Sequence[Clip],
     args: argparse.Namespace,
     folder: Path,
-    min_silence_ms: float = 500.0,
-) -> tuple[dict[str, str], float, int]:
+) -> tuple[dict[str, str], float]:
     recognizer = load_recognizer(args.model, recognizer_config, cache=args.model_cache)
     recognizer.warmup()
     scheduler = BatchScheduler(
@@ -67,17 +61,8 @@ async def transcribe_clips(
         worker_init=lambda: set_torch_threads(args.threads),
     )
     scheduler.start()
-    services = SessionServices(
-        scheduler=scheduler,
-        store=MemoryStore(),
-        vad=DirectScorer(SileroVad()),
-        segmenter=SegmenterConfig(min_silence=min_silence_ms / 1000),
-        max_frame_bytes=1 << 20,
-        outbox_limit=100,
-        languages=recognizer.languages,
-    )
+    services = offline_services(scheduler, MemoryStore(), recognizer.languages)
     texts: dict[str, str] = {}
-    finals = 0
     started = time.perf_counter()
     try:
         for clip in selected:
@@ -90,10 +75,9 @@ async def transcribe_clips(
             )
             await FileTranscriber(path, services, options, progress).run()
             texts[clip.id] = " ".join(final.text for final in progress.finals)
-            finals += len(progress.finals)
     finally:
         await scheduler.stop()
-    return texts, time.perf_counter() - started, finals
+    return texts, time.perf_counter() - started
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -107,37 +91,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--quantize",
         nargs="+",
-        default=["none", "int8-decoder", "int8"],
-        choices=["none", "int8-decoder", "int8"],
+        default=list(QUANTIZE_SCOPES),
+        choices=QUANTIZE_SCOPES,
     )
     parser.add_argument("--workers", type=int, default=2, help="model workers (default: 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--in-flight", type=int, default=8, help="file requests at once")
     parser.add_argument("--show", action="store_true", help="print the clips that differ")
-    parser.add_argument(
-        "--min-silence-ms",
-        type=float,
-        nargs="+",
-        default=[500.0],
-        help="the segmenter's endpoint silence (PARLEY_MIN_SILENCE_MS); each value one run",
-    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     selected = [clip for clip in clips() if clip.language == "en"]
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as folder:
-        for scope, silence in itertools.product(args.quantize, args.min_silence_ms):
+        for scope in args.quantize:
             config = WhisperRecognizerConfig(quantize=scope)
-            texts, seconds, finals = asyncio.run(
-                transcribe_clips(config, selected, args, Path(folder), silence)
-            )
+            texts, seconds = asyncio.run(transcribe_clips(config, selected, args, Path(folder)))
             errors = ErrorCounts(0, 0, 0, 0)
             for clip in selected:
                 errors += error_counts(clip.reference, texts[clip.id])
-            results.append(Result(scope, silence, errors, seconds, texts, finals))
+            results.append(Result(scope, errors, seconds, texts))
             print(
-                f"{scope}, min silence {silence:.0f} ms: WER {errors.rate:.4f} "
-                f"({errors.errors}/{errors.reference_length}), {finals} finals, {seconds:.1f} s",
+                f"{scope}: WER {errors.rate:.4f} ({errors.errors}/{errors.reference_length}), "
+                f"{seconds:.1f} s",
                 flush=True,
             )
     audio = sum(clip.duration for clip in selected)
@@ -145,18 +120,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"\n{len(selected)} English clips, {audio:.0f} s of audio, {args.workers} worker(s) x "
         f"{args.threads} thread(s), {args.in_flight} in flight\n"
     )
-    print(
-        "| quantize | min silence (ms) | WER | errors / words | finals | wall s "
-        "| clips differing from the first |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    print("| quantize | WER | errors / words | wall s | clips differing from the first |")
+    print("|---|---|---|---|---|")
     first = results[0].texts
     for result in results:
         differ = [c.id for c in selected if result.texts[c.id] != first[c.id]]
         print(
-            f"| {result.quantize} | {result.min_silence_ms:.0f} | {result.errors.rate:.4f} | "
-            f"{result.errors.errors} / {result.errors.reference_length} | {result.finals} | "
-            f"{result.seconds:.1f} | {len(differ)} |"
+            f"| {result.quantize} | {result.errors.rate:.4f} | {result.errors.errors} / "
+            f"{result.errors.reference_length} | {result.seconds:.1f} | {len(differ)} |"
         )
         if args.show:
             for clip_id in differ:

@@ -6,10 +6,12 @@ Five parts, one model load per `--quantize` scope (engine/whisper.py `Quantize`)
 - **projection**: the vocabulary projection alone (tiny.en's 51,864 × 384) through each
   kernel there is: float32, fbgemm int8 with one activation scale per call (the kernel
   as is), int8 with scales per row (`engine.int8.Int8Linear`), fbgemm's float16 weights,
-  and `aten._weight_int8pack_mm` (int8 weights, bfloat16 activations). "same alone" says
-  whether row 0's output is bit for bit the same alone and in a batch of 8.
+  `aten._weight_int8pack_mm` (int8 weights, bfloat16 activations), and the int8 shortlist
+  rescored in float32 (`engine.vocabulary.ShortlistHead`, to its greedy choice, which is
+  all a step needs), on decoder states of real speech. "same alone" says whether row 0's
+  output is bit for bit the same alone and in a batch of 8.
 - **step**: one decoder step (one new token per row, 24 tokens cached, the projection
-  included) at each batch size, per scope.
+  and the greedy choice of each row's token included) at each batch size, per scope.
 - **encoder**: one encoder pass of one row, per window, per scope.
 - **rows**: eight corpus clips decoded together and each alone (the same encoder states):
   how many rows' tokens, and start-step logits, are identical.
@@ -42,15 +44,18 @@ from torch.nn import functional
 
 from bench.corpus import clips
 from engine.api import Utterance
+from engine.greedy import GreedyDecoder
 from engine.guard import looped
 from engine.int8 import Int8Linear
 from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer
+from engine.vocabulary import Choice, ShortlistHead
 from engine.whisper import Quantize, WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper_config import QUANTIZE_SCOPES
 from loadgen.wer import ErrorCounts, error_counts
 
 logger = logging.getLogger("bench.step")
 
-SCOPES: tuple[Quantize, ...] = ("none", "int8-decoder", "int8")
+SCOPES: tuple[Quantize, ...] = QUANTIZE_SCOPES
 ROW_CLIPS = ("en_ls_", "en_jfk", "en_lj_LJ0")
 CACHED = 24  # tokens already in the cache when a step is timed
 PARTIAL_PREFIXES = (0.8, 1.6, 2.4, 3.2, 4.0)  # seconds: a live utterance's first partials
@@ -127,6 +132,8 @@ def projection_kernels(
         per_call = torch.ops.quantized.linear_prepack(quantized, None)
         fp16 = torch.ops.quantized.linear_prepack_fp16(weight, None)
     per_row = Int8Linear(linear)
+    shortlist = ShortlistHead(linear)
+    nothing = torch.zeros(0, dtype=torch.long)
     return {
         "float32": lambda x: functional.linear(x, weight),
         "int8, scale per call": lambda x: torch.ops.quantized.linear_dynamic(x, per_call, True),
@@ -135,17 +142,48 @@ def projection_kernels(
         "int8 weights, bf16 rows": lambda x: torch.ops.aten._weight_int8pack_mm(
             x.to(torch.bfloat16), int8_weight, bf16_scales
         ).float(),
+        # Not logits but the greedy choice (token, log-probability): what a step needs.
+        "int8 shortlist, float32 rescoring (choice)": lambda x: (
+            shortlist.choose(x, nothing).logprobs
+        ),
     }
 
 
-def projection_table(recognizer: WhisperRecognizer, settings: Settings) -> list[str]:
+def decoder_rows(recognizer: WhisperRecognizer, hidden: torch.Tensor, count: int) -> torch.Tensor:
+    """`count` decoder states of real speech, before the final layer norm: greedy decoding
+    of `hidden`'s rows from the second generated token on (a text's first token, often a
+    near tie among many, is the choice the shortlist rescues most: the rows part counts
+    every choice), in the order decoded."""
+    greedy = recognizer._greedy
+    seen: list[torch.Tensor] = []
+    choose = greedy._choose
+
+    def capture(states: torch.Tensor, suppress: torch.Tensor) -> object:
+        if suppress is greedy._suppress:  # not the first position's suppression
+            seen.append(states)
+        return choose(states, suppress)
+
+    greedy._choose = capture  # type: ignore[method-assign,assignment]
+    try:
+        batch = hidden.shape[0]
+        prompts = torch.tensor([recognizer._prompt_tail] * batch)
+        greedy.decode(greedy.start(hidden), prompts, [40] * batch)
+    finally:
+        del greedy._choose
+    rows = torch.cat(seen)
+    if rows.shape[0] < count:
+        raise RuntimeError(f"{rows.shape[0]} decoder states, {count} wanted")
+    return rows[:count]
+
+
+def projection_table(
+    recognizer: WhisperRecognizer, hidden: torch.Tensor, settings: Settings
+) -> list[str]:
     projection = recognizer._model.proj_out
     if not isinstance(projection, torch.nn.Linear):
         raise SystemExit("the projection table needs the float32 model (--quantize none first)")
-    torch.manual_seed(0)
-    # Realistic inputs: decoder states after the final layer norm, here random rows of
-    # the same spread.
-    rows = torch.randn(max(8, *settings.batch_sizes), projection.in_features) * 2.0
+    count = max(8, *settings.batch_sizes)
+    rows = recognizer._greedy._decoder.layer_norm(decoder_rows(recognizer, hidden, count))
     lines = [
         "| kernel | " + " | ".join(f"batch {b}" for b in settings.batch_sizes) + " | same alone |",
         "|---|" + "---|" * (len(settings.batch_sizes) + 1),
@@ -174,16 +212,21 @@ def encoder_states(recognizer: WhisperRecognizer, utterances: Sequence[Utterance
 def step_cells(
     recognizer: WhisperRecognizer, hidden: torch.Tensor, settings: Settings
 ) -> list[str]:
+    """One decoder step per batch size: the layers over a synthetic cache (their cost does
+    not depend on the values), then the choice of each row's token on decoder states of
+    real speech (the shortlist's does: a state it cannot vouch for is projected in full)."""
     greedy = recognizer._greedy
+    real = decoder_rows(recognizer, hidden, max(settings.batch_sizes))
     cells = []
     for size in settings.batch_sizes:
         batch = hidden[torch.arange(size) % hidden.shape[0]]
         cache = greedy.start(batch, CACHED + 2).take_cache()
         ids = torch.full((size, 1), 440, dtype=torch.long)
 
-        def step(cache: object = cache, ids: torch.Tensor = ids) -> torch.Tensor:
+        def step(cache: object = cache, ids: torch.Tensor = ids, size: int = size) -> object:
             cache.lengths[:] = CACHED  # type: ignore[attr-defined]
-            return greedy._project(greedy._step(cache, ids)[:, -1])  # type: ignore[arg-type]
+            greedy._step(cache, ids)  # type: ignore[arg-type]
+            return greedy._choose(real[:size], greedy._suppress)
 
         cells.append(f"{timed(step, settings.repeats):.2f} ms")
     return cells
@@ -202,9 +245,29 @@ def encoder_cells(recognizer: WhisperRecognizer, settings: Settings) -> list[str
 
 
 def rows_cell(recognizer: WhisperRecognizer, hidden: torch.Tensor) -> str:
-    """Tokens and start logits of each row decoded alone against in the batch of all."""
+    """Tokens and start logits of each row decoded alone against in the batch of all, and
+    how many choices the int8 shortlist could not vouch for (projected again in full)."""
     greedy = recognizer._greedy
     prompt = recognizer._prompt_tail
+    choices = [0, 0]
+    choose = greedy._choose
+
+    def counted(states: torch.Tensor, suppress: torch.Tensor) -> Choice:
+        choice = choose(states, suppress)
+        choices[0] += choice.rescued.numel()
+        choices[1] += int(choice.rescued.sum())
+        return choice
+
+    greedy._choose = counted  # type: ignore[method-assign]
+    try:
+        return rows_compared(greedy, prompt, hidden) + (
+            f"; {choices[1]} of {choices[0]} choices rescued in full"
+        )
+    finally:
+        del greedy._choose
+
+
+def rows_compared(greedy: GreedyDecoder, prompt: list[int], hidden: torch.Tensor) -> str:
     together_start = greedy.start(hidden)
     together_logits = together_start.logits.clone()
     together = greedy.decode(
@@ -276,9 +339,10 @@ def run(settings: Settings) -> str:
         config = WhisperRecognizerConfig(quantize=scope, windows=windows)
         recognizer = load_recognizer(settings.model, config, cache=settings.model_cache)
         with torch.inference_mode():
-            if scope == settings.quantize[0] and "projection" in settings.parts:
-                lines += ["Vocabulary projection:", "", *projection_table(recognizer, settings), ""]
             hidden = encoder_states(recognizer, utterances)
+            if scope == settings.quantize[0] and "projection" in settings.parts:
+                table = projection_table(recognizer, hidden, settings)
+                lines += ["Vocabulary projection (decoder states of real speech):", "", *table, ""]
             if "step" in settings.parts:
                 step_rows.append(
                     f"| {scope} | " + " | ".join(step_cells(recognizer, hidden, settings)) + " |"
@@ -294,7 +358,7 @@ def run(settings: Settings) -> str:
         logger.info("%s done", scope)
     if step_rows:
         lines += [
-            f"Decoder step (one token per row, {CACHED} cached, projection included):",
+            f"Decoder step (one token per row, {CACHED} cached, projection and choice included):",
             "",
             "| quantize | " + " | ".join(f"batch {b}" for b in settings.batch_sizes) + " |",
             "|---|" + "---|" * len(settings.batch_sizes),

@@ -20,14 +20,11 @@ import statistics
 import time
 from typing import Any
 
-import orjson
-from websockets.asyncio.client import connect
-
 from tests import audiofiles
 from tests.conftest import start_server
 from tests.corpus import clip
 from tests.httpclient import get, upload
-from tests.wsclient import BYTES_PER_SECOND, stream_url
+from tests.wsclient import BYTES_PER_SECOND, stream_pcm
 
 ROOM_CLIPS = [  # two clips a room, ~25-30 s of speech each
     ("en_ls_1221-135766-0001", "en_jfk"),
@@ -40,26 +37,8 @@ FILE_CLIP = "en_lj_longform_LJ001-0001_0020"  # 137 s
 
 async def room(base: str, meeting: str, pcm: bytes) -> tuple[list[float], list[float]]:
     """(client latencies, server timing.total) of one real-time stream's finals."""
-    arrivals: list[tuple[float, dict[str, Any]]] = []
-    async with connect(stream_url(base, meeting, participant="p")) as ws:
-
-        async def receive() -> None:
-            async for raw in ws:
-                message = orjson.loads(raw)
-                if message["type"] == "transcript.final":
-                    arrivals.append((time.monotonic(), message))
-
-        receiver = asyncio.create_task(receive())
-        frame = BYTES_PER_SECOND // 50
-        started = time.monotonic()
-        for i, offset in enumerate(range(0, len(pcm), frame)):
-            await ws.send(pcm[offset : offset + frame])
-            await asyncio.sleep(max(0.0, started + (i + 1) * 0.02 - time.monotonic()))
-        await ws.send(orjson.dumps({"type": "stop"}).decode())
-        await asyncio.wait_for(receiver, 300)
-    client = [t - (started + f["end"]) for t, f in arrivals]
-    server = [f["timing"]["total"] for _, f in arrivals]
-    return client, server
+    result = await stream_pcm(base, meeting, pcm, participant="p", drain_timeout=300)
+    return result.final_latencies, [f["timing"]["total"] for f in result.finals]
 
 
 async def run(base: str, rooms: int, with_upload: bool, recording: bytes) -> dict[str, Any]:

@@ -29,11 +29,14 @@ and decodes on from there, one step at a time. The steps drop from one per token
 one per token the draft got wrong or lacked, plus one. Rows then sit at different
 positions, so the cache tracks a length per row and attention masks per row.
 
-In float32 the tokens are greedy decoding's (27 of 27 corpus clips identical, drafts from
-simulated partials every 0.8 s). With int8 layers (`engine.int8`) activations are
-quantized per row, so every token of a many-token pass is computed as a single step
-computes it, in any batch: drafts change nothing there either (tests/engine/test_greedy.py;
-with the per-call scales of before, 6 of 27 clips differed by a word or a comma).
+The vocabulary projection and the choice of each token are the `head`'s
+(`engine.vocabulary`): every logit, or an int8 shortlist rescored in float32, whose tokens
+are float32's. In float32 the tokens are greedy decoding's (27 of 27 corpus clips
+identical, drafts from simulated partials every 0.8 s). With int8 layers (`engine.int8`)
+activations are quantized per row, so every token of a many-token pass is computed as a
+single step computes it, in any batch: drafts change nothing there either
+(tests/engine/test_greedy.py; with the per-call scales of before, 6 of 27 clips differed
+by a word or a comma).
 
 Prompts of previous text (Whisper's `<|startofprev|>` prefix): `start` takes each row's
 tokens before <|startoftranscript|>, of any length. Rows then start at different
@@ -59,6 +62,7 @@ from transformers.models.whisper.modeling_whisper import (
 )
 
 from engine.recognizer import Interrupted
+from engine.vocabulary import Choice, VocabularyHead
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +116,13 @@ class Started:
 
 
 class GreedyDecoder:
-    """Greedy decoding through a `WhisperDecoder` and its output projection."""
+    """Greedy decoding through a `WhisperDecoder` and its output projection (`head`: every
+    logit, or an int8 shortlist rescored in float32, `engine.vocabulary`)."""
 
     def __init__(
         self,
         decoder: WhisperDecoder,
-        projection: torch.nn.Module,
+        head: VocabularyHead,
         *,
         start_token: int,
         end_token: int,
@@ -125,7 +130,7 @@ class GreedyDecoder:
         begin_suppress_tokens: list[int],
     ) -> None:
         self._decoder = decoder
-        self._projection = projection
+        self._head = head
         self._layers: list[WhisperDecoderLayer] = list(decoder.layers)  # type: ignore[arg-type]
         first: WhisperAttention = self._layers[0].self_attn
         self._heads = int(first.num_heads)
@@ -135,7 +140,10 @@ class GreedyDecoder:
         self._end = end_token
         device = decoder.embed_tokens.weight.device
         self._suppress = torch.tensor(suppress_tokens, dtype=torch.long, device=device)
-        self._begin_suppress = torch.tensor(begin_suppress_tokens, dtype=torch.long, device=device)
+        # At the first generated position the begin-suppressed tokens are excluded too.
+        self._first_suppress = torch.tensor(
+            [*begin_suppress_tokens, *suppress_tokens], dtype=torch.long, device=device
+        )
 
     @property
     def max_positions(self) -> int:
@@ -215,9 +223,7 @@ class GreedyDecoder:
         if min(budgets) < 1:
             raise ValueError("the prompt leaves no room to decode")
         _check(should_stop)
-        logits = self._project(self._step(cache, prompts)[:, -1])
-        logits[:, self._begin_suppress] = -torch.inf
-        logits[:, self._suppress] = -torch.inf
+        first = self._choose(self._step(cache, prompts)[:, -1], self._first_suppress)
         # A draft token may only be kept where the next would still fit the budget.
         guesses = [
             [t for t in (drafts[i] if drafts else [])[: budgets[i] - 1] if t < self._end]
@@ -225,26 +231,23 @@ class GreedyDecoder:
         ]
         if any(guesses):
             _check(should_stop)
-            tokens, logprobs = self._check_drafts(cache, logits, guesses)
+            tokens, logprobs = self._check_drafts(cache, first, guesses)
         else:
-            picked, chosen = _pick(logits)
-            tokens = [[t] for t in picked.tolist()]
-            logprobs = [[p] for p in chosen.tolist()]
+            tokens = [[t] for t in first.tokens.tolist()]
+            logprobs = [[p] for p in first.logprobs.tolist()]
         done = [row[-1] == self._end or len(row) >= budgets[i] for i, row in enumerate(tokens)]
         while not all(done):
             _check(should_stop)
             pending = [self._end if done[i] else row[-1] for i, row in enumerate(tokens)]
             ids = torch.tensor(pending, dtype=torch.long, device=prompts.device)[:, None]
             before = cache.lengths.clone()
-            logits = self._project(self._step(cache, ids)[:, -1])
+            choice = self._choose(self._step(cache, ids)[:, -1], self._suppress)
             # A finished row stays where it is (it only rewrites its next, unused slot), so
             # rows that finished far ahead, on a long draft, cannot outgrow the cache.
             finished = torch.tensor(done, device=before.device)
             cache.lengths = torch.where(finished, before, cache.lengths)
-            logits[:, self._suppress] = -torch.inf
-            picked, chosen = _pick(logits)
             for i, (token, logprob) in enumerate(
-                zip(picked.tolist(), chosen.tolist(), strict=True)
+                zip(choice.tokens.tolist(), choice.logprobs.tolist(), strict=True)
             ):
                 if not done[i]:
                     tokens[i].append(token)
@@ -257,26 +260,26 @@ class GreedyDecoder:
         )
 
     def _check_drafts(
-        self, cache: _Cache, logits: torch.Tensor, drafts: list[list[int]]
+        self, cache: _Cache, first: Choice, drafts: list[list[int]]
     ) -> tuple[list[list[int]], list[list[float]]]:
         """Feed every row's draft at once and keep each row's agreeing prefix (at least the
-        first token, which the prompt's logits pick). `logits` are the suppressed ones at
-        the first generated position. Returns each row's tokens and log-probabilities; the
+        first token, which the prompt's logits pick). `first` is the choice at the first
+        generated position. Returns each row's tokens and log-probabilities; the
         cache then holds, per row, the prompt and the kept tokens but the last, which the
         next step feeds."""
         width = max(len(draft) for draft in drafts)
         padded = [draft + [self._end] * (width - len(draft)) for draft in drafts]
         base = cache.lengths.clone()
-        ids = torch.tensor(padded, dtype=torch.long, device=logits.device)
+        ids = torch.tensor(padded, dtype=torch.long, device=first.tokens.device)
         states = self._step(cache, ids)
         tokens: list[list[int]] = []
         logprobs: list[list[float]] = []
         for i, draft in enumerate(drafts):
             # Position k's logits pick token k: the first from the prompt, then one per
             # draft token fed.
-            row = torch.cat([logits[i : i + 1], self._project(states[i, : len(draft)])])
-            row[1:, self._suppress] = -torch.inf
-            picked, chosen = _pick(row)
+            later = self._choose(states[i, : len(draft)], self._suppress)
+            picked = torch.cat([first.tokens[i : i + 1], later.tokens])
+            chosen = torch.cat([first.logprobs[i : i + 1], later.logprobs])
             agree = picked[: len(draft)].eq(torch.tensor(draft, device=picked.device))
             kept = len(draft) if bool(agree.all()) else int(agree.long().argmin())
             # The token after the kept prefix is left to a single step (the last kept token
@@ -290,9 +293,12 @@ class GreedyDecoder:
         return tokens, logprobs
 
     def _project(self, states: torch.Tensor) -> torch.Tensor:
-        """Float32 logits for decoder states (..., d_model)."""
-        logits: torch.Tensor = self._projection(self._decoder.layer_norm(states))
-        return logits.float()
+        """Float32 logits for every token, for decoder states (rows, d_model)."""
+        return self._head.logits(self._decoder.layer_norm(states))
+
+    def _choose(self, states: torch.Tensor, suppress: torch.Tensor) -> Choice:
+        """The greedy choice for decoder states (rows, d_model), `suppress` excluded."""
+        return self._head.choose(self._decoder.layer_norm(states), suppress)
 
     def _step(self, cache: _Cache, ids: torch.Tensor) -> torch.Tensor:
         """Decoder states (batch, n, d_model) for `ids` (batch, n), each row's placed after
@@ -355,10 +361,3 @@ class GreedyDecoder:
 def _check(should_stop: Callable[[], bool] | None) -> None:
     if should_stop is not None and should_stop():
         raise Interrupted("the batch was stopped")
-
-
-def _pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy choice per row of (rows, vocabulary) logits: the token and its log-probability."""
-    picked = logits.argmax(dim=-1)
-    chosen = logits.log_softmax(dim=-1).gather(1, picked[:, None])[:, 0]
-    return picked, chosen

@@ -21,10 +21,10 @@ DEFAULT_MODEL = "tiny.en"
 DEFAULT_CACHE = Path("~/.cache/parley/models")
 
 DType = Literal["auto", "float32", "float16", "bfloat16"]
-# Which linear layers run in int8 (engine/whisper.py `Quantize`, repeated here so that
-# importing this module does not import torch); `auto`: `int8-decoder` where the model
-# runs on the CPU in float32 and the int8 kernels exist, else none.
-Quantize = Literal["auto", "none", "int8-decoder", "int8"]
+# What runs in int8 (engine/whisper_config.py `Quantize`, repeated here so that importing
+# this module does not import torch); `auto`: `int8-shortlist` where the model runs on the
+# CPU in float32 and the int8 kernels exist, else none.
+Quantize = Literal["auto", "none", "int8-shortlist", "int8-decoder", "int8"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,16 +61,18 @@ def resolve_device(config: ModelConfig) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def resolve_quantize(config: ModelConfig, device: str) -> Literal["none", "int8-decoder", "int8"]:
-    """The int8 scope: the configured one, or for `auto` the decoder's layers on the CPU in
-    float32 (faster at the same accuracy, and a row's tokens do not depend on its batch:
-    docs/performance.md), nothing elsewhere."""
+def resolve_quantize(
+    config: ModelConfig, device: str
+) -> Literal["none", "int8-shortlist", "int8-decoder", "int8"]:
+    """The int8 scope: the configured one, or for `auto` on the CPU in float32 the int8
+    shortlist of the vocabulary projection (float32's tokens, decoder steps about twice as
+    fast: docs/performance.md), nothing elsewhere."""
     if config.quantize != "auto":
         return config.quantize
     from engine.int8 import int8_available
 
     cpu_float32 = device == "cpu" and config.dtype in ("auto", "float32")
-    return "int8-decoder" if cpu_float32 and int8_available() else "none"
+    return "int8-shortlist" if cpu_float32 and int8_available() else "none"
 
 
 def worker_plan(config: ModelConfig) -> tuple[int, int]:

@@ -64,6 +64,7 @@ from engine.greedy import GreedyDecoder, Started
 from engine.guard import Verdict, judge, looped
 from engine.int8 import quantize_linears
 from engine.recognizer import Interrupted, StopCheck
+from engine.vocabulary import FullHead, ShortlistHead, VocabularyHead
 from engine.whisper_config import (
     ENGLISH,
     INT8_LAYERS,
@@ -124,7 +125,7 @@ class WhisperRecognizer:
         torch.nn.Module.to(model, self._device)
         torch.nn.Module.eval(model)
         model.requires_grad_(False)
-        if self.config.quantize != "none":
+        if self.config.quantize in INT8_LAYERS:
             # Before the windows are built: they share the model's (int8) layers.
             replaced = quantize_linears(model, INT8_LAYERS[self.config.quantize])
             logger.info("%s: %d linear layers in int8", self._name, replaced)
@@ -155,9 +156,13 @@ class WhisperRecognizer:
             if "transcribe" not in task_to_id:
                 raise ValueError(f"{model_path}: a multilingual model without task_to_id")
             self._prompt_tail = [task_to_id["transcribe"], no_timestamps]
+        # int8-shortlist: float32's tokens from an int8 shortlist (engine.vocabulary).
+        head: VocabularyHead = FullHead(self._model.proj_out)
+        if self.config.quantize == "int8-shortlist":
+            head = ShortlistHead(self._model.proj_out)
         self._greedy = GreedyDecoder(
             self._model.model.decoder,
-            self._model.proj_out,
+            head,
             start_token=self._sot,
             end_token=self._eot,
             suppress_tokens=list(generation.suppress_tokens or []),

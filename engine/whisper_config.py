@@ -12,9 +12,13 @@ from engine.guard import GuardConfig
 from engine.int8 import int8_available
 
 DType = Literal["float32", "float16", "bfloat16"]
-# Which linear layers run in int8 (`engine.int8`): none, the decoder's (its vocabulary
-# projection included), or every one (the encoder's too).
-Quantize = Literal["none", "int8-decoder", "int8"]
+# What runs in int8 (`engine.int8`): nothing; the vocabulary projection's shortlist only,
+# rescored in float32 (`engine.vocabulary`: float32's tokens); the decoder's linear layers
+# (its vocabulary projection included); or every linear layer (the encoder's too).
+Quantize = Literal["none", "int8-shortlist", "int8-decoder", "int8"]
+QUANTIZE_SCOPES: tuple[Quantize, ...] = ("none", "int8-shortlist", "int8-decoder", "int8")
+# The linear layers each scope replaces by `Int8Linear`s (int8-shortlist: none; it keeps an
+# int8 copy of the projection beside the float32 one).
 INT8_LAYERS: dict[str, Callable[[str], bool]] = {
     "int8-decoder": lambda name: name == "proj_out" or name.startswith("model.decoder."),
     "int8": lambda name: True,
@@ -41,9 +45,11 @@ class WhisperRecognizerConfig:
     `prompt_tokens` bounds each utterance's `prompt` (the previous text, Whisper's
     `<|startofprev|>` prefix) to its last that many tokens; 0 ignores prompts.
     `quantize` stores some linear layers' weights as int8 and multiplies in integers, with
-    activations quantized per row (`engine.int8`; CPU and float32 only): `int8-decoder`
-    the decoder's layers and its vocabulary projection, `int8` the encoder's as well
-    (docs/performance.md: what each saves, and its accuracy). `drafts` lets each
+    activations quantized per row (`engine.int8`; CPU and float32 only): `int8-shortlist`
+    only to shortlist each step's candidate tokens, rescored in float32 (float32's tokens,
+    `engine.vocabulary`), `int8-decoder` the decoder's layers and its vocabulary
+    projection, `int8` the encoder's as well (docs/performance.md: what each saves, and
+    its accuracy). `drafts` lets each
     utterance's `draft` seed its decoding (`engine.greedy`); off, drafts are ignored.
     `word_timings` computes the words of the utterances that ask for them
     (`engine.alignment`); off, every transcription's `words` is empty.
@@ -74,8 +80,8 @@ class WhisperRecognizerConfig:
         if self.window_margin < 0:
             raise ValueError(f"window_margin must be >= 0, got {self.window_margin}")
         device = torch.device(self.device)  # raises on a malformed device string
-        if self.quantize not in ("none", *INT8_LAYERS):
-            raise ValueError(f"quantize must be none or one of {sorted(INT8_LAYERS)}")
+        if self.quantize not in QUANTIZE_SCOPES:
+            raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_SCOPES)}")
         if self.quantize != "none":
             if device.type != "cpu" or self.torch_dtype != torch.float32:
                 raise ValueError("int8 runs on the CPU in float32 only")

@@ -28,6 +28,7 @@ from server.auth import build_authenticator
 from server.compat import routes as compat_routes
 from server.jobs import JobRegistry
 from server.limits import CapacityMonitor, ListenerQuota, Slots
+from server.memory_trim import trim_memory_forever
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.sandbox import SandboxMode, open_sandbox
@@ -197,11 +198,18 @@ def create_app(
         )
         app.state.parley = state  # for the CLI's graceful shutdown hook
         state.loader = asyncio.create_task(_load_model(state, recognizer_factory))
+        trimmer = (
+            asyncio.create_task(trim_memory_forever(settings.malloc_trim_interval_s))
+            if settings.malloc_trim_interval_s > 0
+            else None
+        )
         try:
             yield {"parley": state}
         finally:
-            state.loader.cancel()
-            await asyncio.gather(state.loader, return_exceptions=True)
+            background = [task for task in (state.loader, trimmer) if task is not None]
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             await drain(state)
             await state.jobs.close()  # uploads are cancelled, not drained: they may be hours
             if state.scheduler is not None:

@@ -6,6 +6,7 @@ import logging
 import re
 import sys
 import time
+from contextvars import ContextVar
 from typing import Any
 
 import orjson
@@ -34,12 +35,29 @@ class RedactTokens(logging.Filter):
 _CLIENT_FAULTS = frozenset({"Invalid UTF-8 sequence received from client."})
 
 
+# After the app refuses a WebSocket with an HTTP denial response (the compat endpoints'
+# 401/403), the sans-I/O implementation logs this at ERROR: it never marks such a handshake
+# complete (Kludex/uvicorn#3138). uvicorn has already logged the refusal with its status at
+# INFO, as it does every refusal; this line says nothing more, so it is dropped. Without a
+# denial it is the app's bug and stays an ERROR.
+_INCOMPLETE_HANDSHAKE = "ASGI callable returned without completing handshake."
+_denied: ContextVar[bool] = ContextVar("parley_websocket_denied", default=False)
+
+
+def note_denial() -> None:
+    """Record that this connection's app refused it with an HTTP denial response. uvicorn
+    runs each connection's app in a task of its own, whose context this marks."""
+    _denied.set(True)
+
+
 class ClientFaultsAsWarnings(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "uvicorn.error" and record.msg in _CLIENT_FAULTS:
+        if record.name != "uvicorn.error":
+            return True
+        if record.msg in _CLIENT_FAULTS:
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.exc_info = record.exc_text = None
-        return True
+        return not (record.msg == _INCOMPLETE_HANDSHAKE and _denied.get())
 
 
 class JsonFormatter(logging.Formatter):

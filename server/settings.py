@@ -37,12 +37,13 @@ class Settings:
         "auto", "`auto`, `float32`, `float16` or `bfloat16` (`auto`: fp32 on CPU, fp16 on CUDA)."
     )
     quantize: str = setting(
-        "none",
-        "Int8 weights for the model's linear layers, activations quantized per row (CPU "
-        "and float32 only): `int8-decoder` (the decoder's layers: its steps ~2x faster at "
-        "the same corpus WER, but worse on 8 kHz telephone audio), `int8` (the encoder's "
-        "too), `auto` (`int8-decoder` on the CPU in float32, else `none`), or `none`. "
-        "docs/performance.md has the figures.",
+        "auto",
+        "Int8 on the CPU in float32, activations quantized per row: `int8-shortlist` (each "
+        "decoder step's candidate tokens from an int8 vocabulary projection, rescored in "
+        "float32: float32's transcripts, steps ~2x faster), `int8-decoder` (the decoder's "
+        "linear layers too: a little faster still, but worse on 8 kHz telephone audio), "
+        "`int8` (the encoder's too), `none`, or `auto` (`int8-shortlist` on the CPU in "
+        "float32, else `none`). docs/performance.md has the figures.",
     )
     drafts: bool = setting(
         True,
@@ -260,6 +261,12 @@ class Settings:
         "(up to 2x) and decays with idleness (docs/store.md).",
     )
     static_dir: str = setting("static", "Folder of the browser client, served at `/`.")
+    malloc_trim_interval_s: float = setting(
+        60.0,
+        "Seconds between giving the allocator's free memory back to the OS (glibc "
+        "`malloc_trim`: keeps the RSS at what is in use, not the busiest moment's peak); "
+        "0 = never.",
+    )
     log_level: str = setting("info", "`debug`, `info`, `warning` or `error`.")
     log_format: str = setting("json", "`json` (one object per line) or `text`.")
 
@@ -268,8 +275,10 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}DEVICE must be auto, cpu or cuda, not {self.device!r}")
         if self.dtype not in {"auto", "float32", "float16", "bfloat16"}:
             raise ValueError(f"{ENV_PREFIX}DTYPE must be auto, float32, float16 or bfloat16")
-        if self.quantize not in {"auto", "none", "int8-decoder", "int8"}:
-            raise ValueError(f"{ENV_PREFIX}QUANTIZE must be auto, none, int8-decoder or int8")
+        if self.quantize not in {"auto", "none", "int8-shortlist", "int8-decoder", "int8"}:
+            raise ValueError(
+                f"{ENV_PREFIX}QUANTIZE must be auto, none, int8-shortlist, int8-decoder or int8"
+            )
         if self.max_batch_size < 1 or self.max_queue < self.max_batch_size:
             raise ValueError("need MAX_BATCH_SIZE >= 1 and MAX_QUEUE >= MAX_BATCH_SIZE")
         if min(self.max_upload_bytes, self.upload_decoders, self.upload_max_jobs) < 1:
@@ -295,6 +304,8 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}UPLOAD_SANDBOX must be auto, bwrap or none")
         if self.log_format not in {"json", "text"}:
             raise ValueError(f"{ENV_PREFIX}LOG_FORMAT must be json or text")
+        if self.malloc_trim_interval_s < 0:
+            raise ValueError(f"{ENV_PREFIX}MALLOC_TRIM_INTERVAL_S must be >= 0 (0: never)")
         positive = (
             "idle_timeout_s",
             "max_session_s",

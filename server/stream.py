@@ -45,14 +45,7 @@ async def stream_endpoint(websocket: WebSocket) -> None:
     query = dict(websocket.query_params)
     meeting_id = websocket.path_params["meeting_id"]
     try:
-        principal = await authenticate(
-            handshake,
-            state.auth,
-            meeting_id,
-            Scope.STREAM,
-            timeout_s=state.settings.auth_timeout_s,
-            waiting=state.waiting_auth,
-        )
+        principal = await _authenticate(state, handshake, meeting_id, Scope.STREAM)
         config = bind_participant(
             parse_stream_config(meeting_id, query, state.settings.default_language),
             principal,
@@ -64,6 +57,20 @@ async def stream_endpoint(websocket: WebSocket) -> None:
         await refuse(state, handshake, exc)
         return
     await serve_source(state, handshake, config, query, principal)
+
+
+async def _authenticate(
+    state: AppState, handshake: Handshake, meeting_id: str, scope: Scope
+) -> Principal:
+    """The socket's principal (server.gate.authenticate), under the app's auth settings."""
+    return await authenticate(
+        handshake,
+        state.auth,
+        meeting_id,
+        scope,
+        timeout_s=state.settings.auth_timeout_s,
+        waiting=state.waiting_auth,
+    )
 
 
 async def serve_source(
@@ -281,14 +288,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
     handshake = Handshake(websocket)
     meeting_id = websocket.path_params["meeting_id"]
     try:
-        principal = await authenticate(
-            handshake,
-            state.auth,
-            meeting_id,
-            Scope.EVENTS,
-            timeout_s=state.settings.auth_timeout_s,
-            waiting=state.waiting_auth,
-        )
+        principal = await _authenticate(state, handshake, meeting_id, Scope.EVENTS)
         validate_id("meeting_id", meeting_id)
         after_seq = _non_negative("after_seq", websocket.query_params.get("after_seq", "0"))
         owner = OwnerCheck(state.store, meeting_id, principal)

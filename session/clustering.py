@@ -1,10 +1,23 @@
-"""Clustering of speaker embeddings: average linkage on cosine similarity, cut by silhouette.
+"""Clustering of speaker embeddings, with the number of speakers unknown.
 
-Plain numpy, no state: `session/diarizer.py` calls `cluster` when it re-clusters a
-source's segments, and `absorb_small` to fold clusters too light to be a speaker.
+- `spectral`: spectral clustering of window embeddings on a cosine affinity pruned to each
+  row's p nearest neighbours, the number of clusters read from the eigengap of the graph
+  Laplacian, and p chosen where that eigengap is clearest (Park et al. 2019, "Auto-tuning
+  spectral clustering for speaker diarization using normalized maximum eigengap"). Keeping
+  only each point's nearest neighbours makes it blind to how far apart voices lie in
+  absolute terms: synthetic voices whose different speakers are as alike (cosine ≈ 0.83)
+  as one real speaker's utterances are to each other still come apart.
+- `cluster`: average-linkage agglomerative clustering on cosine similarity, the count
+  chosen by silhouette: good with few points, where the eigengap is noise.
+- `silhouette`, `absorb_small`: to judge a partition and to fold clusters too light to be
+  a speaker; `window_points`: the points spectral clustering sees.
+
+Plain numpy, no state: `session/diarizer.py` calls these when it re-clusters a source.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +38,7 @@ def cluster(
     cuts = _dendrogram_cuts(similarity, weights, max_clusters)
     best: tuple[float, list[list[int]]] = (min_silhouette, [list(range(count))])
     for k in range(2, min(max_clusters, count) + 1):
-        score = _silhouette(1.0 - similarity, weights, cuts[k])
+        score = silhouette(1.0 - similarity, weights, cuts[k])
         if score > best[0]:
             best = (score, cuts[k])
     return best[1]
@@ -78,7 +91,7 @@ def _dendrogram_cuts(
     return cuts
 
 
-def _silhouette(
+def silhouette(
     distance: npt.NDArray[np.float64], weights: npt.NDArray[np.float64], clusters: list[list[int]]
 ) -> float:
     """Weighted mean silhouette (a member of a singleton cluster scores 0)."""
@@ -101,6 +114,109 @@ def _silhouette(
         own_total > 0, (outer - inner) / np.maximum(np.maximum(outer, inner), 1e-12), 0.0
     )
     return float(score @ weights / weights.sum())
+
+
+def spectral(
+    vectors: npt.NDArray[np.float64],
+    max_clusters: int,
+    max_neighbour_share: float = 0.25,
+    searches: int = 12,
+) -> npt.NDArray[np.int64]:
+    """A cluster index per row of `vectors` (unit vectors), by auto-tuned spectral clustering.
+
+    For each candidate p (2 .. `max_neighbour_share` of the points, at most `searches`
+    values): keep each row's p most alike points (itself included) as edges of weight 1,
+    symmetrise, and take the eigenvalues of the graph Laplacian. The number of clusters is
+    where the first `max_clusters` + 1 eigenvalues jump most; p is the one whose jump,
+    relative to the largest eigenvalue, is largest for its size (the least p / gap). The
+    points are then k-means clustered on the Laplacian's first k eigenvectors."""
+    count = len(vectors)
+    max_clusters = min(max_clusters, count - 1)
+    if count < 4 or max_clusters < 2:
+        return np.zeros(count, np.int64)
+    order = np.argsort(-(vectors @ vectors.T), axis=1, kind="stable")
+    best: tuple[float, int, npt.NDArray[np.float64]] | None = None
+    for p in neighbour_counts(count, max_neighbour_share, searches):
+        laplacian = _laplacian(order, p)
+        eigenvalues = np.linalg.eigvalsh(laplacian)
+        gaps = np.diff(eigenvalues[: max_clusters + 1])
+        gap = float(gaps.max()) / max(float(eigenvalues[-1]), 1e-10)
+        if gap > 1e-9 and (best is None or p / gap < best[0]):
+            best = (p / gap, int(np.argmax(gaps)) + 1, laplacian)
+    if best is None or best[1] == 1:
+        return np.zeros(count, np.int64)
+    _, clusters, laplacian = best
+    _, eigenvectors = np.linalg.eigh(laplacian)
+    return kmeans(eigenvectors[:, :clusters], clusters)
+
+
+def neighbour_counts(count: int, max_share: float, searches: int) -> list[int]:
+    """The p values to try: 2 .. max_share of `count`, at most `searches` of them."""
+    top = max(2, int(count * max_share))
+    return sorted({round(float(p)) for p in np.linspace(2, top, min(searches, top - 1))})
+
+
+def _laplacian(order: npt.NDArray[np.int64], neighbours: int) -> npt.NDArray[np.float64]:
+    """The normalised Laplacian I - D^-1/2 A D^-1/2 of the graph A linking each row to the
+    others among its first `neighbours` in `order` (itself left out; symmetrised).
+    Normalised, the eigengap does not favour large clusters over a speaker who says
+    little."""
+    count = len(order)
+    graph = np.zeros((count, count))
+    graph[np.arange(count)[:, None], order[:, :neighbours]] = 1.0
+    np.fill_diagonal(graph, 0.0)
+    graph = 0.5 * (graph + graph.T)
+    scale = 1.0 / np.sqrt(graph.sum(axis=1))  # neighbours >= 2: every row links to another
+    laplacian: npt.NDArray[np.float64] = np.eye(count) - scale[:, None] * graph * scale[None, :]
+    return laplacian
+
+
+def kmeans(
+    points: npt.NDArray[np.float64], clusters: int, iterations: int = 100
+) -> npt.NDArray[np.int64]:
+    """Lloyd's k-means from a farthest-point start (deterministic: the first centre is the
+    point farthest from the mean)."""
+    centres = [int(np.argmax(((points - points.mean(axis=0)) ** 2).sum(axis=1)))]
+    nearest = ((points - points[centres[0]]) ** 2).sum(axis=1)
+    for _ in range(1, clusters):
+        centres.append(int(np.argmax(nearest)))
+        nearest = np.minimum(nearest, ((points - points[centres[-1]]) ** 2).sum(axis=1))
+    means = points[centres].copy()
+    labels = np.zeros(len(points), np.int64)
+    for _ in range(iterations):
+        distances = ((points[:, None, :] - means[None, :, :]) ** 2).sum(axis=2)
+        labels = np.argmin(distances, axis=1)
+        moved = np.stack(
+            [
+                points[labels == c].mean(axis=0) if (labels == c).any() else means[c]
+                for c in range(clusters)
+            ]
+        )
+        if np.allclose(moved, means):
+            break
+        means = moved
+    return labels
+
+
+def window_points(
+    groups: Sequence[tuple[npt.NDArray[np.floating], npt.NDArray[np.float64]]], max_points: int
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The points to cluster from each group's (segment's) window embeddings and their
+    seconds: unit rows, the group each belongs to, and the seconds it stands for. When
+    there are more than `max_points` windows, runs of a group's neighbouring windows are
+    averaged (runs of the fewest windows that keep the count at most `max_points`)."""
+    total = sum(len(vectors) for vectors, _ in groups)
+    run = max(1, -(-total // max_points))  # ceil
+    rows: list[npt.NDArray[np.float64]] = []
+    owners: list[int] = []
+    seconds: list[float] = []
+    for index, (vectors, weights) in enumerate(groups):
+        for first in range(0, len(vectors), run):
+            part = weights[first : first + run]
+            rows.append(unit(part @ vectors[first : first + run]))
+            owners.append(index)
+            seconds.append(float(part.sum()))
+    return np.stack(rows), np.array(owners, np.int64), np.array(seconds)
 
 
 def unit(vector: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:

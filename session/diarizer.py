@@ -8,18 +8,22 @@ embeddings of its back-to-back windows (engine/speakers.py):
    unlike enough (and each side is a different speaker); the cut then moves to the quietest
    point near that boundary (the pause between the two turns), so no word is cut. Each
    part is transcribed and labelled on its own.
-2. `assign(key, start, end, embedding)` labels one part online: the speaker whose centroid
-   is most alike, or a new speaker ("S1", "S2", …, at most `max_speakers`) when none is
-   alike enough and the part is long enough to tell.
-3. `recluster()` (every `recluster_every_s` of new speech, and at the end) clusters every
-   segment again, agglomeratively (average linkage on cosine similarity) with no speaker
-   count given: clusters merge while they are more alike than `merge_similarity`, and
-   down to `max_speakers`. Clusters take the labels they overlap most (so labels stay
-   stable), and it returns the segments whose label changed.
+2. `assign(key, start, end, embedding, windows)` labels one part online: the speaker whose
+   centroid is most alike, or a new speaker ("S1", "S2", …, at most `max_speakers`) when
+   none is alike enough and the part is long enough to tell.
+3. `recluster()` (every `recluster_every_s` of new speech, and at the end) clusters the
+   segments again with no speaker count given (session/clustering.py): spectral
+   clustering of their windows' embeddings (a segment goes where most of its windows
+   go), the count from the eigengap; where that finds no valid split (one cluster, or
+   one whose segments' silhouette is below `min_silhouette`: too few points for an
+   eigengap to mean anything), average linkage on the segments, cut by silhouette.
+   Clusters take the labels they overlap most (so labels stay stable), and it returns
+   the segments whose label changed.
 
-Everything here is plain numpy and does no I/O; `recluster` costs O(n³) in the segments
-it sees, so it looks at the last `recluster_window` of them (older ones keep their label)
-and the caller runs it off the event loop.
+Everything here is plain numpy and does no I/O; `recluster` costs O(n³) in the points it
+sees, so it looks at the last `recluster_window` segments (older ones keep their label)
+and at most `max_points` windows of theirs (neighbouring windows of a segment are
+averaged when there are more), and the caller runs it off the event loop.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.api import SAMPLE_RATE, SpeakerWindows
-from session.clustering import absorb_small, cluster, unit
+from session.clustering import absorb_small, cluster, silhouette, spectral, unit, window_points
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -43,7 +47,7 @@ LABEL_PREFIX = "S"
 class DiarizerConfig:
     max_speakers: int = 6
     new_speaker_similarity: float = 0.72  # below this to every centroid: a new speaker
-    min_silhouette: float = 0.4  # a source whose best split into speakers scores below: one
+    min_silhouette: float = 0.4  # a split into speakers whose segments score below: none
     split_margin: float = 0.12  # sides of an utterance less alike than threshold - this: split
     min_new_speaker_s: float = 1.2  # shorter parts never open a new speaker
     min_cluster_s: float = 1.0  # shorter segments are attached after clustering, not clustered
@@ -52,6 +56,7 @@ class DiarizerConfig:
     min_part_windows: int = 1  # windows each side of a split keeps at least
     recluster_every_s: float = 15.0  # seconds of new speech between two re-clusterings
     recluster_window: int = 400  # segments re-clustered (the most recent)
+    max_points: int = 240  # windows clustered at most (more: neighbours averaged in runs)
     cut_search_s: float = 0.8  # a split moves to the quietest point within this of its boundary
 
     def __post_init__(self) -> None:
@@ -62,6 +67,8 @@ class DiarizerConfig:
                 raise ValueError(f"{name} must lie in [-1, 1]")
         if self.recluster_window < 2:
             raise ValueError("recluster_window must be at least 2")
+        if self.max_points < 2:
+            raise ValueError("max_points must be at least 2")
 
 
 @dataclass(slots=True)
@@ -74,6 +81,8 @@ class Segment:
     embedding: FloatArray
     weight: float  # seconds of audio the embedding stands for
     label: str
+    windows: FloatArray  # [m, size] unit embeddings of its windows (re-clustering's points)
+    window_weights: npt.NDArray[np.float64]  # seconds each window stands for
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,7 @@ class Part:
     start: int
     end: int
     embedding: FloatArray | None  # None: too short to embed (it takes the nearest label)
+    windows: SpeakerWindows | None = None  # the windows whose middle falls in the part
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +133,9 @@ class Diarizer:
             if not inside:  # a sliver: the window it lies in speaks for it
                 inside = [min(range(len(bounds)), key=lambda i: abs(sum(bounds[i]) / 2 - start))]
             weights = np.array([bounds[i][1] - bounds[i][0] for i in inside], np.float32)
-            out.append(
-                Part(start, end, unit(weights @ windows.embeddings[inside]).astype(np.float32))
-            )
+            mine = SpeakerWindows(tuple(bounds[i] for i in inside), windows.embeddings[inside])
+            embedding = unit(weights @ mine.embeddings).astype(np.float32)
+            out.append(Part(start, end, embedding, mine))
         return out
 
     def split(
@@ -189,8 +199,16 @@ class Diarizer:
         smooth = np.convolve(levels, np.ones(5, np.float32) / 5, mode="same")
         return int((low + int(np.argmin(smooth[low:high]))) * step)
 
-    def assign(self, key: str, start: float, end: float, embedding: FloatArray | None) -> str:
-        """Label a segment now (a final is about to be sent) and remember it. A segment
+    def assign(
+        self,
+        key: str,
+        start: float,
+        end: float,
+        embedding: FloatArray | None,
+        windows: SpeakerWindows | None = None,
+    ) -> str:
+        """Label a segment now (a final is about to be sent) and remember it, with the
+        embeddings of its windows if given (else `embedding` is its one window). A segment
         too short to embed takes the label of the one before it and is not kept."""
         if embedding is None:
             return self.segments[-1].label if self.segments else self._new_label()
@@ -202,7 +220,12 @@ class Diarizer:
             and len(self._sums) < self.config.max_speakers
         ):
             label = self._new_label()
-        segment = Segment(key, start, end, embedding, weight, label)
+        if windows is not None and len(windows.bounds) > 0:
+            vectors = windows.embeddings.astype(np.float32)
+            seconds = np.array([e - s for s, e in windows.bounds], np.float64) / SAMPLE_RATE
+        else:
+            vectors, seconds = embedding[None, :].astype(np.float32), np.array([weight])
+        segment = Segment(key, start, end, embedding, weight, label, vectors, seconds)
         self.segments.append(segment)
         self._add(segment)
         self._since_recluster += weight
@@ -224,12 +247,14 @@ class Diarizer:
         """Cluster the recent segments again; relabel those whose speaker changed."""
         self._since_recluster = 0.0
         recent = self.segments[-self.config.recluster_window :]
+        for old in self.segments[: -self.config.recluster_window]:  # never clustered again
+            old.windows, old.window_weights = old.embedding[None, :], np.array([old.weight])
         anchors = [s for s in recent if s.weight >= self.config.min_cluster_s]
         if len(anchors) < 2:
             return []
         vectors = np.stack([s.embedding for s in anchors]).astype(np.float64)
         weights = np.array([s.weight for s in anchors])
-        clusters = cluster(vectors, weights, self.config.max_speakers, self.config.min_silhouette)
+        clusters = self._partition(anchors, vectors, weights)
         smallest = max(self.config.min_speaker_s, self.config.min_speaker_share * weights.sum())
         clusters = absorb_small(clusters, vectors, weights, smallest)
         centroids = [unit((vectors[c] * weights[c, None]).sum(0)) for c in clusters]
@@ -252,6 +277,29 @@ class Diarizer:
             self._add(segment)
         self._sums = dict(sorted(self._sums.items(), key=lambda kv: _label_number(kv[0])))
         return changed
+
+    def _partition(
+        self,
+        anchors: list[Segment],
+        vectors: npt.NDArray[np.float64],
+        weights: npt.NDArray[np.float64],
+    ) -> list[list[int]]:
+        """Clusters of `anchors` (indices): spectral on their windows, each segment where
+        most of its windows' seconds go; average linkage on the segments where spectral
+        gives no valid split."""
+        groups = [(s.windows, s.window_weights) for s in anchors]
+        points, owners, seconds = window_points(groups, self.config.max_points)
+        assigned = spectral(points, self.config.max_speakers)
+        votes = np.zeros((len(anchors), int(assigned.max()) + 1))
+        np.add.at(votes, (owners, assigned), seconds)
+        choice = np.argmax(votes, axis=1)
+        clusters = [np.flatnonzero(choice == c).tolist() for c in range(votes.shape[1])]
+        clusters = [c for c in clusters if c]
+        if len(clusters) >= 2:
+            distance = 1.0 - np.clip(vectors @ vectors.T, -1.0, 1.0)
+            if silhouette(distance, weights, clusters) >= self.config.min_silhouette:
+                return clusters
+        return cluster(vectors, weights, self.config.max_speakers, self.config.min_silhouette)
 
     def _adapt(
         self,

@@ -10,7 +10,7 @@ from engine.api import Recognition, SpeakerEmbedding
 from session.diarizer import DiarizerConfig
 from session.segmenter import SegmenterConfig
 from session.telemetry import NullTelemetry, Telemetry
-from session.vad import VadScorer
+from session.vad import DirectScorer, SileroVad, VadScorer
 from store.api import Store
 
 
@@ -32,3 +32,20 @@ class SessionServices:
     # Speaker embeddings for `diarize=true` sources; None: diarization is off.
     speakers: SpeakerEmbedding | None = None
     diarizer: DiarizerConfig = field(default_factory=DiarizerConfig)
+
+
+def offline_services(
+    scheduler: Recognition, store: Store, languages: frozenset[str] = frozenset({"en"})
+) -> SessionServices:
+    """Services for transcribing files outside the server (benchmarks, tests): Silero VAD
+    scored in the calling thread, the default segmenter, and frame and outbox limits that a
+    file transcription never reaches."""
+    return SessionServices(
+        scheduler=scheduler,
+        store=store,
+        vad=DirectScorer(SileroVad()),
+        segmenter=SegmenterConfig(),
+        max_frame_bytes=1 << 20,
+        outbox_limit=100,
+        languages=languages,
+    )

@@ -111,6 +111,7 @@ class SpeakerLabeller:
                 start + part.start / SAMPLE_RATE,
                 start + part.end / SAMPLE_RATE,
                 part.embedding,
+                part.windows,
             )
             out.append(LabelledPart(key, part.start, part.end, text, words, speaker, language))
         return out

@@ -24,8 +24,7 @@ from store.records import (
     StoreHealth,
     check_append,
     hash_token,
-    new_source_ids,
-    wall_origin,
+    new_source,
 )
 from store.ttl import Clock, TTLSettings, draw_jitter, system_clock, ttl_ms
 from wire.query import validate_id
@@ -114,22 +113,17 @@ class MemoryStore:
         origin: float | None = None,
     ) -> tuple[SourceState, str]:
         validate_id("meeting_id", meeting_id)
-        validate_id("participant", participant)
-        session_id, token = new_source_ids()
+        state, token = new_source(
+            meeting_id, participant, self._clock() if origin is None else origin
+        )
         meeting = self._live(meeting_id)
         if meeting is None:
             meeting = self._meetings[meeting_id] = _Meeting()
         if meeting.config is None and config is not None:
             meeting.config = dict(config)
-        state = SourceState(
-            meeting_id=meeting_id,
-            session_id=session_id,
-            participant=participant,
-            origin=wall_origin(self._clock() if origin is None else origin),
-        )
         digest = hash_token(token)
-        meeting.sources[session_id] = state
-        meeting.tokens[digest] = session_id
+        meeting.sources[state.session_id] = state
+        meeting.tokens[digest] = state.session_id
         self._touch(meeting, write=True)
         self._token_hints[digest] = (meeting_id, self._clock() + self._ttl.max_ttl_ms / 1000.0)
         return state, token

@@ -137,9 +137,17 @@ def wall_origin(unix_s: float) -> float:
     return round(unix_s, 3)
 
 
-def new_source_ids() -> tuple[str, str]:
-    """A fresh (session_id, resume_token). The token carries 256 random bits."""
-    return secrets.token_hex(8), secrets.token_urlsafe(32)
+def new_source(meeting_id: str, participant: str, origin_unix_s: float) -> tuple[SourceState, str]:
+    """A new source's initial state, under a fresh session id, and its resume token (256
+    random bits). Validates the participant; the caller validates the meeting id."""
+    validate_id("participant", participant)
+    state = SourceState(
+        meeting_id=meeting_id,
+        session_id=secrets.token_hex(8),
+        participant=participant,
+        origin=wall_origin(origin_unix_s),
+    )
+    return state, secrets.token_urlsafe(32)
 
 
 def check_append(meeting_id: str, final: NewFinal, source: SourceState) -> None:

@@ -34,8 +34,7 @@ from store.records import (
     StoreHealth,
     check_append,
     hash_token,
-    new_source_ids,
-    wall_origin,
+    new_source,
 )
 from store.redis_buffer import PendingFinal, PendingSource, WriteBuffer
 from store.redis_events import PING_S, RedisEvents, without_read_timeout
@@ -156,13 +155,8 @@ class RedisStore:
         origin: float | None = None,
     ) -> tuple[SourceState, str]:
         self._keys.meeting(meeting_id)  # validates the id
-        validate_id("participant", participant)
-        session_id, token = new_source_ids()
-        state = SourceState(
-            meeting_id=meeting_id,
-            session_id=session_id,
-            participant=participant,
-            origin=wall_origin(self._clock() if origin is None else origin),
+        state, token = new_source(
+            meeting_id, participant, self._clock() if origin is None else origin
         )
         pending = PendingSource(
             meeting_id=meeting_id,

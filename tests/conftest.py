@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,23 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from engine.weights import resolve_model
 from store.api import Store
 from store.memory import MemoryStore
 from store.redis_store import RedisStore
 from tests.corpus import REPO
-from tests.redis_support import ManualClock, RedisServer, redis_answers
+from tests.redis_support import ManualClock, RedisServer, delete_keys, free_port, redis_answers
 
 START_TIMEOUT = 300.0  # first run converts the bundled weights
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -160,13 +151,7 @@ async def redis_prefix(redis_url: str) -> AsyncIterator[str]:
     """A key prefix of this test's own; every key under it is deleted afterwards."""
     prefix = f"parley-test:{uuid.uuid4().hex[:12]}:"
     yield prefix
-    client = Redis.from_url(redis_url)
-    try:
-        keys = [key async for key in client.scan_iter(match=prefix + "*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
+    await delete_keys(redis_url, prefix)
 
 
 @pytest.fixture

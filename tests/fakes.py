@@ -48,6 +48,12 @@ class FakeRecognizer:
         self.entered = threading.Event()
         self.stopped: list[list[int]] = []  # batches stopped by `should_stop`
 
+    def release(self, batches: int = 1) -> None:
+        """Let `batches` gated batches run (or pass the gate, when they come)."""
+        assert self.gate is not None, "release() is for a gated FakeRecognizer"
+        for _ in range(batches):
+            self.gate.release()
+
     @property
     def name(self) -> str:
         return "fake"

@@ -11,6 +11,8 @@ import subprocess
 import threading
 from pathlib import Path
 
+from redis.asyncio import Redis
+
 # Every test timeout is a multiple of MS; raise PARLEY_TEST_TIMEOUT_FACTOR on slow machines.
 MS = 0.001 * float(os.environ.get("PARLEY_TEST_TIMEOUT_FACTOR", "1"))
 
@@ -22,6 +24,17 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+async def delete_keys(redis_url: str, prefix: str) -> None:
+    """Delete every key under `prefix` (a test's own)."""
+    client = Redis.from_url(redis_url)
+    try:
+        keys = [key async for key in client.scan_iter(match=prefix + "*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
 
 
 def redis_answers(host: str, port: int) -> bool:

@@ -22,6 +22,9 @@ class StreamResult:
     close_code: int | None = None
     close_reason: str = ""
     arrived: asyncio.Event = field(default_factory=asyncio.Event)  # set on every message
+    arrival_times: list[float] = field(default_factory=list)  # time.monotonic() per message
+    started: float = 0.0  # time.monotonic() when stream_pcm sent its first frame
+    speed: float = 1.0  # stream_pcm's pace, × real time
 
     async def wait_for(self, predicate: Callable[[StreamResult], bool]) -> None:
         """Wait until `predicate(self)` holds; re-checked as each message arrives."""
@@ -40,6 +43,16 @@ class StreamResult:
     def text(self) -> str:
         return " ".join(m["text"] for m in self.finals)
 
+    @property
+    def final_latencies(self) -> list[float]:
+        """Seconds from when each final's audio `end` was sent to the final's arrival, as
+        the client sees it (for a paced stream_pcm)."""
+        return [
+            arrived - (self.started + message["end"] / self.speed)
+            for arrived, message in zip(self.arrival_times, self.messages, strict=True)
+            if message["type"] == "transcript.final"
+        ]
+
 
 def stream_url(base: str, meeting: str, **params: Any) -> str:
     query = urlencode({k: str(v).lower() if isinstance(v, bool) else v for k, v in params.items()})
@@ -50,6 +63,7 @@ async def receive_all(ws: ClientConnection, result: StreamResult) -> None:
     try:
         async for raw in ws:
             result.messages.append(orjson.loads(raw))
+            result.arrival_times.append(time.monotonic())
             result.arrived.set()
     except ConnectionClosed:
         pass
@@ -73,7 +87,7 @@ async def stream_pcm(
 ) -> StreamResult:
     """Stream 16 kHz s16 audio paced at `speed` × real time, then `stop`; collect replies
     (for up to `drain_timeout` seconds after `stop`)."""
-    result = StreamResult()
+    result = StreamResult(speed=speed)
     pcm = pcm + bytes(int(trailing_silence * BYTES_PER_SECOND) // 2 * 2)
     if participant is not None:
         params["participant"] = participant
@@ -81,7 +95,7 @@ async def stream_pcm(
     async with connect(url, max_size=None) as ws:
         receiver = asyncio.create_task(receive_all(ws, result))
         frame = BYTES_PER_SECOND * frame_ms // 1000
-        started = time.monotonic()
+        started = result.started = time.monotonic()
         for i, offset in enumerate(range(0, len(pcm), frame)):
             await ws.send(pcm[offset : offset + frame])
             if speed > 0:

@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server.auth import ANONYMOUS, Authenticator, Principal, Scope, forbidden, unauthorized
 from server.gate import Handshake, close_reason
+from server.logs import note_denial
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 
@@ -143,6 +144,7 @@ class CompatHandshake(Handshake):
         with contextlib.suppress(RuntimeError, WebSocketDisconnect, OSError):
             if not self.accepted:
                 self.accepted = True
+                note_denial()
                 await self.websocket.send_denial_response(self._denial(error))
                 return
             await self.websocket.send_text(self._farewell(error))

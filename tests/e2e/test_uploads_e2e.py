@@ -5,13 +5,10 @@ from __future__ import annotations
 import asyncio
 import re
 import statistics
-import time
 from typing import Any
 
 import numpy as np
-import orjson
 import pytest
-from websockets.asyncio.client import connect
 
 from loadgen.wer import error_rate
 from tests import audiofiles
@@ -19,7 +16,7 @@ from tests.conftest import ServerProcess, start_server
 from tests.corpus import clip
 from tests.e2e.test_stream_e2e import parse_srt
 from tests.httpclient import endless_file, get, post_form, upload
-from tests.wsclient import BYTES_PER_SECOND, stream_url
+from tests.wsclient import BYTES_PER_SECOND, stream_pcm
 
 pytestmark = pytest.mark.slow
 
@@ -84,31 +81,6 @@ async def test_each_format_transcribes_correctly(
     assert [c[2] for c in parse_vtt(vtt.text)] == [c[2] for c in cues]
 
 
-async def timed_stream(base: str, meeting: str, pcm: bytes, participant: str) -> dict[str, Any]:
-    """Stream at real time; record when each final arrived, as the client sees it."""
-    finals: list[tuple[float, dict[str, Any]]] = []
-    messages: list[dict[str, Any]] = []
-    async with connect(stream_url(base, meeting, participant=participant)) as ws:
-
-        async def receive() -> None:
-            async for raw in ws:
-                message = orjson.loads(raw)
-                messages.append(message)
-                if message["type"] == "transcript.final":
-                    finals.append((time.monotonic(), message))
-
-        receiver = asyncio.create_task(receive())
-        frame = BYTES_PER_SECOND // 50
-        started = time.monotonic()
-        for i, offset in enumerate(range(0, len(pcm), frame)):
-            await ws.send(pcm[offset : offset + frame])
-            await asyncio.sleep(max(0.0, started + (i + 1) * 0.02 - time.monotonic()))
-        await ws.send(orjson.dumps({"type": "stop"}).decode())
-        await asyncio.wait_for(receiver, 120)
-    latency = [arrived - (started + f["end"]) for arrived, f in finals]
-    return {"messages": messages, "finals": [f for _, f in finals], "client_latency": latency}
-
-
 async def test_upload_beside_two_live_rooms(parley_server: ServerProcess) -> None:
     """A long upload runs while two live rooms stream in real time: the rooms' finals stay
     complete and correct, the file is transcribed too; latencies are printed."""
@@ -131,7 +103,7 @@ async def test_upload_beside_two_live_rooms(parley_server: ServerProcess) -> Non
     file_task = asyncio.create_task(upload_and_wait())
     await asyncio.sleep(1.0)  # the upload is decoded and running when the rooms start
     live = await asyncio.gather(
-        *(timed_stream(parley_server.ws_url, f"e2e-beside-upload-{i}", p, f"p{i}")
+        *(stream_pcm(parley_server.ws_url, f"e2e-beside-upload-{i}", p, participant=f"p{i}")
           for i, p in enumerate(pcm))
     )  # fmt: skip
     job = await file_task
@@ -139,14 +111,14 @@ async def test_upload_beside_two_live_rooms(parley_server: ServerProcess) -> Non
     server_total: list[float] = []
     client: list[float] = []
     for clip_id, result in zip(rooms, live, strict=True):
-        kinds = [m["type"] for m in result["messages"]]
+        kinds = [m["type"] for m in result.messages]
         assert kinds[0] == "session.started" and kinds[-1] == "session.ended", kinds[-4:]
-        ended = result["messages"][-1]
-        assert ended["finals"] == len(result["finals"]) > 0
-        text = " ".join(f["text"] for f in result["finals"])
+        ended = result.messages[-1]
+        assert ended["finals"] == len(result.finals) > 0
+        text = result.text
         assert error_rate(clip(clip_id).reference, text) <= 0.2, text
-        server_total += [f["timing"]["total"] for f in result["finals"]]
-        client += result["client_latency"]
+        server_total += [f["timing"]["total"] for f in result.finals]
+        client += result.final_latencies
     assert job["status"] == "done", job
     file_text = job["result"]["text"]
     file_wer = error_rate(long_clip.reference, file_text)

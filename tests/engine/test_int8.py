@@ -91,11 +91,12 @@ def test_each_row_uses_the_whole_grid_unclipped(reduce_range: bool) -> None:
     assert torch.equal(got[2], torch.zeros(3))
 
 
-def test_auto_quantizes_the_decoder_on_the_cpu_in_float32_only() -> None:
-    """`PARLEY_QUANTIZE=auto`: int8 decoder layers on the CPU in float32;
-    nothing on cuda or in another dtype; an explicit choice is kept."""
-    assert resolve_quantize(ModelConfig(), "cpu") == "int8-decoder"
-    assert resolve_quantize(ModelConfig(dtype="float32"), "cpu") == "int8-decoder"
+def test_auto_shortlists_in_int8_on_the_cpu_in_float32_only() -> None:
+    """`PARLEY_QUANTIZE=auto`: the int8 shortlist of the vocabulary projection on the CPU
+    in float32; nothing on cuda or in another dtype; an explicit choice is kept."""
+    assert resolve_quantize(ModelConfig(), "cpu") == "int8-shortlist"
+    assert resolve_quantize(ModelConfig(dtype="float32"), "cpu") == "int8-shortlist"
+    assert resolve_quantize(ModelConfig(quantize="int8-decoder"), "cpu") == "int8-decoder"
     assert resolve_quantize(ModelConfig(), "cuda") == "none"
     assert resolve_quantize(ModelConfig(dtype="bfloat16"), "cpu") == "none"
     assert resolve_quantize(ModelConfig(quantize="none"), "cpu") == "none"

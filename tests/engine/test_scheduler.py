@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -13,6 +14,7 @@ from engine.api import (
     EngineDead,
     Priority,
     RecognitionRequest,
+    RecognitionResult,
     RequestSuperseded,
     SchedulerFull,
     SchedulerStopped,
@@ -33,25 +35,41 @@ async def wait_entered(fake: FakeRecognizer) -> None:
     fake.entered.clear()
 
 
+async def occupy(
+    scheduler: BatchScheduler, fake: FakeRecognizer
+) -> asyncio.Future[RecognitionResult]:
+    """Submit a final of one sample and wait until its (gated) batch runs."""
+    busy = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    return busy
+
+
+@contextlib.asynccontextmanager
+async def started(scheduler: BatchScheduler) -> AsyncIterator[BatchScheduler]:
+    """The scheduler, started for the block and stopped after it (a failed test too)."""
+    scheduler.start()
+    try:
+        yield scheduler
+    finally:
+        await scheduler.stop()
+
+
 @pytest.fixture
 async def gated() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
     fake = FakeRecognizer(max_batch_size=4, gated=True)
-    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0, max_queue=8)
-    scheduler.start()
-    yield scheduler, fake
-    for _ in range(64):
-        fake.gate.release()  # type: ignore[union-attr]
-    await scheduler.stop()
+    async with started(
+        BatchScheduler(fake, max_batch_size=4, max_wait=0.0, max_queue=8)
+    ) as scheduler:
+        yield scheduler, fake
+        fake.release(64)
 
 
 async def test_requests_from_several_sessions_share_one_batch() -> None:
     """Requests of three sessions submitted together run as one batch."""
     fake = FakeRecognizer(max_batch_size=8)
-    scheduler = BatchScheduler(fake, max_batch_size=8, max_wait=0.05)
-    scheduler.start()
-    futures = [await scheduler.submit(request(f"s{i}", 100 + i)) for i in range(3)]
-    results = await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
-    await scheduler.stop()
+    async with started(BatchScheduler(fake, max_batch_size=8, max_wait=0.05)) as scheduler:
+        futures = [await scheduler.submit(request(f"s{i}", 100 + i)) for i in range(3)]
+        results = await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
     assert [r.transcription.text for r in results] == ["n=100", "n=101", "n=102"]
     assert fake.batches == [[100, 101, 102]]
     assert scheduler.stats.batch_sessions == [frozenset({"s0", "s1", "s2"})]
@@ -61,11 +79,9 @@ async def test_requests_from_several_sessions_share_one_batch() -> None:
 async def test_batch_size_is_bounded() -> None:
     """Ten queued requests with max_batch_size 4 run as batches of 4, 4 and 2."""
     fake = FakeRecognizer(max_batch_size=4)
-    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.05)
-    scheduler.start()
-    futures = [await scheduler.submit(request(f"s{i}", i + 1)) for i in range(10)]
-    await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
-    await scheduler.stop()
+    async with started(BatchScheduler(fake, max_batch_size=4, max_wait=0.05)) as scheduler:
+        futures = [await scheduler.submit(request(f"s{i}", i + 1)) for i in range(10)]
+        await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
     assert [len(b) for b in fake.batches] == [4, 4, 2]
 
 
@@ -75,21 +91,20 @@ async def test_finals_are_served_before_partials(
     """While a batch runs, queued finals (then file requests) make the next batch, and the
     older partials the one after: partials never ride in a batch of finals."""
     scheduler, fake = gated
-    first = await scheduler.submit(request("busy", 1))
-    await wait_entered(fake)
+    first = await occupy(scheduler, fake)
     partials = [
         await scheduler.submit(request(f"p{i}", 10 + i, Priority.PARTIAL)) for i in range(4)
     ]
     files = [await scheduler.submit(request("file", 30, Priority.FILE))]
     finals = [await scheduler.submit(request(f"f{i}", 20 + i)) for i in range(2)]
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     await first
     await wait_entered(fake)
     assert fake.batches[1] == [20, 21, 30]
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     await wait_entered(fake)
     assert fake.batches[2] == [10, 11, 12, 13]
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     await asyncio.wait_for(asyncio.gather(*partials, *files, *finals), TIMEOUT)
 
 
@@ -98,16 +113,15 @@ async def test_newer_partial_replaces_queued_one(
 ) -> None:
     """A session's second partial replaces its queued first; the first fails superseded."""
     scheduler, fake = gated
-    busy = await scheduler.submit(request("busy", 1))
-    await wait_entered(fake)
+    busy = await occupy(scheduler, fake)
     old = await scheduler.submit(request("s", 10, Priority.PARTIAL))
     new = await scheduler.submit(request("s", 11, Priority.PARTIAL))
     assert scheduler.queue_depth == 1
     with pytest.raises(RequestSuperseded):
         await old
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     await busy
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     assert (await asyncio.wait_for(new, TIMEOUT)).transcription.text == "n=11"
     assert scheduler.stats.partials_superseded == 1
 
@@ -117,8 +131,7 @@ async def test_cancel_drops_a_sessions_queued_requests(
 ) -> None:
     """cancel(session) cancels that session's queued futures and no other's."""
     scheduler, fake = gated
-    busy = await scheduler.submit(request("busy", 1))
-    await wait_entered(fake)
+    busy = await occupy(scheduler, fake)
     mine = [
         await scheduler.submit(request("gone", 5)),
         await scheduler.submit(request("gone", 6, Priority.PARTIAL)),
@@ -126,8 +139,7 @@ async def test_cancel_drops_a_sessions_queued_requests(
     other = await scheduler.submit(request("stays", 7))
     assert scheduler.cancel("gone") == 2
     assert all(f.cancelled() for f in mine)
-    fake.gate.release()  # type: ignore[union-attr]
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release(2)
     await busy
     assert (await asyncio.wait_for(other, TIMEOUT)).transcription.text == "n=7"
     assert [5, 6] not in fake.batches and fake.batches[-1] == [7]
@@ -136,29 +148,25 @@ async def test_cancel_drops_a_sessions_queued_requests(
 async def test_recognizer_error_fails_exactly_its_batch() -> None:
     """A failing batch fails its own futures; the next batch succeeds."""
     fake = FakeRecognizer(max_batch_size=2)
-    scheduler = BatchScheduler(fake, max_batch_size=2, max_wait=0.05)
-    scheduler.start()
-    fake.fail_on = 13
-    bad = [await scheduler.submit(request("a", 13)), await scheduler.submit(request("b", 14))]
-    good = await scheduler.submit(request("c", 15))
-    outcomes = await asyncio.wait_for(asyncio.gather(*bad, return_exceptions=True), TIMEOUT)
-    assert all(isinstance(o, BatchFailed) for o in outcomes)
-    assert (await asyncio.wait_for(good, TIMEOUT)).transcription.text == "n=15"
-    assert scheduler.stats.failed_batches == 1
-    after = await scheduler.submit(request("d", 16))
-    assert (await asyncio.wait_for(after, TIMEOUT)).transcription.text == "n=16"
-    await scheduler.stop()
+    async with started(BatchScheduler(fake, max_batch_size=2, max_wait=0.05)) as scheduler:
+        fake.fail_on = 13
+        bad = [await scheduler.submit(request("a", 13)), await scheduler.submit(request("b", 14))]
+        good = await scheduler.submit(request("c", 15))
+        outcomes = await asyncio.wait_for(asyncio.gather(*bad, return_exceptions=True), TIMEOUT)
+        assert all(isinstance(o, BatchFailed) for o in outcomes)
+        assert (await asyncio.wait_for(good, TIMEOUT)).transcription.text == "n=15"
+        assert scheduler.stats.failed_batches == 1
+        after = await scheduler.submit(request("d", 16))
+        assert (await asyncio.wait_for(after, TIMEOUT)).transcription.text == "n=16"
 
 
 async def test_length_mismatch_fails_the_batch() -> None:
     """A recognizer returning fewer results than inputs fails every future of the batch."""
     fake = FakeRecognizer(max_batch_size=4)
     fake.wrong_length = True
-    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.05)
-    scheduler.start()
-    futures = [await scheduler.submit(request(f"s{i}", i + 1)) for i in range(3)]
-    outcomes = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), TIMEOUT)
-    await scheduler.stop()
+    async with started(BatchScheduler(fake, max_batch_size=4, max_wait=0.05)) as scheduler:
+        futures = [await scheduler.submit(request(f"s{i}", i + 1)) for i in range(3)]
+        outcomes = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), TIMEOUT)
     assert all(isinstance(o, BatchFailed) for o in outcomes)
 
 
@@ -167,16 +175,14 @@ async def test_full_queue_rejects_partials_and_holds_finals(
 ) -> None:
     """At the bound a new partial fails SchedulerFull; a final waits for room and then runs."""
     scheduler, fake = gated
-    busy = await scheduler.submit(request("busy", 1))
-    await wait_entered(fake)
+    busy = await occupy(scheduler, fake)
     queued = [await scheduler.submit(request(f"s{i}", 10 + i)) for i in range(8)]
     with pytest.raises(SchedulerFull):
         await scheduler.submit(request("p", 99, Priority.PARTIAL))
     waiting = asyncio.create_task(scheduler.submit(request("late", 50)))
     await asyncio.sleep(0.05)
     assert not waiting.done()
-    for _ in range(4):
-        fake.gate.release()  # type: ignore[union-attr]
+    fake.release(4)
     late = await asyncio.wait_for(waiting, TIMEOUT)
     assert (await asyncio.wait_for(late, TIMEOUT)).transcription.text == "n=50"
     await asyncio.wait_for(asyncio.gather(busy, *queued), TIMEOUT)
@@ -188,12 +194,11 @@ async def test_stop_fails_queued_requests_and_refuses_new_ones(
 ) -> None:
     """stop() fails the running and queued futures with SchedulerStopped; submit refuses."""
     scheduler, fake = gated
-    busy = await scheduler.submit(request("busy", 1))
-    await wait_entered(fake)
+    busy = await occupy(scheduler, fake)
     queued = await scheduler.submit(request("s", 2))
     stopping = asyncio.create_task(scheduler.stop())
     await asyncio.sleep(0)
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     await asyncio.wait_for(stopping, TIMEOUT)
     outcomes = await asyncio.gather(busy, queued, return_exceptions=True)
     assert all(isinstance(o, SchedulerStopped) for o in outcomes)
@@ -214,14 +219,13 @@ async def test_a_dead_loop_fails_waiting_and_later_requests_at_once(
         raise ValueError("observer bug")
 
     scheduler.add_observer(broken_observer)
-    busy = await scheduler.submit(request("busy", 1))
-    await wait_entered(fake)
+    busy = await occupy(scheduler, fake)
     queued = [await scheduler.submit(request(f"s{i}", 10 + i)) for i in range(7)]
     queued.append(await scheduler.submit(request("p", 20, Priority.PARTIAL)))
     waiting = asyncio.create_task(scheduler.submit(request("late", 50)))  # queue is full
     await asyncio.sleep(0.05)
     assert not waiting.done()
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     assert (await asyncio.wait_for(busy, TIMEOUT)).transcription.text == "n=1"
     outcomes = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 1.0)
     assert all(isinstance(o, EngineDead) for o in outcomes), outcomes
@@ -239,20 +243,20 @@ async def test_utilization_counts_recent_model_time_of_every_worker() -> None:
     """Utilization: the workers' busy time over the last 2 s window, per worker."""
     now = [100.0]
     fake = FakeRecognizer(max_batch_size=4, gated=True)
-    scheduler = BatchScheduler(
-        fake, workers=2, max_batch_size=4, max_wait=0.0, max_queue=8, clock=lambda: now[0]
-    )
-    scheduler.start()
-    assert scheduler.utilization == 0.0
-    busy = await scheduler.submit(request("a", 1))
-    await wait_entered(fake)
-    now[0] += 1.0  # one of two workers, one second into its batch: a quarter of 2 x 2 s
-    assert scheduler.utilization == pytest.approx(0.25)
-    fake.gate.release()  # type: ignore[union-attr]
-    await asyncio.wait_for(busy, TIMEOUT)
-    now[0] += 3.0  # the batch ended more than a window ago
-    assert scheduler.utilization == 0.0
-    await scheduler.stop()
+    async with started(
+        BatchScheduler(
+            fake, workers=2, max_batch_size=4, max_wait=0.0, max_queue=8, clock=lambda: now[0]
+        )
+    ) as scheduler:
+        assert scheduler.utilization == 0.0
+        busy = await scheduler.submit(request("a", 1))
+        await wait_entered(fake)
+        now[0] += 1.0  # one of two workers, one second into its batch: a quarter of 2 x 2 s
+        assert scheduler.utilization == pytest.approx(0.25)
+        fake.release()
+        await asyncio.wait_for(busy, TIMEOUT)
+        now[0] += 3.0  # the batch ended more than a window ago
+        assert scheduler.utilization == 0.0
 
 
 async def test_a_final_stops_a_running_partial_batch_which_runs_again_after(
@@ -268,12 +272,12 @@ async def test_a_final_stops_a_running_partial_batch_which_runs_again_after(
     final = await scheduler.submit(request("f", 20))
     await wait_entered(fake)
     assert fake.stopped == [[10, 11]] and fake.batches[-1] == [20]
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     result = await asyncio.wait_for(final, TIMEOUT)
     assert result.queue_wait < 1.0
     await wait_entered(fake)
     assert fake.batches[-1] == [10, 11]
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     texts = [(await asyncio.wait_for(p, TIMEOUT)).transcription.text for p in partials]
     assert texts == ["n=10", "n=11"]
     assert scheduler.stats.preempted_batches == 1
@@ -293,8 +297,7 @@ async def test_a_stopped_partial_gives_way_to_a_newer_one_of_its_session(
     await wait_entered(fake)
     with pytest.raises(RequestSuperseded):
         await asyncio.wait_for(old, TIMEOUT)
-    for _ in range(2):
-        fake.gate.release()  # type: ignore[union-attr]
+    fake.release(2)
     await asyncio.wait_for(final, TIMEOUT)
     assert (await asyncio.wait_for(new, TIMEOUT)).transcription.text == "n=11"
     assert fake.batches == [[10], [20], [11]]
@@ -303,37 +306,32 @@ async def test_a_stopped_partial_gives_way_to_a_newer_one_of_its_session(
 async def test_with_two_workers_a_final_runs_beside_a_partial_batch() -> None:
     """Two workers: partials take one, a final takes the other at once; nothing is stopped."""
     fake = FakeRecognizer(max_batch_size=4, gated=True)
-    scheduler = BatchScheduler(fake, workers=2, max_batch_size=4, max_wait=0.0)
-    scheduler.start()
-    partial = await scheduler.submit(request("p", 10, Priority.PARTIAL))
-    await wait_entered(fake)
-    final = await scheduler.submit(request("f", 20))
-    await wait_entered(fake)
-    assert fake.batches == [[10], [20]] and fake.stopped == []
-    for _ in range(2):
-        fake.gate.release()  # type: ignore[union-attr]
-    await asyncio.wait_for(asyncio.gather(partial, final), TIMEOUT)
-    await scheduler.stop()
+    async with started(
+        BatchScheduler(fake, workers=2, max_batch_size=4, max_wait=0.0)
+    ) as scheduler:
+        partial = await scheduler.submit(request("p", 10, Priority.PARTIAL))
+        await wait_entered(fake)
+        final = await scheduler.submit(request("f", 20))
+        await wait_entered(fake)
+        assert fake.batches == [[10], [20]] and fake.stopped == []
+        fake.release(2)
+        await asyncio.wait_for(asyncio.gather(partial, final), TIMEOUT)
 
 
 async def test_partials_go_stalest_session_first() -> None:
     """Round robin: a session whose partial just ran waits behind the others, even when
     its next partial arrives before theirs run."""
     fake = FakeRecognizer(max_batch_size=1, gated=True)
-    scheduler = BatchScheduler(fake, max_batch_size=1, max_wait=0.0)
-    scheduler.start()
-    busy = await scheduler.submit(request("busy", 1))
-    await wait_entered(fake)
-    sessions = [("a", 10), ("b", 20), ("c", 30)]
-    first = [await scheduler.submit(request(s, n, Priority.PARTIAL)) for s, n in sessions]
-    fake.gate.release()  # type: ignore[union-attr]
-    await wait_entered(fake)  # a's partial runs: it waited longest
-    again = await scheduler.submit(request("a", 11, Priority.PARTIAL))
-    for _ in range(4):
-        fake.gate.release()  # type: ignore[union-attr]
-    await asyncio.wait_for(asyncio.gather(busy, *first, again), TIMEOUT)
-    assert fake.batches == [[1], [10], [20], [30], [11]]
-    await scheduler.stop()
+    async with started(BatchScheduler(fake, max_batch_size=1, max_wait=0.0)) as scheduler:
+        busy = await occupy(scheduler, fake)
+        sessions = [("a", 10), ("b", 20), ("c", 30)]
+        first = [await scheduler.submit(request(s, n, Priority.PARTIAL)) for s, n in sessions]
+        fake.release()
+        await wait_entered(fake)  # a's partial runs: it waited longest
+        again = await scheduler.submit(request("a", 11, Priority.PARTIAL))
+        fake.release(4)
+        await asyncio.wait_for(asyncio.gather(busy, *first, again), TIMEOUT)
+        assert fake.batches == [[1], [10], [20], [30], [11]]
 
 
 async def test_busy_history_stays_bounded_without_readers_of_utilization() -> None:
@@ -347,15 +345,13 @@ async def test_busy_history_stays_bounded_without_readers_of_utilization() -> No
         return now[0]
 
     fake = FakeRecognizer(max_batch_size=1)
-    scheduler = BatchScheduler(fake, max_batch_size=1, max_wait=0.0, max_queue=1, clock=clock)
-    scheduler.start()
-    try:
+    async with started(
+        BatchScheduler(fake, max_batch_size=1, max_wait=0.0, max_queue=1, clock=clock)
+    ) as scheduler:
         for i in range(300):
             await asyncio.wait_for(await scheduler.submit(request(f"s{i}", 10)), TIMEOUT)
         assert scheduler.stats.batches == 300
         assert len(scheduler._busy) <= 10, len(scheduler._busy)  # 2 s window, ~0.5 s a batch
-    finally:
-        await scheduler.stop()
 
 
 SPECULATIVE = Priority.SPECULATIVE
@@ -372,10 +368,10 @@ async def test_a_final_stops_a_speculative_batch_which_runs_again_after(
     final = await scheduler.submit(request("f", 20))
     await wait_entered(fake)
     assert fake.stopped == [[10]] and fake.batches[-1] == [20]
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     await asyncio.wait_for(final, TIMEOUT)
     await wait_entered(fake)
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     assert (await asyncio.wait_for(early, TIMEOUT)).transcription.text == "n=10"
     assert fake.batches == [[10], [20], [10]]
 
@@ -395,8 +391,7 @@ async def test_speculation_waits_for_finals_and_partials(
     final = await scheduler.submit(request("f", 20))
     with pytest.raises(RequestSuperseded):
         await old
-    for _ in range(4):
-        fake.gate.release()  # type: ignore[union-attr]
+    fake.release(4)
     await asyncio.wait_for(asyncio.gather(busy, partial, early, final), TIMEOUT)
     assert fake.batches == [[1], [20], [30], [11]]
 
@@ -415,8 +410,7 @@ async def test_promoted_speculation_is_served_as_a_final(
     assert scheduler.promote(speculated)
     assert scheduler.depth_by_priority()[Priority.FINAL] == 2
     assert scheduler.cancel("s", only=SPECULATIVE) == 0
-    for _ in range(2):
-        fake.gate.release()  # type: ignore[union-attr]
+    fake.release(2)
     await asyncio.wait_for(asyncio.gather(busy, final, early), TIMEOUT)
     assert fake.batches == [[1], [20, 10]]
     assert not scheduler.promote(speculated)  # done: nothing to promote
@@ -435,8 +429,7 @@ async def test_a_running_speculation_once_promoted_is_not_stopped(
     final = await scheduler.submit(request("f", 20))
     await asyncio.sleep(0.05)
     assert fake.stopped == []
-    for _ in range(2):
-        fake.gate.release()  # type: ignore[union-attr]
+    fake.release(2)
     await asyncio.wait_for(asyncio.gather(early, final), TIMEOUT)
     assert fake.batches == [[10], [20]]
     assert scheduler.stats.preempted_batches == 0

@@ -13,7 +13,6 @@ from typing import Any
 
 import orjson
 import pytest
-from redis.asyncio import Redis
 
 from server.auth import OWNER_FIELD
 from store.records import SourceState
@@ -22,6 +21,7 @@ from tests.appserver import AppServer, serve_app
 from tests.corpus import clip
 from tests.hardclient import STOP, bearer, error_of, exchange
 from tests.httpclient import multipart, request
+from tests.redis_support import delete_keys
 from tests.wsclient import StreamResult
 
 KEYS = {f"t{i}": f"key-of-tenant-{i}-0123456789abcdef" for i in range(3)}
@@ -87,16 +87,6 @@ async def tenancy(
         yield server, meetings
     if store:
         await delete_keys(redis_url, prefix)
-
-
-async def delete_keys(redis_url: str, prefix: str) -> None:
-    client = Redis.from_url(redis_url)
-    try:
-        keys = [key async for key in client.scan_iter(match=prefix + "*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
 
 
 def _leaks(payload: str, victims: list[Meeting]) -> list[str]:

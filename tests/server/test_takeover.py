@@ -58,7 +58,7 @@ async def test_resume_takes_over_an_open_connection_and_keeps_its_finals() -> No
             old_receiver.add_done_callback(closed)
             await send(old, speech[:phrase] + SILENCE)
             a_silent_since = loop.time()
-            recognizer.gate.release()  # A's one final
+            recognizer.release()  # A's one final
             await a.wait_for(lambda r: len(r.finals) == 1)
             b = StreamResult()
             resume = stream_url(
@@ -81,8 +81,7 @@ async def test_resume_takes_over_an_open_connection_and_keeps_its_finals() -> No
                 while loop.time() < a_silent_since + IDLE_S + 0.5:  # past A's idle timeout
                     await new.send(KEEPALIVE)
                     await asyncio.sleep(0.2)
-                for _ in range(10):
-                    recognizer.gate.release()
+                recognizer.release(10)
                 await new.send(STOP)
                 await asyncio.wait_for(new_receiver, 10)
             await asyncio.wait_for(old_receiver, 5)

@@ -14,9 +14,7 @@ from engine.api import RecognitionRequest, RecognitionResult
 from engine.scheduler import BatchScheduler
 from session.committer import CONTEXT_CHARS
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
-from session.segmenter import SegmenterConfig
-from session.services import SessionServices
-from session.vad import DirectScorer, SileroVad
+from session.services import SessionServices, offline_services
 from store.memory import MemoryStore
 from tests.conftest import StoreFactory
 from tests.corpus import clip
@@ -44,15 +42,7 @@ class CountingScheduler(BatchScheduler):
 async def services() -> AsyncIterator[SessionServices]:
     scheduler = CountingScheduler(FakeRecognizer(max_batch_size=8), max_batch_size=8)
     scheduler.start()
-    yield SessionServices(
-        scheduler=scheduler,
-        store=MemoryStore(),
-        vad=DirectScorer(SileroVad()),
-        segmenter=SegmenterConfig(),
-        max_frame_bytes=1 << 20,
-        outbox_limit=100,
-        languages=frozenset({"en"}),
-    )
+    yield offline_services(scheduler, MemoryStore())
     await scheduler.stop()
 
 
@@ -136,15 +126,7 @@ async def test_auto_language_is_detected_then_pinned(tmp_path: Path) -> None:
     fake = FakeRecognizer(max_batch_size=8, languages=frozenset({"en", "de"}), detects=("de", 0.9))
     scheduler = BatchScheduler(fake, max_batch_size=8)
     scheduler.start()
-    services = SessionServices(
-        scheduler=scheduler,
-        store=MemoryStore(),
-        vad=DirectScorer(SileroVad()),
-        segmenter=SegmenterConfig(),
-        max_frame_bytes=1 << 20,
-        outbox_limit=100,
-        languages=fake.languages,
-    )
+    services = offline_services(scheduler, MemoryStore(), fake.languages)
     path, total = speech_file(tmp_path, repeats=2)
     progress = FileProgress(total_samples=total)
     options = FileOptions("upload-l", "speaker", None, in_flight=lambda: 1)
@@ -167,15 +149,7 @@ async def test_attached_file_stores_its_sources_context_and_language(
     scheduler = BatchScheduler(fake, max_batch_size=8)
     scheduler.start()
     store = make_store()
-    services = SessionServices(
-        scheduler=scheduler,
-        store=store,
-        vad=DirectScorer(SileroVad()),
-        segmenter=SegmenterConfig(),
-        max_frame_bytes=1 << 20,
-        outbox_limit=100,
-        languages=fake.languages,
-    )
+    services = offline_services(scheduler, store, fake.languages)
     source, token = await store.create_source("m-context", "rec")
     path, total = speech_file(tmp_path, repeats=1)
     progress = FileProgress(total_samples=total)

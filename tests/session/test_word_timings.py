@@ -13,9 +13,7 @@ from engine.api import SAMPLE_RATE
 from engine.scheduler import BatchScheduler
 from engine.whisper import WhisperRecognizer
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
-from session.segmenter import SegmenterConfig
-from session.services import SessionServices
-from session.vad import DirectScorer, SileroVad
+from session.services import offline_services
 from store.memory import MemoryStore
 from tests.corpus import clip
 
@@ -52,15 +50,7 @@ async def test_words_of_two_clips_around_a_silence(tmp_path: Path, tiny_en: Path
     path.write_bytes((samples * 32767).astype("<i2").tobytes())
     scheduler = BatchScheduler(WhisperRecognizer(tiny_en), max_batch_size=8)
     scheduler.start()
-    services = SessionServices(
-        scheduler=scheduler,
-        store=MemoryStore(),
-        vad=DirectScorer(SileroVad()),
-        segmenter=SegmenterConfig(),
-        max_frame_bytes=1 << 20,
-        outbox_limit=100,
-        languages=frozenset({"en"}),
-    )
+    services = offline_services(scheduler, MemoryStore())
     progress = FileProgress(total_samples=len(samples))
     try:
         await FileTranscriber(path, services, FileOptions("pair", "p", "en"), progress).run()

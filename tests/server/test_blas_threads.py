@@ -1,0 +1,31 @@
+"""The server's process holds numpy's OpenBLAS to one thread (`server/__init__.py`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+PROBE = """
+import os, sys
+if sys.argv[1] == "server":
+    import server  # noqa: F401
+import numpy as np
+a = np.ones((256, 256))
+a @ a
+print(len(os.listdir("/proc/self/task")))
+"""
+
+
+def threads_after_a_product(first: str) -> int:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENBLAS", "OMP"))}
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, first], env=env, capture_output=True, text=True, check=True
+    )
+    return int(out.stdout)
+
+
+def test_importing_the_server_first_leaves_openblas_one_thread() -> None:
+    assert threads_after_a_product("server") == 1
+    if (os.cpu_count() or 1) > 1:  # without it, OpenBLAS starts a thread per core
+        assert threads_after_a_product("numpy") > 1
