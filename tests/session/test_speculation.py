@@ -92,7 +92,7 @@ async def test_a_speculation_withdrawn_while_queued_costs_no_model_time() -> Non
     await speculator.speculate("s", utterance(1000))
     speculator.withdraw()
     assert scheduler.queue_depth == 0
-    fake.gate.release()  # type: ignore[union-attr]
+    fake.release()
     await asyncio.wait_for(busy, TIMEOUT)
     await scheduler.stop()
     assert fake.batches == [[1]]
