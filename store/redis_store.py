@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -54,6 +54,9 @@ from wire.query import validate_id
 logger = logging.getLogger(__name__)
 
 FINALS_PAGE = 500  # finals per XRANGE when reading a log
+# Connections a store keeps to Redis at most (the subscription has its own). Calls beyond
+# wait up to the socket timeout for one to come free, then fail as Redis being down would.
+MAX_CONNECTIONS = 32
 
 
 class RedisStore:
@@ -118,18 +121,24 @@ class RedisStore:
         prefix: str = DEFAULT_PREFIX,
         socket_timeout: float = 1.0,
         connect_timeout: float = 0.5,
+        max_connections: int = MAX_CONNECTIONS,
+        client_name: str = "parley-store",
         **options: Any,
     ) -> RedisStore:
-        """A store on its own connection pool. Redis' own retries are reduced to one
-        immediate reconnect: the write buffer, not a blocked caller, rides out outages."""
-        redis = Redis.from_url(
+        """A store on its own pool of at most `max_connections`. Redis' own retries are
+        reduced to one immediate reconnect: the write buffer, not a blocked caller, rides
+        out outages."""
+        pool = BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=socket_timeout,  # wait for a free connection at most this long
             decode_responses=False,
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
             retry=Retry(NoBackoff(), 1),
+            client_name=client_name,  # what `CLIENT LIST` shows for these connections
         )
-        return cls(redis, prefix=prefix, owns_client=True, **options)
+        return cls(Redis.from_pool(pool), prefix=prefix, owns_client=True, **options)
 
     # -- small helpers
 

@@ -396,3 +396,24 @@ async def test_records_written_before_origins_still_read(
     finally:
         await redis.aclose()
         await store.close()
+
+
+async def test_the_pool_is_capped_and_calls_beyond_it_wait(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """40 sources created and written at once through a store capped at 2 connections:
+    every call succeeds, and Redis sees 2 connections of that store, not 40."""
+    name = "cap-" + redis_prefix.strip(":").replace(":", "-")
+    store = RedisStore.from_url(
+        redis_url, prefix=redis_prefix, max_connections=2, client_name=name, socket_timeout=5.0
+    )
+    client = Redis.from_url(redis_url)
+    try:
+        states = await asyncio.gather(*(store.create_source(f"m{i}", "alice") for i in range(40)))
+        await asyncio.gather(*(emit(store, state) for state, _ in states))
+        clients = await client.client_list()
+    finally:
+        await client.aclose()
+        await store.close()
+    assert len(states) == 40
+    assert sum(1 for c in clients if c["name"] == name) == 2
