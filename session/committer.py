@@ -180,16 +180,22 @@ class Committer:
             return ""
         return None if self._open else self.context
 
+    def speculative_utterance(self, audio: FloatArray, draft: str) -> Utterance | None:
+        """What `submit` would send for a final of `audio` cut now (None while that is not
+        known: its language is being detected, or its prompt is an open final's)."""
+        prompt = self.prompt_for_partial()
+        if self.gate.language is None or prompt is None:
+            return None
+        return self._utterance(audio, draft, prompt)
+
+    def _utterance(self, audio: FloatArray, draft: str, prompt: str) -> Utterance:
+        return Utterance(audio, self.gate.language, draft, prompt, word_timings=True)
+
     async def submit(self, event: UtteranceEnded, draft: str = "") -> PendingFinal:
         """Send the utterance `event` ended to the engine (or hold it for its language, or
         for its prompt: the final before it)."""
-        pending = PendingFinal(
-            event.index,
-            event.start,
-            event.end,
-            Utterance(event.audio, self.gate.language, draft, word_timings=True),
-            self.config.clock(),
-        )
+        utterance = self._utterance(event.audio, draft, "")  # the prompt: when admitted
+        pending = PendingFinal(event.index, event.start, event.end, utterance, self.config.clock())
         if self._labeller is not None:
             pending.speakers = self._labeller.embed(event.audio)
         self._open += 1
@@ -334,16 +340,9 @@ class Committer:
         speaker in it, each labelled."""
         utterance_id = f"{self.config.session_id}-{pending.index}"
         if self._labeller is None or pending.speakers is None:
-            whole = LabelledPart(
-                utterance_id,
-                0,
-                pending.end - pending.start,
-                transcription.text.strip(),
-                transcription.words,
-                "",
-                transcription.language,
-            )
-            return [whole]
+            text, words = transcription.text.strip(), transcription.words
+            span = pending.end - pending.start
+            return [LabelledPart(utterance_id, 0, span, text, words, "", transcription.language)]
         prompt = pending.utterance.prompt
         return await self._labeller.label(
             utterance_id,

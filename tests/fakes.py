@@ -20,7 +20,8 @@ class FakeRecognizer:
     it is multilingual: an utterance that pins no language is "detected" as `detects`
     (code, probability).
     `asked` records every utterance's `language` (None: detection asked for), `drafts`
-    every utterance's (sample count, draft), `prompts` its (sample count, prompt).
+    every utterance's (sample count, draft), `prompts` its (sample count, prompt), `timed`
+    the sample count of every utterance that asked for word timings (finals do).
     `empty_on` gives an utterance of that length empty text (as the guard empties one).
     """
 
@@ -38,6 +39,7 @@ class FakeRecognizer:
         self.asked: list[str | None] = []
         self.drafts: list[tuple[int, str]] = []
         self.prompts: list[tuple[int, str]] = []
+        self.timed: list[int] = []
         self.empty_on: int | None = None
         self.batches: list[list[int]] = []
         self.fail_on: int | None = None
@@ -75,6 +77,7 @@ class FakeRecognizer:
         self.asked.extend(u.language for u in batch)
         self.drafts.extend((len(u.audio), u.draft) for u in batch)
         self.prompts.extend((len(u.audio), u.prompt) for u in batch)
+        self.timed.extend(len(u.audio) for u in batch if u.word_timings)
         self.entered.set()
         if self.gate is not None:
             # Wait for the test to release the batch, or for the scheduler to stop it.
