@@ -14,10 +14,15 @@ one row:
 - final latency P50/P95/P99 (client-side, DESIGN.md's definition), WER, lost finals;
 - partial cadence: median time to an utterance's first partial, and partials per 2 s of
   speech (the worst room, and the median room);
-- the finals' queue wait P50/P95 (the server's own `timing.queue`);
+- the finals' queue wait P50/P95 (the server's own `timing.queue`), where the rest of a
+  final's latency goes: the median time until the server closed the utterance (latency −
+  `timing.total`: the endpoint's silence, VAD, transport), the median batch inference
+  (`timing.inference`), and close → sent P50/P95 (`timing.total`);
 - model utilization: model-busy seconds over wall seconds per worker (`/metrics`:
   `parley_model_seconds_total`, or `parley_inference_seconds_sum` on older servers), and
   the share of it spent on partials;
+- speculative finals by outcome (`parley_speculative_finals_total`): used by their final,
+  discarded after the model started on them (wasted model time), cancelled while queued;
 - server CPU in cores (the server process and its children, from /proc).
 
 Rows go to stdout as a markdown table and to `REPORT_DIR/capacity.json`; each run's
@@ -159,7 +164,15 @@ class ServerProbe:
                 before.metrics, "parley_inference_seconds_sum"
             )
             partial = None
+        speculative = {
+            f"speculative_{outcome}": _sum(
+                after.metrics, "parley_speculative_finals_total", f'outcome="{outcome}"'
+            )
+            - _sum(before.metrics, "parley_speculative_finals_total", f'outcome="{outcome}"')
+            for outcome in ("used", "discarded", "cancelled")
+        }
         return {
+            **speculative,
             "server_cpu_cores": (after.cpu - before.cpu) / wall,
             "model_utilization": busy / wall / workers,
             "partial_share": None if partial is None or busy <= 0 else partial / busy,
@@ -190,6 +203,10 @@ def row(report: dict[str, Any], server: dict[str, float | None], interim: bool) 
         "partials_per_2s_p50": cadence["p50"] if interim else None,
         "queue_wait_p50": queue["p50"],
         "queue_wait_p95": queue["p95"],
+        "until_close_p50": latency.get("until_close", {}).get("p50"),
+        "inference_p50": latency["server"]["inference"]["p50"],
+        "server_total_p50": latency["server"]["total"]["p50"],
+        "server_total_p95": latency["server"]["total"]["p95"],
         **server,
     }
 
@@ -203,8 +220,16 @@ COLUMNS = (
     ("first partial P50 (s)", "first_partial_p50", "{:.2f}"),
     ("partials/2 s min/P50", ("partials_per_2s_min", "partials_per_2s_p50"), "{:.2f}"),
     ("final queue P50/P95 (s)", ("queue_wait_p50", "queue_wait_p95"), "{:.2f}"),
+    ("until close P50 (s)", "until_close_p50", "{:.2f}"),
+    ("inference P50 (s)", "inference_p50", "{:.2f}"),
+    ("close → sent P50/P95 (s)", ("server_total_p50", "server_total_p95"), "{:.2f}"),
     ("model util.", "model_utilization", "{:.0%}"),
     ("partial share", "partial_share", "{:.0%}"),
+    (
+        "speculative used/discarded/cancelled",
+        ("speculative_used", "speculative_discarded", "speculative_cancelled"),
+        "{:.0f}",
+    ),
     ("server CPU (cores)", "server_cpu_cores", "{:.2f}"),
     ("result", "result", "{}"),
 )

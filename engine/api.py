@@ -5,7 +5,9 @@ decoding draft), wraps it in a `RecognitionRequest` with a `Priority`, and `subm
 to the shared `Recognition` (the `BatchScheduler`); it awaits the returned future for a
 `RecognitionResult`, or `cancel`s what it no longer needs. A session submits every
 partial it would like shown; the engine keeps the newest per session and, under load,
-thins them out for every session alike (finals never wait for them).
+thins them out for every session alike (finals never wait for them). A session may also
+submit a final early (SPECULATIVE, the newest per session kept) and `promote` it once
+its endpoint is confirmed.
 
 Errors (every one a `SchedulerError`):
 
@@ -109,11 +111,17 @@ class Transcription:
 
 
 class Priority(enum.IntEnum):
-    """Lower values are served first."""
+    """Lower values are served first.
+
+    SPECULATIVE is a final decoded before its endpoint is confirmed (the utterance has
+    gone silent; it may yet resume): it runs when no final or file request needs a
+    worker, finals stop it as they stop partials, and `promote` makes it a final once the
+    endpoint comes."""
 
     FINAL = 0
     FILE = 1
-    PARTIAL = 2
+    SPECULATIVE = 2
+    PARTIAL = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +183,15 @@ class Recognition(Protocol):
         """
         ...
 
-    def cancel(self, session_id: str, *, partials_only: bool = False) -> int:
-        """Drop the session's queued requests (or only its partial); their futures are
-        cancelled. Returns how many were dropped."""
+    def cancel(self, session_id: str, *, only: Priority | None = None) -> int:
+        """Drop the session's queued requests (or only those of priority `only`); their
+        futures are cancelled. Returns how many were dropped."""
+        ...
+
+    def promote(self, request: RecognitionRequest) -> bool:
+        """The SPECULATIVE `request` (as submitted) is a final now: queued, it is served
+        as a final submitted now; running, finals no longer stop it. False if it is
+        neither queued nor running (it finished, failed or was dropped)."""
         ...
 
 

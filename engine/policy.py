@@ -14,7 +14,16 @@ when to look again. The rules:
    a running partial batch is told to stop (the recognizer stops at its next decoder
    step or encoder row); its partials go back to the queue and the worker takes the
    finals. File requests do not preempt: they are not waited for live.
-3. **Partials share a budget, stalest first.** Partials run only on a worker no final or
+3. **Speculative finals use what finals and partials leave.** A final decoded before its
+   endpoint (SPECULATIVE) starts only on a worker that no final, file request or partial
+   (within its budget, rule 4) takes, one per batch (a row promoted to a final would
+   wait for every other row of its batch, most of them finals-to-be of sessions whose
+   endpoint comes later, or never), oldest first; finals stop a
+   speculative batch (before a partial one) and its requests go back to the queue. So
+   speculation spends idle model time: it never delays a final by more than a step, and
+   it does not thin the partials, whose text is the finals' decoding draft. Under
+   overload it does not run, and its final is decoded as a final.
+4. **Partials share a budget, stalest first.** Partials run only on a worker no final or
    file request needs, and only while `PartialBudget` has credit: partials may take at
    most `partial_share` of the model's time (all workers together), averaged over a few
    seconds, and at most that share of the workers at once (at least one), so with two
@@ -96,11 +105,17 @@ class Queued:
 
 @dataclass(frozen=True, slots=True)
 class Running:
-    """A busy worker: what kind of batch it runs, and whether it was told to stop."""
+    """A busy worker: what kind of batch it runs, and whether it was told to stop.
+    `speculative`: a batch of speculative finals none of which was promoted yet."""
 
     worker: int
     partial: bool
     stopping: bool = False
+    speculative: bool = False
+
+    @property
+    def preemptible(self) -> bool:
+        return self.partial or self.speculative
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +142,10 @@ def plan(
 ) -> Plan:
     """The batches to start on the `free` workers now, and the partial batches to stop."""
     urgent = sorted(
-        (q for q in queued if q.priority is not Priority.PARTIAL),
+        (q for q in queued if q.priority in (Priority.FINAL, Priority.FILE)),
         key=lambda q: (q.priority, q.since),
     )
+    early = sorted((q for q in queued if q.priority is Priority.SPECULATIVE), key=_staleness)
     partials = sorted((q for q in queued if q.priority is Priority.PARTIAL), key=_staleness)
     result = Plan()
     workers = list(free)
@@ -145,23 +161,30 @@ def plan(
         result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), partial=False))
     finals_left = any(q.priority is Priority.FINAL for q in urgent)
     if finals_left and not workers and not wake:
-        # Stop partial batches, the newest first, as many as the finals left need.
+        # Stop speculative batches, then partial ones, the newest first, as many as the
+        # finals left need.
         needed = -(-sum(q.priority is Priority.FINAL for q in urgent) // config.max_batch_size)
-        stopping = sum(1 for r in running if r.partial and r.stopping)
-        candidates = [r.worker for r in reversed(running) if r.partial and not r.stopping]
+        stopping = sum(1 for r in running if r.preemptible and r.stopping)
+        candidates = [
+            r.worker
+            for r in sorted(reversed(running), key=lambda r: r.partial)
+            if r.preemptible and not r.stopping
+        ]
         result.preempt.extend(candidates[: max(0, needed - stopping)])
     slots = config.partial_workers - sum(1 for r in running if r.partial and not r.stopping)
     if partials and workers and not urgent and slots > 0:
         if budget.credit(now) > 0:
-            for worker in workers[:slots]:
+            while partials and workers and slots > 0:
                 batch, partials = (
                     partials[: config.max_partial_batch],
                     partials[config.max_partial_batch :],
                 )
-                if batch:
-                    result.starts.append(Start(worker, tuple(q.key for q in batch), partial=True))
+                result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), True))
+                slots -= 1
         else:
             wake.append(budget.available_at(now))
+    while early and workers and not urgent:  # one row a batch: see rule 3
+        result.starts.append(Start(workers.pop(0), (early.pop(0).key,), partial=False))
     return Plan(result.starts, result.preempt, min(wake) if wake else None)
 
 

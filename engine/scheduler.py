@@ -11,9 +11,12 @@ Rules:
 - A session has at most one queued partial: a newer one replaces it (the old future
   fails with RequestSuperseded). A partial batch that is stopped puts its partials back
   in the queue, still the stalest, unless a newer one of the session came meanwhile.
-- The queue is bounded. A partial that finds it full fails with SchedulerFull at once
-  (partials thin out first); a final or file request waits for room instead, so finals
-  are never dropped — the wait pushes back on the session that submitted it.
+  The same holds for a session's speculative final; `promote` turns it into a final
+  (queued: as if submitted now; running: no longer stopped for finals).
+- The queue is bounded. A partial or speculative request that finds it full fails with
+  SchedulerFull at once (they thin out first); a final or file request waits for room
+  instead, so finals are never dropped — the wait pushes back on the session that
+  submitted it.
 - A batch's results come back as a list the same length as its input; a recognizer
   error (or a length mismatch) fails every future of that batch, and the workers go on.
 - If the scheduler itself fails (a bug, an observer that raises), it is DEAD: every
@@ -35,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.api import (
     BatchFailed,
@@ -87,7 +90,8 @@ class _Worker:
     task: asyncio.Task[None] | None = None
 
     def view(self) -> Running:
-        return Running(self.index, self.partial, self.stop.is_set())
+        speculative = all(e.request.priority is Priority.SPECULATIVE for e in self.batch)
+        return Running(self.index, self.partial, self.stop.is_set(), speculative)
 
 
 @dataclass
@@ -154,6 +158,7 @@ class BatchScheduler:
         self._budget = PartialBudget(self._policy, clock())
         self._queue: dict[int, _Entry] = {}  # by key, in arrival order
         self._partials: dict[str, _Entry] = {}  # session_id → its queued partial
+        self._speculative: dict[str, _Entry] = {}  # session_id → its queued speculative final
         self._keys = itertools.count()
         self._wakeup = asyncio.Event()
         self._room = asyncio.Event()  # set whenever the queue drops below its bound
@@ -255,13 +260,15 @@ class BatchScheduler:
             raise self._refusal()
         now = self._clock()
         since = now
-        if request.priority is Priority.PARTIAL:
-            previous = self._partials.pop(request.session_id, None)
+        latest = self._latest(request.priority)
+        if latest is not None:
+            previous = latest.pop(request.session_id, None)
             if previous is not None:
                 del self._queue[previous.key]
-                since = previous.since  # the session has been waiting since then
-                self.stats.partials_superseded += 1
-                _fail(previous, RequestSuperseded("a newer partial replaced this one"))
+                if request.priority is Priority.PARTIAL:
+                    since = previous.since  # the session has been waiting since then
+                    self.stats.partials_superseded += 1
+                _fail(previous, RequestSuperseded("a newer request replaced this one"))
             elif len(self._queue) >= self._max_queue:
                 self.stats.partials_rejected += 1
                 raise SchedulerFull("recognition queue is full")
@@ -276,13 +283,20 @@ class BatchScheduler:
         key = next(self._keys)
         entry = _Entry(request, asyncio.get_running_loop().create_future(), now, key, since)
         self._queue[key] = entry
-        if request.priority is Priority.PARTIAL:
-            self._partials[request.session_id] = entry
+        if latest is not None:
+            latest[request.session_id] = entry
         self._wakeup.set()
         return entry.future
 
-    def cancel(self, session_id: str, *, partials_only: bool = False) -> int:
-        """Drop a session's queued requests (or only its partial); their futures are cancelled.
+    def _latest(self, priority: Priority) -> dict[str, _Entry] | None:
+        """The queued requests of `priority` kept one per session (the newest), if it is so."""
+        if priority is Priority.PARTIAL:
+            return self._partials
+        return self._speculative if priority is Priority.SPECULATIVE else None
+
+    def cancel(self, session_id: str, *, only: Priority | None = None) -> int:
+        """Drop a session's queued requests (or only those of priority `only`); their
+        futures are cancelled.
 
         A request already running finishes, and its result is discarded by the caller.
         Returns how many queued requests were dropped.
@@ -290,15 +304,33 @@ class BatchScheduler:
         dropped = [
             e
             for e in self._queue.values()
-            if e.request.session_id == session_id
-            and (not partials_only or e.request.priority is Priority.PARTIAL)
+            if e.request.session_id == session_id and only in (None, e.request.priority)
         ]
         for entry in dropped:
             del self._queue[entry.key]
             entry.future.cancel()
-        self._partials.pop(session_id, None)
+        if only in (None, Priority.PARTIAL):
+            self._partials.pop(session_id, None)
+        if only in (None, Priority.SPECULATIVE):
+            self._speculative.pop(session_id, None)
         self._room.set()
         return len(dropped)
+
+    def promote(self, request: RecognitionRequest) -> bool:
+        """The SPECULATIVE `request` (the object submitted) is a final from now on."""
+        now = self._clock()
+        queued = self._speculative.get(request.session_id)
+        if queued is not None and queued.request is request:
+            del self._speculative[request.session_id]
+            queued.request = replace(request, priority=Priority.FINAL)
+            queued.since = queued.submitted_at = now  # its wait as a final starts now
+            self._wakeup.set()
+            return True
+        for entry in (e for w in self._workers for e in w.batch):
+            if entry.request is request:
+                entry.request = replace(request, priority=Priority.FINAL)
+                return True
+        return False
 
     def _refusal(self) -> SchedulerStopped | EngineDead:
         return self.death or SchedulerStopped(f"scheduler is {self.state.value}")
@@ -345,8 +377,9 @@ class BatchScheduler:
     def _launch(self, worker: _Worker, keys: Sequence[int], partial: bool) -> None:
         entries = [self._queue.pop(key) for key in keys]
         for entry in entries:
-            if entry.request.priority is Priority.PARTIAL:
-                self._partials.pop(entry.request.session_id, None)
+            latest = self._latest(entry.request.priority)
+            if latest is not None and latest.get(entry.request.session_id) is entry:
+                del latest[entry.request.session_id]
         self._room.set()
         live = [e for e in entries if not e.future.done()]
         if not live:
@@ -427,25 +460,29 @@ class BatchScheduler:
         return results
 
     def _requeue(self, stopped: list[_Entry]) -> None:
-        """Put a stopped batch's partials back, unless newer ones of their sessions came."""
+        """Put a stopped batch's requests back (partial and speculative batches are
+        stopped; a speculative final promoted meanwhile goes back as a final), unless a
+        newer partial or speculative request of their session came meanwhile."""
         for entry in stopped:
             session = entry.request.session_id
             if entry.future.done() or self.state is not SchedulerState.RUNNING:
                 continue
-            if entry.request.priority is not Priority.PARTIAL:
-                _fail(entry, BatchFailed("batch stopped"))  # only partial batches are stopped
-            elif session in self._partials:
-                self.stats.partials_superseded += 1
-                _fail(entry, RequestSuperseded("a newer partial replaced this one"))
-            else:
-                self._queue[entry.key] = entry
-                self._partials[session] = entry
+            latest = self._latest(entry.request.priority)
+            if latest is not None and session in latest:
+                if entry.request.priority is Priority.PARTIAL:
+                    self.stats.partials_superseded += 1
+                _fail(entry, RequestSuperseded("a newer request replaced this one"))
+                continue
+            self._queue[entry.key] = entry
+            if latest is not None:
+                latest[session] = entry
 
     def _fail_all(self, error: Exception) -> None:
         for entry in (*self._queue.values(), *(e for w in self._workers for e in w.batch)):
             _fail(entry, error)
         self._queue.clear()
         self._partials.clear()
+        self._speculative.clear()
 
     def _die(self, reason: str) -> None:
         """DEAD: fail what waits (and the batches running) now, and every later submit."""

@@ -46,6 +46,9 @@ DEFINITIONS = {
     "send_lag": "per paced frame: time it left - time it was due (includes socket backpressure)",
     "loop_lag": "client event loop oversleep on a 50 ms timer: the client's own health",
     "server": "the finals' own `timing` (queue wait, batch inference, total), as the server saw it",
+    "until_close": "per final with a `timing`: its latency - timing.total, the time from sending "
+    "the audio at its `end` to the server closing the utterance (the silence that confirms "
+    "the endpoint, VAD, transport) plus the final's way back",
     "partials_per_2s": "a room's partials received per 2 s of its reference speech",
 }
 
@@ -111,6 +114,7 @@ class SourceFigures:
     first_partials: list[float]
     beyond_audio: int  # messages whose `end` lies past the audio sent
     server_timings: list[Timing]  # the finals' own `timing`, where the server sent it
+    until_close: list[float]  # per final with a timing: latency - timing.total
 
 
 def source_figures(log: SourceLog, references: Sequence[Utterance], language: str) -> SourceFigures:
@@ -155,6 +159,11 @@ def source_figures(log: SourceLog, references: Sequence[Utterance], language: st
         first_partials=list(first_partial.values()),
         beyond_audio=beyond,
         server_timings=[f.message["timing"] for f in unique if "timing" in f.message],
+        until_close=[
+            f.latency - f.message["timing"]["total"]
+            for f in unique
+            if f.latency is not None and "timing" in f.message
+        ],
     )
 
 
@@ -208,6 +217,7 @@ def build_report(
     partial_points: list[tuple[float, float]] = []
     first_partials: list[float] = []
     server_timings: list[Timing] = []
+    until_close: list[float] = []
     errors: Counter[str] = Counter()
     server_errors: Counter[str] = Counter()
     room_rows = []
@@ -229,6 +239,7 @@ def build_report(
             partial_points += figures.partial_points
             first_partials += figures.first_partials
             server_timings += figures.server_timings
+            until_close += figures.until_close
             send_lags += log.send_lags
             if log.failure is not None:
                 room_errors[log.failure] += 1
@@ -307,6 +318,7 @@ def build_report(
                 part: summarize(timing[part] for timing in server_timings)
                 for part in ("queue", "inference", "total")
             },
+            "until_close": summarize(until_close),
         },
         "wer": {"overall": total_wer.rate, **_counts_dict(total_wer)},
         "partials_per_2s": summarize(cadences),  # per room

@@ -73,6 +73,7 @@ def segmenter_config(settings: Settings) -> SegmenterConfig:
     return SegmenterConfig(
         threshold=settings.vad_threshold,
         min_silence=settings.min_silence_ms / 1000,
+        speculate_after=settings.speculate_after_ms / 1000,
         pre_roll=settings.pre_roll_ms / 1000,
         max_utterance=settings.max_utterance_s,
         partial_interval=settings.partial_interval_s,

@@ -203,7 +203,8 @@ class CapacityMonitor:
     ) -> None:
         now = self._clock()
         for request, result in zip(requests, results, strict=True):
-            if request.priority is Priority.FINAL:
+            # A speculative final's wait is its final's (the final takes its result).
+            if request.priority in (Priority.FINAL, Priority.SPECULATIVE):
                 self._waits.append((now, result.queue_wait))
         if results:
             self._busy.append((now, results[0].inference))

@@ -90,6 +90,13 @@ class Metrics:
         self.partials_dropped = Counter(
             "parley_partials_dropped", "Partials not sent, by reason", ["reason"], registry=r
         )
+        self.speculative_finals = Counter(
+            "parley_speculative_finals",
+            "Finals decoded before their endpoint, by outcome: used by the final, discarded "
+            "after the model started on them (wasted), cancelled while queued",
+            ["outcome"],
+            registry=r,
+        )
         self.sessions = Counter(
             "parley_sessions",
             "Audio streams ended, by reason and close code",
@@ -179,6 +186,9 @@ class Metrics:
     def final_sent(self, latency: float) -> None:
         self.finals.inc()
         self.final_latency.observe(latency)
+
+    def speculative_final(self, outcome: str) -> None:
+        self.speculative_finals.labels(outcome).inc()
 
     def session_closed(self, reason: str, close_code: int) -> None:
         self.sessions.labels(reason, str(close_code)).inc()

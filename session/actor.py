@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,12 +44,21 @@ from session.ending import (
     refused,
     slow_consumer,
 )
-from session.outbox import Outbox, OutboxState
+from session.outbox import Outbox, OutboxDelivery, OutboxState
 from session.partial_sender import PartialSender
 from session.pipeline import AudioPipeline, seconds
-from session.segmenter import PartialDue, SegmentEvent, SpeechStarted, SpeechStopped, UtteranceEnded
+from session.segmenter import (
+    PartialDue,
+    SegmentEvent,
+    SpeechStarted,
+    SpeechStopped,
+    UtteranceEnded,
+    UtteranceMayEnd,
+    UtteranceResumed,
+)
 from session.services import SessionServices
 from session.speakers import SpeakerLabeller
+from session.speculation import Speculator
 from session.stream_state import TRANSITIONS, Connection, SessionState, SessionTotals
 from store.errors import StoreError
 from store.records import FinalRecord, SourceState
@@ -113,6 +121,8 @@ class SessionActor:
             services.outbox_limit,
             on_partial_dropped=lambda: services.telemetry.partial_dropped("merged"),
         )
+        # The committer submits through it: a final that was speculated takes its result.
+        self._speculator = Speculator(services.scheduler, services.telemetry)
         labeller = None
         if config.diarize and services.speakers is not None:
             labeller = SpeakerLabeller(services.speakers, services.diarizer)
@@ -130,10 +140,10 @@ class SessionActor:
                 telemetry=services.telemetry,
                 request_key=self.request_key,
             ),
-            services.scheduler,
+            self._speculator,
             services.store,
             self.source,
-            _ToClient(self._outbox),
+            OutboxDelivery(self._outbox),
             labeller,
         )
         self._partials = PartialSender(
@@ -230,6 +240,7 @@ class SessionActor:
                 )
             return ending.reason
         finally:
+            self._speculator.withdraw()
             self.services.scheduler.cancel(self.request_key)
             await self._committer.close()
             tasks.extend(self._partials.tasks())
@@ -379,12 +390,19 @@ class SessionActor:
                 self._put(build.speech_stopped(seconds(event.sample)))
             elif isinstance(event, PartialDue):
                 await self._partials.submit(event)
+            elif isinstance(event, UtteranceMayEnd):
+                draft = self._partials.draft_for(event.index)
+                utterance = self._committer.speculative_utterance(event, draft)
+                await self._speculator.speculate(self.request_key, utterance)
+            elif isinstance(event, UtteranceResumed):
+                self._speculator.withdraw()
             elif isinstance(event, UtteranceEnded):
                 self._utterances += 1
                 # A queued partial would never run before this final (finals outrank them).
-                self.services.scheduler.cancel(self.request_key, partials_only=True)
+                self.services.scheduler.cancel(self.request_key, only=Priority.PARTIAL)
                 draft = self._partials.draft_for(event.index)
                 await self._finals.put(await self._committer.submit(event, draft))
+                self._speculator.withdraw()  # what the final did not take
 
     # ------------------------------------------------------------------ committer, writer
 
@@ -424,21 +442,3 @@ class SessionActor:
                 f"session {self.session_id}: illegal transition {self.state.value} → {new.value}"
             )
         self.state = new
-
-
-class _ToClient:
-    """The live client's share of what the committer commits: its outbox, while open."""
-
-    def __init__(self, outbox: Outbox) -> None:
-        self._outbox = outbox
-
-    def final(self, record: FinalRecord, payload: str) -> None:
-        if self._outbox.state is OutboxState.OPEN:
-            self._outbox.put(payload, utterance_id=record.utterance_id)
-
-    def message(self, message: ServerMessage) -> None:
-        if self._outbox.state is OutboxState.OPEN:
-            self._outbox.put(build.encode(message))
-
-    def relabelled(self, speakers: Mapping[str, str]) -> None:
-        return None  # the client hears of it in the `transcript.speaker` messages

@@ -66,7 +66,7 @@ from session.diarizer import Relabel
 from session.language import LanguageGate, LanguagePinned
 from session.pipeline import FloatArray, seconds
 from session.said_before import SaidBefore
-from session.segmenter import UtteranceEnded
+from session.segmenter import UtteranceEnded, UtteranceMayEnd
 from session.speakers import LabelledPart, SpeakerLabeller, relabel
 from session.telemetry import NullTelemetry, Telemetry
 from store.api import Store
@@ -194,16 +194,29 @@ class Committer:
             return ""
         return None if self._open else self.context
 
+    def speculative_utterance(self, event: UtteranceMayEnd, draft: str) -> Utterance | None:
+        """What `submit` would send for the final of `event`'s utterance cut now (None
+        while that is not known: its language is being detected, or its prompt or left
+        context is an open final's)."""
+        prompt = self.prompt_for_partial()
+        if self.gate.language is None or prompt is None:
+            return None
+        utterance = self._utterance(event.audio, draft, prompt)
+        if self.config.left_context <= 0:
+            return utterance
+        if self._open:
+            return None
+        left = self._said.before(event.index, event.start, self.config.left_context)
+        return dataclasses.replace(utterance, left=left)
+
+    def _utterance(self, audio: FloatArray, draft: str, prompt: str) -> Utterance:
+        return Utterance(audio, self.gate.language, draft, prompt, word_timings=True)
+
     async def submit(self, event: UtteranceEnded, draft: str = "") -> PendingFinal:
         """Send the utterance `event` ended to the engine (or hold it for its language, or
         for its prompt: the final before it)."""
-        pending = PendingFinal(
-            event.index,
-            event.start,
-            event.end,
-            Utterance(event.audio, self.gate.language, draft, word_timings=True),
-            self.config.clock(),
-        )
+        utterance = self._utterance(event.audio, draft, "")  # the prompt: when admitted
+        pending = PendingFinal(event.index, event.start, event.end, utterance, self.config.clock())
         if self._labeller is not None:
             pending.speakers = self._labeller.embed(event.audio)
         self._open += 1
@@ -354,16 +367,9 @@ class Committer:
         speaker in it, each labelled."""
         utterance_id = f"{self.config.session_id}-{pending.index}"
         if self._labeller is None or pending.speakers is None:
-            whole = LabelledPart(
-                utterance_id,
-                0,
-                pending.end - pending.start,
-                transcription.text.strip(),
-                transcription.words,
-                "",
-                transcription.language,
-            )
-            return [whole]
+            text, words = transcription.text.strip(), transcription.words
+            span = pending.end - pending.start
+            return [LabelledPart(utterance_id, 0, span, text, words, "", transcription.language)]
         prompt = pending.utterance.prompt
         return await self._labeller.label(
             utterance_id,

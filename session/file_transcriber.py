@@ -112,7 +112,7 @@ class FileTranscriber:
         self._pipeline = AudioPipeline(
             FrameDecoder(Encoding.PCM_S16LE, SAMPLE_RATE),
             vad or services.vad,
-            dataclasses.replace(services.segmenter, partial_interval=0.0),
+            dataclasses.replace(services.segmenter, partial_interval=0.0, speculate_after=0.0),
         )
         self._committer = Committer(
             CommitterConfig(

@@ -14,7 +14,11 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from store.records import FinalRecord
+from wire import build
+from wire.messages import ServerMessage
 
 
 class SlowConsumer(Exception):
@@ -104,3 +108,21 @@ class Outbox:
     def _check_not_closed(self) -> None:
         if self.state is OutboxState.CLOSED:
             raise RuntimeError("outbox is closed")
+
+
+class OutboxDelivery:
+    """The live client's share of what the committer commits: its outbox, while open."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self._outbox = outbox
+
+    def final(self, record: FinalRecord, payload: str) -> None:
+        if self._outbox.state is OutboxState.OPEN:
+            self._outbox.put(payload, utterance_id=record.utterance_id)
+
+    def message(self, message: ServerMessage) -> None:
+        if self._outbox.state is OutboxState.OPEN:
+            self._outbox.put(build.encode(message))
+
+    def relabelled(self, speakers: Mapping[str, str]) -> None:
+        return None  # the client hears of it in the `transcript.speaker` messages

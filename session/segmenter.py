@@ -16,6 +16,13 @@ long, a pause of `soft_pause` ends it (a sentence break, not a word gap); past
 the rest starts the next utterance. A final's `end` then lags the live audio by at most
 `cut_search`, which bounds the latency a client sees for cut utterances.
 
+Speculation (`speculate_after` > 0): once an utterance has been silent that long (at least
+`post_roll`), the audio its final would carry is already fixed, but the endpoint is
+`min_silence` away. `UtteranceMayEnd` hands that audio out early, once per silence run,
+so the final can be decoded while the endpoint is still being waited for; if speech
+resumes before it, `UtteranceResumed` withdraws it. A cut (`max_utterance`) ends the
+utterance elsewhere: its `UtteranceEnded` then differs from what was speculated.
+
 Times are samples on the stream's own timeline (16 kHz), starting at `start_sample`
 (non-zero for a resumed stream).
 """
@@ -48,6 +55,7 @@ class SegmenterConfig:
     soft_pause: float = 0.15
     cut_search: float = 3.0  # a hard cut falls within the last this-many seconds
     partial_interval: float = 0.8  # seconds of new audio between partials; 0 disables
+    speculate_after: float = 0.0  # silence after which the final's audio is handed out; 0: off
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold < 1 or not 0 <= self.hysteresis < self.threshold:
@@ -56,8 +64,8 @@ class SegmenterConfig:
             raise ValueError("max_utterance must lie in [2 × min_silence, 30] seconds")
         if min(self.min_silence, self.min_speech, self.pre_roll, self.post_roll) < 0:
             raise ValueError("durations must not be negative")
-        if self.partial_interval < 0:
-            raise ValueError("partial_interval must not be negative")
+        if self.partial_interval < 0 or self.speculate_after < 0:
+            raise ValueError("partial_interval and speculate_after must not be negative")
         if not 0 < self.soft_max_utterance <= self.max_utterance:
             raise ValueError("soft_max_utterance must lie in (0, max_utterance]")
         if not 0 < self.cut_search <= self.max_utterance / 2:
@@ -95,7 +103,27 @@ class UtteranceEnded:
     audio: FloatArray
 
 
-SegmentEvent = SpeechStarted | SpeechStopped | PartialDue | UtteranceEnded
+@dataclass(frozen=True, slots=True)
+class UtteranceMayEnd:
+    """The utterance has been silent long enough that, if it ends in this silence, its
+    `UtteranceEnded` will carry exactly this index, start, end and audio."""
+
+    index: int
+    start: int
+    end: int
+    audio: FloatArray
+
+
+@dataclass(frozen=True, slots=True)
+class UtteranceResumed:
+    """Speech came back after an `UtteranceMayEnd`: that audio will not be a final."""
+
+    index: int
+
+
+SegmentEvent = (
+    SpeechStarted | SpeechStopped | PartialDue | UtteranceEnded | UtteranceMayEnd | UtteranceResumed
+)
 
 
 class Segmenter:
@@ -122,6 +150,13 @@ class Segmenter:
         self._soft_pause_windows = max(1, _windows(config.soft_pause))
         self._cut_search_windows = max(1, _windows(config.cut_search))
         self._partial_samples = round(config.partial_interval * SAMPLE_RATE)
+        # Silent windows after which the end is known: never before the post-roll is in.
+        self._speculate_windows = (
+            max(self._post_roll_windows, 1, _windows(config.speculate_after))
+            if config.speculate_after > 0
+            else 0
+        )
+        self._speculated = False  # an UtteranceMayEnd is out for this silence run
 
     @property
     def position(self) -> int:
@@ -140,9 +175,13 @@ class Segmenter:
             return self._start(window, probability, window_start)
         self._windows.append(window)
         self._probabilities.append(probability)
+        events: list[SegmentEvent] = []
         if probability >= self.config.threshold - self.config.hysteresis:
             self._last_speech_end = self._position
             self._silence = 0
+            if self._speculated:
+                self._speculated = False
+                events.append(UtteranceResumed(self.next_index))
         else:
             self._silence += 1
         if self._silence >= self._silence_windows or (
@@ -151,17 +190,21 @@ class Segmenter:
         ):
             return self._end(self._last_speech_end)
         if len(self._windows) >= self._max_windows:
-            return self._cut()
+            return [*events, *self._cut()]
+        if self._silence and self._silence == self._speculate_windows and self._speaks():
+            self._speculated = True
+            end, keep = self._ending(self._last_speech_end)
+            return [UtteranceMayEnd(self.next_index, self._utterance_start, end, self._audio(keep))]
         if (
             self._partial_samples
             and self._position - self._last_partial >= self._partial_samples
             and self._silence == 0
         ):
             self._last_partial = self._position
-            return [
+            events.append(
                 PartialDue(self.next_index, self._utterance_start, self._position, self._audio())
-            ]
-        return []
+            )
+        return events
 
     def flush(self) -> list[SegmentEvent]:
         """End the utterance in progress now (client `finalize`/`stop`)."""
@@ -188,11 +231,21 @@ class Segmenter:
     def _audio(self, windows: int | None = None) -> FloatArray:
         return np.concatenate(self._windows[:windows]).astype(np.float32, copy=False)
 
+    def _ending(self, speech_end: int) -> tuple[int, int]:
+        """Where an utterance ended at `speech_end` ends (its post-roll in, as far as it
+        came), and how many of its windows that keeps."""
+        end = min(self._position, speech_end + self._post_roll_windows * WINDOW)
+        return end, (end - self._utterance_start) // WINDOW
+
+    def _speaks(self) -> bool:
+        """Whether the utterance so far is long enough speech to make a final."""
+        return self._last_speech_end - self._onset >= self.config.min_speech * SAMPLE_RATE
+
     def _end(self, speech_end: int) -> list[SegmentEvent]:
         """Close the utterance at `speech_end` plus post-roll; return to silence."""
-        end = min(self._position, speech_end + self._post_roll_windows * WINDOW)
-        keep = (end - self._utterance_start) // WINDOW
+        end, keep = self._ending(speech_end)
         events: list[SegmentEvent] = [SpeechStopped(speech_end)]
+        self._speculated = False
         if speech_end - self._onset >= self.config.min_speech * SAMPLE_RATE:
             events.append(
                 UtteranceEnded(self.next_index, self._utterance_start, end, self._audio(keep))
@@ -219,6 +272,7 @@ class Segmenter:
         self._utterance_start = end
         self._onset = end
         self._last_partial = end
+        self._speculated = False  # what was speculated was not this cut
         return [event]
 
 

@@ -22,6 +22,10 @@ class Telemetry(Protocol):
     def final_sent(self, latency: float) -> None:
         """A final went out, `latency` seconds after its utterance was closed."""
 
+    def speculative_final(self, outcome: str) -> None:
+        """A speculative final ended: 'used' by its final, 'discarded' (the model had
+        started on it) or 'cancelled' (dropped while queued)."""
+
     def session_closed(self, reason: str, close_code: int) -> None: ...
 
 
@@ -36,6 +40,9 @@ class NullTelemetry:
         return None
 
     def final_sent(self, latency: float) -> None:
+        return None
+
+    def speculative_final(self, outcome: str) -> None:
         return None
 
     def session_closed(self, reason: str, close_code: int) -> None:

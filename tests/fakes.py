@@ -20,7 +20,8 @@ class FakeRecognizer:
     it is multilingual: an utterance that pins no language is "detected" as `detects`
     (code, probability).
     `asked` records every utterance's `language` (None: detection asked for), `drafts`
-    every utterance's (sample count, draft), `prompts` its (sample count, prompt).
+    every utterance's (sample count, draft), `prompts` its (sample count, prompt), `timed`
+    the sample count of every utterance that asked for word timings (finals do).
     `empty_on` gives an utterance of that length empty text (as the guard empties one).
     """
 
@@ -39,6 +40,7 @@ class FakeRecognizer:
         self.drafts: list[tuple[int, str]] = []
         self.prompts: list[tuple[int, str]] = []
         self.lefts: list[Utterance] = []  # every utterance that came with a left context
+        self.timed: list[int] = []
         self.empty_on: int | None = None
         self.batches: list[list[int]] = []
         self.fail_on: int | None = None
@@ -77,6 +79,7 @@ class FakeRecognizer:
         self.drafts.extend((len(u.audio), u.draft) for u in batch)
         self.prompts.extend((len(u.audio), u.prompt) for u in batch)
         self.lefts.extend(u for u in batch if u.left is not None)
+        self.timed.extend(len(u.audio) for u in batch if u.word_timings)
         self.entered.set()
         if self.gate is not None:
             # Wait for the test to release the batch, or for the scheduler to stop it.

@@ -352,3 +352,84 @@ async def test_busy_history_stays_bounded_without_readers_of_utilization() -> No
             await asyncio.wait_for(await scheduler.submit(request(f"s{i}", 10)), TIMEOUT)
         assert scheduler.stats.batches == 300
         assert len(scheduler._busy) <= 10, len(scheduler._busy)  # 2 s window, ~0.5 s a batch
+
+
+SPECULATIVE = Priority.SPECULATIVE
+
+
+async def test_a_final_stops_a_speculative_batch_which_runs_again_after(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """A speculative final runs on the free worker; a final stops it and runs first, then
+    the speculation runs again (nothing lost)."""
+    scheduler, fake = gated
+    early = await scheduler.submit(request("s", 10, SPECULATIVE))
+    await wait_entered(fake)
+    final = await scheduler.submit(request("f", 20))
+    await wait_entered(fake)
+    assert fake.stopped == [[10]] and fake.batches[-1] == [20]
+    fake.release()
+    await asyncio.wait_for(final, TIMEOUT)
+    await wait_entered(fake)
+    fake.release()
+    assert (await asyncio.wait_for(early, TIMEOUT)).transcription.text == "n=10"
+    assert fake.batches == [[10], [20], [10]]
+
+
+async def test_speculation_waits_for_finals_and_partials(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """Queued behind a busy worker: finals run first, then the partial (within its
+    budget), then the speculative final; a newer speculation of the session replaces its
+    queued one."""
+    scheduler, fake = gated
+    busy = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    partial = await scheduler.submit(request("p", 30, Priority.PARTIAL))
+    old = await scheduler.submit(request("s", 10, SPECULATIVE))
+    early = await scheduler.submit(request("s", 11, SPECULATIVE))
+    final = await scheduler.submit(request("f", 20))
+    with pytest.raises(RequestSuperseded):
+        await old
+    fake.release(4)
+    await asyncio.wait_for(asyncio.gather(busy, partial, early, final), TIMEOUT)
+    assert fake.batches == [[1], [20], [30], [11]]
+
+
+async def test_promoted_speculation_is_served_as_a_final(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """Promoted while queued, a speculation runs with the finals, in one batch (as a final
+    submitted at its promotion); cancelling speculations leaves it alone."""
+    scheduler, fake = gated
+    busy = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    final = await scheduler.submit(request("f", 20))
+    speculated = request("s", 10, SPECULATIVE)
+    early = await scheduler.submit(speculated)
+    assert scheduler.promote(speculated)
+    assert scheduler.depth_by_priority()[Priority.FINAL] == 2
+    assert scheduler.cancel("s", only=SPECULATIVE) == 0
+    fake.release(2)
+    await asyncio.wait_for(asyncio.gather(busy, final, early), TIMEOUT)
+    assert fake.batches == [[1], [20, 10]]
+    assert not scheduler.promote(speculated)  # done: nothing to promote
+
+
+async def test_a_running_speculation_once_promoted_is_not_stopped(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """Promoted while it runs, a speculation is a final: a new final waits for it instead
+    of stopping it."""
+    scheduler, fake = gated
+    speculated = request("s", 10, SPECULATIVE)
+    early = await scheduler.submit(speculated)
+    await wait_entered(fake)
+    assert scheduler.promote(speculated)
+    final = await scheduler.submit(request("f", 20))
+    await asyncio.sleep(0.05)
+    assert fake.stopped == []
+    fake.release(2)
+    await asyncio.wait_for(asyncio.gather(early, final), TIMEOUT)
+    assert fake.batches == [[10], [20]]
+    assert scheduler.stats.preempted_batches == 0

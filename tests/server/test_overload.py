@@ -56,7 +56,11 @@ async def test_past_capacity_new_streams_are_refused_and_admitted_rooms_finish()
     def slow(settings: Settings) -> SlowRecognizer:
         return SlowRecognizer(0.05)
 
-    async with serve_app(slow, max_sessions=3, admit_max_queue_wait_ms=1.0) as server:
+    # Speculation off: finals decoded early wait ~0 here, and this measures waits of 20 ms
+    # (the batch wait) against a 1 ms limit.
+    async with serve_app(
+        slow, max_sessions=3, admit_max_queue_wait_ms=1.0, speculate_after_ms=0
+    ) as server:
         base = f"{server.ws_url}/v1/meetings"
         speech = clip("en_jfk").pcm16() + bytes(32000)  # a second of silence closes the last
         rooms = [StreamResult() for _ in range(3)]

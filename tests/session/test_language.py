@@ -202,4 +202,7 @@ async def test_finals_cut_during_detection_wait_for_its_language(jfk: bytes) -> 
         await asyncio.wait_for(receiver, TIMEOUT)
     assert len(result.finals) >= 2
     assert {f["language"] for f in result.finals} == {"de"}
-    assert gated.asked[0] is None and gated.asked[1:] == ["de"] * (len(result.finals) - 1)
+    # Every request after the first is pinned (speculative finals, once the language is
+    # pinned, may add requests beside the finals').
+    assert gated.asked[0] is None and gated.asked[1:] == ["de"] * (len(gated.asked) - 1)
+    assert len(gated.asked) >= len(result.finals)

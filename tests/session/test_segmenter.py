@@ -15,6 +15,8 @@ from session.segmenter import (
     SpeechStarted,
     SpeechStopped,
     UtteranceEnded,
+    UtteranceMayEnd,
+    UtteranceResumed,
 )
 from session.vad import WINDOW, DirectScorer, SileroVad, VadStream
 from tests.corpus import clip
@@ -122,6 +124,83 @@ def test_flush_ends_speech_now_and_start_offset_is_kept() -> None:
     assert len(ended) == 1 and ended[0].index == 7
     assert ended[0].start == 16_000 and ended[0].end == 16_000 + 20 * WINDOW
     assert seg.flush() == []
+
+
+SPECULATING = SegmenterConfig(
+    pre_roll=0.064, post_roll=0.096, min_silence=0.5, partial_interval=0, speculate_after=0.16
+)
+
+
+def test_speculation_hands_out_the_finals_audio_once_it_is_fixed() -> None:
+    """After speculate_after of silence, UtteranceMayEnd carries exactly what the final
+    carries; the final comes min_silence after the speech, nothing else in between."""
+    seg = Segmenter(SPECULATING)
+    events = feed(seg, [0.1] * 5 + [0.9] * 20)
+    assert [type(e) for e in events] == [SpeechStarted]
+    silence = feed(seg, [0.1] * windows(0.16))
+    assert [type(e) for e in silence] == [UtteranceMayEnd]
+    (may_end,) = silence
+    assert isinstance(may_end, UtteranceMayEnd)
+    rest = feed(seg, [0.1] * (windows(0.5) - windows(0.16)))
+    assert [type(e) for e in rest] == [SpeechStopped, UtteranceEnded]
+    ended = rest[1]
+    assert isinstance(ended, UtteranceEnded)
+    assert (may_end.index, may_end.start, may_end.end) == (ended.index, ended.start, ended.end)
+    assert np.array_equal(may_end.audio, ended.audio)
+    assert ended.end == (25 + windows(0.096)) * WINDOW  # the last speech plus the post-roll
+
+
+def test_speculation_never_comes_before_the_post_roll_is_in() -> None:
+    """A speculate_after shorter than the post-roll waits for the post-roll: the audio
+    handed out is complete."""
+    config = SegmenterConfig(
+        post_roll=0.096, min_silence=0.5, partial_interval=0, speculate_after=0.01
+    )
+    seg = Segmenter(config)
+    feed(seg, [0.9] * 20)
+    assert feed(seg, [0.1] * (windows(0.096) - 1)) == []
+    (may_end,) = feed(seg, [0.1])
+    assert isinstance(may_end, UtteranceMayEnd) and may_end.end == seg.position
+
+
+def test_resumed_speech_withdraws_the_speculation_and_a_new_silence_speculates_again() -> None:
+    """Speech after an UtteranceMayEnd yields UtteranceResumed (once); the utterance goes on,
+    and its next silence speculates again with the longer audio, which the final matches."""
+    seg = Segmenter(SPECULATING)
+    feed(seg, [0.9] * 20)
+    (first,) = feed(seg, [0.1] * windows(0.16))
+    assert isinstance(first, UtteranceMayEnd)
+    assert feed(seg, [0.1] * 3) == []  # still silent: no second speculation
+    resumed = feed(seg, [0.9] * 10)
+    assert [type(e) for e in resumed] == [UtteranceResumed]
+    assert isinstance(resumed[0], UtteranceResumed) and resumed[0].index == first.index
+    (second,) = feed(seg, [0.1] * windows(0.16))
+    assert isinstance(second, UtteranceMayEnd) and second.index == first.index
+    assert second.end > first.end
+    ended = [e for e in feed(seg, [0.1] * 20) if isinstance(e, UtteranceEnded)]
+    assert len(ended) == 1 and ended[0].end == second.end
+    assert np.array_equal(ended[0].audio, second.audio)
+
+
+def test_no_speculation_for_a_burst_too_short_to_be_a_final_or_when_off() -> None:
+    """A burst under min_speech gets no UtteranceMayEnd (it makes no final); nor does
+    anything with speculate_after=0."""
+    seg = Segmenter(SPECULATING)
+    events = feed(seg, [0.1] * 5 + [0.9] * 3 + [0.1] * 30)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]
+    off = Segmenter(SegmenterConfig(partial_interval=0))
+    events = feed(off, [0.9] * 20 + [0.1] * 30)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped, UtteranceEnded]
+
+
+def test_flush_after_speculation_ends_with_the_speculated_audio() -> None:
+    """A `finalize` in the silence after a speculation gives the final speculated."""
+    seg = Segmenter(SPECULATING)
+    feed(seg, [0.9] * 20)
+    (may_end,) = feed(seg, [0.1] * windows(0.16))
+    ended = [e for e in seg.flush() if isinstance(e, UtteranceEnded)]
+    assert isinstance(may_end, UtteranceMayEnd) and len(ended) == 1
+    assert (ended[0].start, ended[0].end) == (may_end.start, may_end.end)
 
 
 def test_config_is_validated() -> None:

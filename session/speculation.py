@@ -1,0 +1,139 @@
+"""Speculative finals: a live source's final decoded while its endpoint is still awaited.
+
+An utterance ends after `min_silence` of silence, but the audio its final carries (up to
+the last speech plus the post-roll) is fixed well before that: the segmenter says so with
+`UtteranceMayEnd`. The actor then has the committer build the final's utterance exactly as
+`Committer.submit` would (`Committer.speculative_utterance`: same audio, language, prompt,
+word timings) and hands it to `Speculator.speculate`, which submits it at
+`Priority.SPECULATIVE`: the scheduler runs it on model time no final needs. When the
+endpoint comes, the committer submits the final through this `Speculator` (it is the
+committer's `Recognition`): a final whose utterance equals the one speculated (the draft
+aside: a draft never changes a result) takes the speculation's future and the scheduler
+promotes it to a final, so the final is decoded once, and usually is ready by then. Any
+other request goes to the scheduler as it is.
+
+A speculation is withdrawn when speech resumes (`UtteranceResumed`), when the utterance
+ends otherwise than speculated (the actor withdraws what the final's submit did not take)
+and when the stream ends. Each one is counted once by outcome (telemetry `speculative_final`):
+
+- `used`: a final took it;
+- `discarded`: withdrawn after the model had started on it (its model time is wasted);
+- `cancelled`: withdrawn while still queued (no model time spent).
+
+The final's text is the one a final submitted at its endpoint would get, its `seq` and
+order are the committer's as always, and a failed speculation is retried as any final is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.api import (
+    LeftContext,
+    Priority,
+    Recognition,
+    RecognitionRequest,
+    RecognitionResult,
+    Utterance,
+)
+from session.telemetry import Telemetry
+
+
+@dataclass(frozen=True, slots=True)
+class _Speculation:
+    request: RecognitionRequest
+    future: asyncio.Future[RecognitionResult]
+
+
+class Speculator:
+    """One connection's speculative final (at most one at a time), and the `Recognition`
+    its committer submits through."""
+
+    def __init__(self, recognition: Recognition, telemetry: Telemetry) -> None:
+        self._recognition = recognition
+        self._telemetry = telemetry
+        self._held: _Speculation | None = None
+        self.outcomes: dict[str, int] = {"used": 0, "discarded": 0, "cancelled": 0}
+
+    async def speculate(self, key: str, utterance: Utterance | None) -> None:
+        """Decode `utterance` (None: its final's decoding is not known yet) as the final
+        of the utterance going silent now, replacing any earlier speculation."""
+        self.withdraw()
+        if utterance is None:
+            return
+        request = RecognitionRequest(key, Priority.SPECULATIVE, utterance)
+        try:
+            future = await self._recognition.submit(request)
+        except Exception:  # full, stopped or dead: the final will be submitted as one
+            return
+        future.add_done_callback(_retrieve)
+        self._held = _Speculation(request, future)
+
+    def withdraw(self) -> None:
+        """The speculation will not be a final: drop it (counted as discarded or cancelled)."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        dropped = (
+            not held.future.done()
+            and self._recognition.cancel(held.request.session_id, only=Priority.SPECULATIVE) > 0
+        )
+        self._count("cancelled" if dropped else "discarded")
+
+    # ------------------------------------------------------------------ Recognition
+
+    async def submit(self, request: RecognitionRequest) -> asyncio.Future[RecognitionResult]:
+        """A final that decodes as the speculation did takes its future; anything else
+        goes to the scheduler."""
+        held = self._held
+        if held is not None and _same_decoding(held.request, request):
+            self._held = None
+            future = held.future
+            if not future.done() and self._recognition.promote(held.request):
+                self._count("used")
+                return future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._count("used")
+                return future
+            self._count("discarded")  # it failed: the final is decoded anew
+        return await self._recognition.submit(request)
+
+    def cancel(self, session_id: str, *, only: Priority | None = None) -> int:
+        return self._recognition.cancel(session_id, only=only)
+
+    def promote(self, request: RecognitionRequest) -> bool:
+        return self._recognition.promote(request)
+
+    def _count(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+        self._telemetry.speculative_final(outcome)
+
+
+def _same_decoding(speculated: RecognitionRequest, final: RecognitionRequest) -> bool:
+    """Whether `final` decodes to what `speculated` does: the same key, a final, and the
+    same utterance but for its draft."""
+    a, b = speculated.utterance, final.utterance
+    return (
+        final.priority is Priority.FINAL
+        and speculated.session_id == final.session_id
+        and (a.language, a.prompt, a.word_timings) == (b.language, b.prompt, b.word_timings)
+        and np.array_equal(a.audio, b.audio)
+        and _same_left(a.left, b.left)
+    )
+
+
+def _same_left(a: LeftContext | None, b: LeftContext | None) -> bool:
+    """The same left context, or none on both (a speculation carries none yet: a final
+    with one is decoded on its own)."""
+    if a is None or b is None:
+        return a is b
+    return a.text == b.text and np.array_equal(a.audio, b.audio)
+
+
+def _retrieve(future: asyncio.Future[RecognitionResult]) -> None:
+    """A withdrawn speculation's failure is nobody's to await: don't log it as unretrieved."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,153 @@
+"""Speculative finals with the fake recognizer: a used speculation is the final's only
+inference; a discarded one changes nothing the client sees."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from engine.api import LeftContext, Priority, RecognitionRequest, Utterance
+from engine.scheduler import BatchScheduler
+from session.speculation import Speculator
+from session.telemetry import NullTelemetry
+from tests.appserver import serve_app
+from tests.corpus import clip
+from tests.fakes import FakeRecognizer
+from tests.wsclient import stream_pcm
+
+TIMEOUT = 5.0
+
+
+def utterance(n: int, draft: str = "", prompt: str = "") -> Utterance:
+    return Utterance(np.full(n, 0.1, np.float32), "en", draft, prompt, word_timings=True)
+
+
+def final(n: int, draft: str = "", prompt: str = "") -> RecognitionRequest:
+    return RecognitionRequest("s", Priority.FINAL, utterance(n, draft, prompt))
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
+    fake = FakeRecognizer(max_batch_size=4)
+    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0)
+    scheduler.start()
+    yield scheduler, fake
+    await scheduler.stop()
+
+
+async def ran(fake: FakeRecognizer, batches: int) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        while len(fake.batches) < batches:  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
+
+
+async def test_a_used_speculation_is_the_finals_only_inference(
+    engine: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """The final that decodes as the speculation did (another draft aside) takes its
+    result: the recognizer ran that audio once."""
+    scheduler, fake = engine
+    speculator = Speculator(scheduler, NullTelemetry())
+    await speculator.speculate("s", utterance(1000, draft="n=800"))
+    await ran(fake, 1)
+    future = await speculator.submit(final(1000, draft="n=900"))
+    result = await asyncio.wait_for(future, TIMEOUT)
+    assert result.transcription.text == "n=1000"
+    assert fake.batches == [[1000]] and fake.timed == [1000]
+    speculator.withdraw()  # nothing held any more: nothing counted
+    assert speculator.outcomes == {"used": 1, "discarded": 0, "cancelled": 0}
+
+
+async def test_a_discarded_speculation_changes_nothing(
+    engine: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """Speech resumed (withdraw) or the final decodes otherwise (another prompt, other
+    audio): the final is decoded on its own, with its own result."""
+    scheduler, fake = engine
+    speculator = Speculator(scheduler, NullTelemetry())
+    await speculator.speculate("s", utterance(1000))
+    await ran(fake, 1)
+    speculator.withdraw()  # speech resumed after it ran
+    await speculator.speculate("s", utterance(2000))
+    await ran(fake, 2)
+    other_prompt = await speculator.submit(final(2000, prompt="earlier words"))
+    assert (await asyncio.wait_for(other_prompt, TIMEOUT)).transcription.text == "n=2000"
+    speculator.withdraw()  # what the final did not take
+    assert fake.batches == [[1000], [2000], [2000]]
+    assert fake.prompts[-1] == (2000, "earlier words")
+    assert speculator.outcomes == {"used": 0, "discarded": 2, "cancelled": 0}
+
+
+async def test_a_final_with_left_context_does_not_take_a_speculation_without(
+    engine: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """A speculation carries no left context: the final that has one (same audio) is
+    decoded on its own, with it."""
+    scheduler, fake = engine
+    speculator = Speculator(scheduler, NullTelemetry())
+    await speculator.speculate("s", utterance(1000))
+    await ran(fake, 1)
+    left = LeftContext(np.full(500, 0.2, np.float32), "said before")
+    request = final(1000)
+    request = dataclasses.replace(
+        request, utterance=dataclasses.replace(request.utterance, left=left)
+    )
+    await asyncio.wait_for(await speculator.submit(request), TIMEOUT)
+    speculator.withdraw()
+    assert fake.batches == [[1000], [1000]]
+    assert [u.left for u in fake.lefts] == [left]
+    assert speculator.outcomes == {"used": 0, "discarded": 1, "cancelled": 0}
+
+
+async def test_a_speculation_withdrawn_while_queued_costs_no_model_time() -> None:
+    """Withdrawn before a worker took it, a speculation is cancelled, never run."""
+    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0)
+    scheduler.start()
+    speculator = Speculator(scheduler, NullTelemetry())
+    busy = await scheduler.submit(final(1))
+    await asyncio.wait_for(asyncio.to_thread(fake.entered.wait, TIMEOUT), TIMEOUT)
+    await speculator.speculate("s", utterance(1000))
+    speculator.withdraw()
+    assert scheduler.queue_depth == 0
+    fake.release()
+    await asyncio.wait_for(busy, TIMEOUT)
+    await scheduler.stop()
+    assert fake.batches == [[1]]
+    assert speculator.outcomes == {"used": 0, "discarded": 0, "cancelled": 1}
+
+
+def metric(text: str, outcome: str) -> float:
+    line = f'parley_speculative_finals_total{{outcome="{outcome}"}} '
+    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(line))
+
+
+async def test_finals_are_the_same_with_speculation_on_and_off() -> None:
+    """JFK through the real app and VAD: the finals (text, times, seq) are the same with
+    speculation on and off; with it on, no final's audio was decoded twice, and the
+    speculations are counted by outcome."""
+    runs = {}
+    for speculate_after_ms in (0.0, 160.0):
+        fake = FakeRecognizer()
+        async with serve_app(
+            lambda s, fake=fake: fake, speculate_after_ms=speculate_after_ms
+        ) as server:
+            result = await stream_pcm(
+                server.ws_url, "spec", clip("en_jfk").pcm16(), speed=4, trailing_silence=1.0
+            )
+            _, _, body = await server.request("GET", "/metrics")
+        finals = [(f["text"], f["start"], f["end"], f["seq"]) for f in result.finals]
+        runs[speculate_after_ms] = (finals, fake, body.decode())
+    (off, off_fake, _), (on, on_fake, metrics) = runs[0.0], runs[160.0]
+    assert on == off and len(on) >= 3
+    for text, *_ in on:
+        assert on_fake.timed.count(int(text[2:])) == 1  # the final's audio ran once
+    assert off_fake.timed == [int(text[2:]) for text, *_ in off]
+    used = metric(metrics, "used")
+    wasted = metric(metrics, "discarded")
+    assert used >= 1
+    assert len(on_fake.timed) == len(on) + wasted  # every other timed run was a discard
