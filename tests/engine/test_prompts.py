@@ -75,7 +75,14 @@ def test_prompts_off_decodes_as_without_a_prompt(tiny_en: Path) -> None:
     off = WhisperRecognizer(tiny_en, WhisperRecognizerConfig(prompt_tokens=0))
     audio = clips((HESTER,))[0].audio()
     ignored, plain = off.transcribe([Utterance(audio, prompt=PROMPT), Utterance(audio)])
-    assert ignored == plain
+    # The same text and words; the two rows' float32 products may differ in the last
+    # digits (a batched matrix product need not round row 0 as it rounds row 1).
+    assert ignored.text == plain.text
+    assert [(w.word, w.start, w.end) for w in ignored.words] == [
+        (w.word, w.start, w.end) for w in plain.words
+    ]
+    assert ignored.avg_logprob == pytest.approx(plain.avg_logprob, abs=1e-4)
+    assert ignored.no_speech_prob == pytest.approx(plain.no_speech_prob, abs=1e-4)
     assert "Prynne" not in ignored.text
 
 
