@@ -24,7 +24,8 @@ Rules:
   EngineDead and its reason, instead of waiting for a loop that is gone.
 
 The request types, priorities and errors are engine/api.py's: sessions see the scheduler
-only as its `Recognition` protocol.
+only as its `Recognition` protocol. Its records (entries, workers, busy time, statistics)
+are engine/scheduler_records.py's.
 """
 
 from __future__ import annotations
@@ -33,12 +34,10 @@ import asyncio
 import enum
 import itertools
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from engine.api import (
     BatchFailed,
@@ -50,12 +49,11 @@ from engine.api import (
     SchedulerFull,
     SchedulerStopped,
 )
-from engine.policy import PartialBudget, PolicyConfig, Queued, Running, plan
+from engine.policy import PartialBudget, PolicyConfig, plan
 from engine.recognizer import Interrupted, Recognizer
+from engine.scheduler_records import BusyTime, Entry, SchedulerStats, Worker
 
 logger = logging.getLogger(__name__)
-
-LOAD_WINDOW = 2.0  # seconds over which the model's utilization is measured
 
 
 class SchedulerState(enum.Enum):
@@ -63,62 +61,6 @@ class SchedulerState(enum.Enum):
     RUNNING = "running"
     STOPPED = "stopped"
     DEAD = "dead"  # it failed: every waiting and later request fails with EngineDead
-
-
-@dataclass(slots=True)
-class _Entry:
-    request: RecognitionRequest
-    future: asyncio.Future[RecognitionResult]
-    submitted_at: float
-    key: int
-    since: float  # the policy's order: a final's submit time, a partial's staleness
-
-    def view(self) -> Queued:
-        return Queued(self.key, self.request.priority, self.since)
-
-
-@dataclass(slots=True)
-class _Worker:
-    """A model thread and the batch it runs (none while `batch` is empty)."""
-
-    index: int
-    executor: ThreadPoolExecutor
-    stop: threading.Event = field(default_factory=threading.Event)
-    batch: list[_Entry] = field(default_factory=list)
-    partial: bool = False
-    started: float = 0.0
-    task: asyncio.Task[None] | None = None
-
-    def view(self) -> Running:
-        speculative = all(e.request.priority is Priority.SPECULATIVE for e in self.batch)
-        return Running(self.index, self.partial, self.stop.is_set(), speculative)
-
-
-@dataclass
-class SchedulerStats:
-    """Counters for metrics and tests. Read them; only the scheduler writes them."""
-
-    batches: int = 0
-    requests: int = 0
-    failed_batches: int = 0
-    partials_superseded: int = 0
-    partials_rejected: int = 0
-    preempted_batches: int = 0  # partial batches stopped for finals
-    # Model time by the kind of batch (a stopped partial batch's time counts as partial).
-    model_seconds: dict[Priority, float] = field(
-        default_factory=lambda: dict.fromkeys(Priority, 0.0)
-    )
-    batch_sizes: list[int] = field(default_factory=list)  # the last `history` batches
-    batch_sessions: list[frozenset[str]] = field(default_factory=list)
-    history: int = 1000
-
-    def record_batch(self, entries: Sequence[_Entry]) -> None:
-        self.batches += 1
-        self.requests += len(entries)
-        self.batch_sizes.append(len(entries))
-        self.batch_sessions.append(frozenset(e.request.session_id for e in entries))
-        del self.batch_sizes[: -self.history]
-        del self.batch_sessions[: -self.history]
 
 
 BatchObserver = Callable[[Sequence[RecognitionRequest], Sequence[RecognitionResult]], None]
@@ -156,14 +98,14 @@ class BatchScheduler:
         self._max_queue = max_queue
         self._clock = clock
         self._budget = PartialBudget(self._policy, clock())
-        self._queue: dict[int, _Entry] = {}  # by key, in arrival order
-        self._partials: dict[str, _Entry] = {}  # session_id → its queued partial
-        self._speculative: dict[str, _Entry] = {}  # session_id → its queued speculative final
+        self._queue: dict[int, Entry] = {}  # by key, in arrival order
+        self._partials: dict[str, Entry] = {}  # session_id → its queued partial
+        self._speculative: dict[str, Entry] = {}  # session_id → its queued speculative final
         self._keys = itertools.count()
         self._wakeup = asyncio.Event()
         self._room = asyncio.Event()  # set whenever the queue drops below its bound
         self._workers = [
-            _Worker(
+            Worker(
                 i,
                 ThreadPoolExecutor(
                     max_workers=1, thread_name_prefix=f"parley-model-{i}", initializer=worker_init
@@ -172,7 +114,7 @@ class BatchScheduler:
             for i in range(workers)
         ]
         self._task: asyncio.Task[None] | None = None
-        self._busy: deque[tuple[float, float]] = deque()  # recent (start, end) of batches
+        self._busy = BusyTime()  # recent (start, end) of batches
         self._observers: list[BatchObserver] = []
         self.state = SchedulerState.CREATED
         self.death: EngineDead | None = None  # why it died (state DEAD)
@@ -233,19 +175,9 @@ class BatchScheduler:
 
     @property
     def utilization(self) -> float:
-        """Fraction of the last `LOAD_WINDOW` seconds the workers spent on batches."""
-        now = self._clock()
-        horizon = self._forget_busy(now)
-        busy = sum(end - max(start, horizon) for start, end in self._busy)
-        busy += sum(now - max(w.started, horizon) for w in self._workers if w.batch)
-        return min(1.0, busy / (LOAD_WINDOW * len(self._workers)))
-
-    def _forget_busy(self, now: float) -> float:
-        """Drop the batches that ended before the load window; return its start."""
-        horizon = now - LOAD_WINDOW
-        while self._busy and self._busy[0][1] <= horizon:
-            self._busy.popleft()
-        return horizon
+        """Fraction of the last `BusyTime.window` seconds the workers spent on batches."""
+        running = (w.started for w in self._workers if w.batch)
+        return self._busy.utilization(self._clock(), running, len(self._workers))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._queue or any(w.batch for w in self._workers))
@@ -268,7 +200,7 @@ class BatchScheduler:
                 if request.priority is Priority.PARTIAL:
                     since = previous.since  # the session has been waiting since then
                     self.stats.partials_superseded += 1
-                _fail(previous, RequestSuperseded("a newer request replaced this one"))
+                previous.fail(RequestSuperseded("a newer request replaced this one"))
             elif len(self._queue) >= self._max_queue:
                 self.stats.partials_rejected += 1
                 raise SchedulerFull("recognition queue is full")
@@ -281,14 +213,14 @@ class BatchScheduler:
             # `now` stays the time of the call: a final's queue wait includes its wait for
             # room, so latency and admission control see the backpressure.
         key = next(self._keys)
-        entry = _Entry(request, asyncio.get_running_loop().create_future(), now, key, since)
+        entry = Entry(request, asyncio.get_running_loop().create_future(), now, key, since)
         self._queue[key] = entry
         if latest is not None:
             latest[request.session_id] = entry
         self._wakeup.set()
         return entry.future
 
-    def _latest(self, priority: Priority) -> dict[str, _Entry] | None:
+    def _latest(self, priority: Priority) -> dict[str, Entry] | None:
         """The queued requests of `priority` kept one per session (the newest), if it is so."""
         if priority is Priority.PARTIAL:
             return self._partials
@@ -374,7 +306,7 @@ class BatchScheduler:
             except TimeoutError:
                 pass
 
-    def _launch(self, worker: _Worker, keys: Sequence[int], partial: bool) -> None:
+    def _launch(self, worker: Worker, keys: Sequence[int], partial: bool) -> None:
         entries = [self._queue.pop(key) for key in keys]
         for entry in entries:
             latest = self._latest(entry.request.priority)
@@ -388,7 +320,7 @@ class BatchScheduler:
         worker.stop.clear()
         worker.task = asyncio.create_task(self._run_batch(worker), name=f"batch-{worker.index}")
 
-    async def _run_batch(self, worker: _Worker) -> None:
+    async def _run_batch(self, worker: Worker) -> None:
         live, started = worker.batch, worker.started
         try:
             results = await self._transcribe(worker, live)
@@ -402,8 +334,7 @@ class BatchScheduler:
             self._die(f"the scheduler's loop died: {type(exc).__name__}: {exc}")
         finally:
             ended = self._clock()
-            self._busy.append((started, ended))
-            self._forget_busy(ended)  # bounded even when no partial reads `utilization`
+            self._busy.add(started, ended)
             kind = Priority.PARTIAL if worker.partial else min(e.request.priority for e in live)
             self.stats.model_seconds[kind] += ended - started
             if worker.partial:
@@ -412,7 +343,7 @@ class BatchScheduler:
             self._wakeup.set()
 
     async def _transcribe(
-        self, worker: _Worker, live: list[_Entry]
+        self, worker: Worker, live: list[Entry]
     ) -> list[RecognitionResult] | None:
         """Run one batch and settle its futures; None if it failed or was stopped."""
         loop = asyncio.get_running_loop()
@@ -430,7 +361,7 @@ class BatchScheduler:
                 )
         except asyncio.CancelledError:
             for entry in live:
-                _fail(entry, SchedulerStopped("scheduler stopped during the batch"))
+                entry.fail(SchedulerStopped("scheduler stopped during the batch"))
             raise
         except Interrupted:
             self._requeue(live)
@@ -441,7 +372,7 @@ class BatchScheduler:
             error = exc if isinstance(exc, BatchFailed) else BatchFailed(str(exc))
             error.__cause__ = exc if error is not exc else None
             for entry in live:
-                _fail(entry, error)
+                entry.fail(error)
             return None
         inference = self._clock() - started
         self.stats.record_batch(live)
@@ -459,7 +390,7 @@ class BatchScheduler:
                 entry.future.set_result(result)
         return results
 
-    def _requeue(self, stopped: list[_Entry]) -> None:
+    def _requeue(self, stopped: list[Entry]) -> None:
         """Put a stopped batch's requests back (partial and speculative batches are
         stopped; a speculative final promoted meanwhile goes back as a final), unless a
         newer partial or speculative request of their session came meanwhile."""
@@ -471,7 +402,7 @@ class BatchScheduler:
             if latest is not None and session in latest:
                 if entry.request.priority is Priority.PARTIAL:
                     self.stats.partials_superseded += 1
-                _fail(entry, RequestSuperseded("a newer request replaced this one"))
+                entry.fail(RequestSuperseded("a newer request replaced this one"))
                 continue
             self._queue[entry.key] = entry
             if latest is not None:
@@ -479,7 +410,7 @@ class BatchScheduler:
 
     def _fail_all(self, error: Exception) -> None:
         for entry in (*self._queue.values(), *(e for w in self._workers for e in w.batch)):
-            _fail(entry, error)
+            entry.fail(error)
         self._queue.clear()
         self._partials.clear()
         self._speculative.clear()
@@ -494,10 +425,3 @@ class BatchScheduler:
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()  # died in a batch task: the loop has nothing left to plan
         self._room.set()  # finals waiting for room see the state and raise
-
-
-def _fail(entry: _Entry, error: Exception) -> None:
-    if not entry.future.done():
-        entry.future.set_exception(error)
-        # Nobody may await a superseded or cancelled request; don't log "never retrieved".
-        entry.future.exception()
