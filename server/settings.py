@@ -58,10 +58,12 @@ class Settings:
         "WER in our runs (docs/performance.md).",
     )
     left_context_s: float = setting(
-        20.0,
+        0.0,
         "Decode each final behind its source's previous utterances (up to two: their audio "
-        "and final text, at most this many seconds), so the model hears what led up to it; "
-        "0 = off: each utterance on its own. docs/performance.md has the figures.",
+        "and final text, at most this many seconds; 20 is what we measured), so the model "
+        "hears what led up to it; 0 = off: each utterance on its own. Off by default: it "
+        "closes the gap to offline decoding on English dialogue but doubles a final's "
+        "inference and hurt Spanish in the multilingual test (docs/performance.md).",
     )
     word_timings: bool = setting(
         True,

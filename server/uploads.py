@@ -144,6 +144,29 @@ def _check_diarize(diarize: bool, services: SessionServices) -> None:
         )
 
 
+# Body bytes read and dropped before an early refusal (bad options, no model, no job
+# slot): a server that closes with unread bytes makes the kernel reset the connection, and
+# the client may lose the answer to a "connection reset". Bigger bodies are cut off.
+DRAIN_BEFORE_REFUSAL = 1 << 20
+DRAIN_TIMEOUT_S = 2.0
+
+
+async def _refuse(
+    request: Request, status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> Response:
+    """`_problem`, after reading what is cheap of the request's body (see above)."""
+    drained = 0
+    try:
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            async for chunk in request.stream():
+                drained += len(chunk)
+                if drained > DRAIN_BEFORE_REFUSAL:
+                    break
+    except (ClientDisconnect, TimeoutError):
+        pass
+    return _problem(status, code, message, headers)
+
+
 async def create_transcription(request: Request) -> Response:
     """POST /v1/transcriptions — upload a recording; 202 + Location, or 200 with `wait=true`."""
     state = app_state(request)
@@ -154,11 +177,13 @@ async def create_transcription(request: Request) -> Response:
     query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
     unknown = set(request.query_params) - OPTION_FIELDS
     if unknown:
-        return _problem(400, "bad_request", f"unknown query parameter {sorted(unknown)[0]!r}")
+        return await _refuse(
+            request, 400, "bad_request", f"unknown query parameter {sorted(unknown)[0]!r}"
+        )
     try:
         options, wait = _parse_options(query, settings)
     except Refusal as exc:
-        return _problem(exc.status, exc.code, exc.message)
+        return await _refuse(request, exc.status, exc.code, exc.message)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > settings.max_upload_bytes + FORM_OVERHEAD:
         refused = too_large(settings.max_upload_bytes)  # say so before a byte is sent
@@ -166,18 +191,22 @@ async def create_transcription(request: Request) -> Response:
     services, file_vad = state.services, state.file_vad
     unavailable = state.unavailable()
     if unavailable is not None or services is None or file_vad is None:
-        return _problem(
-            503, "overloaded", unavailable or "model is not ready", {"Retry-After": RETRY_AFTER_S}
+        return await _refuse(
+            request,
+            503,
+            "overloaded",
+            unavailable or "model is not ready",
+            {"Retry-After": RETRY_AFTER_S},
         )
     try:
         _check_language(options.language, services.languages, state.recognizer_name)
         _check_diarize(options.diarize, services)
     except Refusal as exc:
-        return _problem(exc.status, exc.code, exc.message)
+        return await _refuse(request, exc.status, exc.code, exc.message)
     try:
         job = state.jobs.admit(options)
     except JobsFull as exc:
-        return _problem(503, "overloaded", str(exc), {"Retry-After": RETRY_AFTER_S})
+        return await _refuse(request, 503, "overloaded", str(exc), {"Retry-After": RETRY_AFTER_S})
     job.tenant = tenant
     try:
         form = await receive_form(
