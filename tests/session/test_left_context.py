@@ -11,14 +11,19 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from engine.api import SAMPLE_RATE, Priority
+from engine.api import SAMPLE_RATE
 from engine.scheduler import BatchScheduler
-from session.committer import Committer, CommitterConfig, PendingFinal
+from session.committer import PendingFinal
 from session.said_before import LEFT_UTTERANCES, MAX_GAP
 from session.segmenter import UtteranceEnded
-from store.memory import MemoryStore
 from tests.fakes import FakeRecognizer
-from tests.session.test_prompts import _Nowhere
+from tests.session.test_prompts import committer
+
+
+def utterance(index: int, start: float, seconds: float, value: float) -> UtteranceEnded:
+    first = round(start * SAMPLE_RATE)
+    samples = round(seconds * SAMPLE_RATE)
+    return UtteranceEnded(index, first, first + samples, np.full(samples, value, np.float32))
 
 
 @pytest.fixture
@@ -28,25 +33,6 @@ async def fake() -> AsyncIterator[tuple[FakeRecognizer, BatchScheduler]]:
     scheduler.start()
     yield recognizer, scheduler
     await scheduler.stop()
-
-
-def committer(scheduler: BatchScheduler, left_context: float) -> Committer:
-    config = CommitterConfig(
-        session_id="s",
-        participant="p",
-        priority=Priority.FINAL,
-        timing=False,
-        requested_language="en",
-        model_languages=frozenset({"en"}),
-        left_context=left_context,
-    )
-    return Committer(config, scheduler, MemoryStore(), None, _Nowhere())
-
-
-def utterance(index: int, start: float, seconds: float, value: float) -> UtteranceEnded:
-    first = round(start * SAMPLE_RATE)
-    samples = round(seconds * SAMPLE_RATE)
-    return UtteranceEnded(index, first, first + samples, np.full(samples, value, np.float32))
 
 
 async def test_each_final_hears_the_utterances_before_it_and_the_gaps(

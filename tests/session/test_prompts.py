@@ -41,7 +41,10 @@ async def fake() -> AsyncIterator[tuple[FakeRecognizer, BatchScheduler]]:
     await scheduler.stop()
 
 
-def committer(scheduler: BatchScheduler, prompts: bool) -> Committer:
+def committer(
+    scheduler: BatchScheduler, *, prompts: bool = False, left_context: float = 0.0
+) -> Committer:
+    """A source's committer on `scheduler` that logs to a MemoryStore and sends nowhere."""
     config = CommitterConfig(
         session_id="s",
         participant="p",
@@ -50,6 +53,7 @@ def committer(scheduler: BatchScheduler, prompts: bool) -> Committer:
         requested_language="en",
         model_languages=frozenset({"en"}),
         prompts=prompts,
+        left_context=left_context,
     )
     return Committer(config, scheduler, MemoryStore(), None, _Nowhere())
 
