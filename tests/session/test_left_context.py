@@ -6,8 +6,6 @@ utterance carried; tests/engine/test_context.py has what the model does with it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import numpy as np
 import pytest
 
@@ -24,15 +22,6 @@ def utterance(index: int, start: float, seconds: float, value: float) -> Utteran
     first = round(start * SAMPLE_RATE)
     samples = round(seconds * SAMPLE_RATE)
     return UtteranceEnded(index, first, first + samples, np.full(samples, value, np.float32))
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[tuple[FakeRecognizer, BatchScheduler]]:
-    recognizer = FakeRecognizer()
-    scheduler = BatchScheduler(recognizer, max_batch_size=8)
-    scheduler.start()
-    yield recognizer, scheduler
-    await scheduler.stop()
 
 
 async def test_each_final_hears_the_utterances_before_it_and_the_gaps(

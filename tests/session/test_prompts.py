@@ -6,10 +6,9 @@ utterance's prompt; tests/engine/test_prompts.py has what the model does with th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
 import numpy as np
-import pytest
 
 from engine.api import Priority
 from engine.scheduler import BatchScheduler
@@ -30,15 +29,6 @@ class _Nowhere:
 
     def relabelled(self, speakers: Mapping[str, str]) -> None:
         return None
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[tuple[FakeRecognizer, BatchScheduler]]:
-    recognizer = FakeRecognizer()
-    scheduler = BatchScheduler(recognizer, max_batch_size=8)
-    scheduler.start()
-    yield recognizer, scheduler
-    await scheduler.stop()
 
 
 def committer(

@@ -1,0 +1,20 @@
+"""Fixtures shared by the session tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from engine.scheduler import BatchScheduler
+from tests.fakes import FakeRecognizer
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[tuple[FakeRecognizer, BatchScheduler]]:
+    """A started scheduler over a fake recognizer (batches of up to 8)."""
+    recognizer = FakeRecognizer()
+    scheduler = BatchScheduler(recognizer, max_batch_size=8)
+    scheduler.start()
+    yield recognizer, scheduler
+    await scheduler.stop()
