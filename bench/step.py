@@ -15,16 +15,20 @@ Five parts, one model load per `--quantize` scope (engine/whisper.py `Quantize`)
 - **encoder**: one encoder pass of one row, per window, per scope.
 - **rows**: eight corpus clips decoded together and each alone (the same encoder states):
   how many rows' tokens, and start-step logits, are identical.
-- **partials** (not by default): live partials' audio (each clip's first 0.8-4 s)
-  decoded on every window that holds it (give `--windows 5 10`): loops, words that differ
-  from the largest window's text, and the time per partial (last `--quantize` scope only).
+- **partials** (not by default): live partials' audio (each clip's first 0.8-6.4 s, the
+  previous prefix's text as the draft) decoded as a final is (today's partials before
+  `Utterance.partial`) and as a partial under each `--partial-grids` setting (extra
+  windows / margin / token budget per second): partials given empty text (loops), words
+  that differ from the final-like text, mean window and time per partial (last
+  `--quantize` scope only; a model of its own, with the default final windows).
 
 Medians over `--repeats` timed calls after a warm-up, on `--threads` torch threads (1: what
 each of the two model workers gets on the 2-core machine).
 
     python -m bench.step
     python -m bench.step --quantize none int8-decoder --batch-sizes 1 8
-    python -m bench.step --quantize int8-decoder --parts partials --windows 5 10
+    python -m bench.step --quantize int8-shortlist --parts partials \
+        --partial-grids none/1/8 4,6,8/2/8 4,6,8/2/5
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -45,7 +49,6 @@ from torch.nn import functional
 from bench.corpus import clips
 from engine.api import Utterance
 from engine.greedy import GreedyDecoder
-from engine.guard import looped
 from engine.int8 import Int8Linear
 from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer
 from engine.vocabulary import Choice, ShortlistHead
@@ -58,7 +61,7 @@ logger = logging.getLogger("bench.step")
 SCOPES: tuple[Quantize, ...] = QUANTIZE_SCOPES
 ROW_CLIPS = ("en_ls_", "en_jfk", "en_lj_LJ0")
 CACHED = 24  # tokens already in the cache when a step is timed
-PARTIAL_PREFIXES = (0.8, 1.6, 2.4, 3.2, 4.0)  # seconds: a live utterance's first partials
+PARTIAL_PREFIXES = (0.8, 1.6, 2.4, 3.2, 4.0, 4.8, 5.6, 6.4)  # seconds: a live utterance's partials
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,7 @@ class Settings:
     windows: tuple[float, ...]
     repeats: int
     parts: tuple[str, ...]
+    partial_grids: tuple[PartialGrid, ...] = ()
 
 
 def parse_args(argv: Sequence[str] | None) -> Settings:
@@ -92,6 +96,13 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         choices=["projection", "step", "encoder", "rows", "partials"],
         default=["projection", "step", "encoder", "rows"],
     )
+    parser.add_argument(
+        "--partial-grids",
+        nargs="+",
+        default=["none/1/8", "4,6,8/2/8", "4,6,8/2/5"],
+        help="partials part: WINDOWS/MARGIN/TOKENS_PER_S settings to compare "
+        "(WINDOWS: extra windows, comma separated, or none)",
+    )
     args = parser.parse_args(argv)
     return Settings(
         model=args.model,
@@ -102,6 +113,7 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         windows=tuple(sorted(set(args.windows))),
         repeats=args.repeats,
         parts=tuple(args.parts),
+        partial_grids=tuple(PartialGrid.parse(g) for g in args.partial_grids),
     )
 
 
@@ -284,42 +296,87 @@ def rows_compared(greedy: GreedyDecoder, prompt: list[int], hidden: torch.Tensor
     return f"{same_tokens}/{n} tokens, {same_logits}/{n} start logits"
 
 
-def partial_windows(recognizer: WhisperRecognizer, settings: Settings) -> list[str]:
-    """Live partials' audio (every clip's first 0.8, 1.6, ... 4 s) decoded alone on each
-    window that holds it plus the 1 s margin: loops (as the guard judges them), the words
-    that differ from the largest such window's text (today's partials: 10 s), the time."""
-    guard = recognizer.config.guard
+@dataclass(frozen=True, slots=True)
+class PartialGrid:
+    """How partials are decoded: extra windows, the margin, the token budget's rate."""
+
+    windows: tuple[float, ...]
+    margin: float
+    tokens_per_second: float
+
+    @classmethod
+    def parse(cls, text: str) -> PartialGrid:
+        """`WINDOWS/MARGIN/RATE`, e.g. `4,6,8/2/5` (`none` for no extra windows)."""
+        windows, margin, rate = text.split("/")
+        extra = () if windows == "none" else tuple(float(w) for w in windows.split(","))
+        return cls(extra, float(margin), float(rate))
+
+    def __str__(self) -> str:
+        windows = ",".join(f"{w:g}" for w in self.windows) or "none"
+        return f"{windows}/{self.margin:g}/{self.tokens_per_second:g}"
+
+
+def partial_windows(scope: Quantize, settings: Settings) -> list[str]:
+    """Live partials' audio (every English clip's first 0.8, 1.6, ... s, each decoded
+    alone as a live session sends it, with the previous prefix's text as its draft), as
+    a final is decoded (today's partials before "Cheaper partials": no `partial` flag) and
+    as a partial under each `--partial-grids` setting: the partials given empty text (a
+    loop, or no speech), the words that differ from the final-like decoding's text, the
+    mean window and the time per partial (features, encoder, decoder)."""
     prefixes = [
-        Utterance(clip.audio()[: round(seconds * 16_000)])
+        [
+            clip.audio()[: round(seconds * 16_000)]
+            for seconds in PARTIAL_PREFIXES
+            if seconds < clip.duration
+        ]
         for clip in clips()
         if clip.language == "en" and clip.duration < 30
-        for seconds in PARTIAL_PREFIXES
-        if seconds < clip.duration
     ]
-    windows = [w for w in settings.windows if w >= max(PARTIAL_PREFIXES) + 1.0]
+    count = sum(map(len, prefixes))
+    extra = tuple(sorted({w for grid in settings.partial_grids for w in grid.windows}))
+    base = WhisperRecognizerConfig(quantize=scope, partial_windows=extra)
+    recognizer = load_recognizer(settings.model, base, cache=settings.model_cache)
     lines = [
-        f"Partials: {len(prefixes)} prefixes of the English clips ("
+        f"Partials: {count} prefixes of the English clips ("
         + ", ".join(f"{s:g}" for s in PARTIAL_PREFIXES)
-        + " s), each decoded alone, no retry:",
+        + " s), each decoded alone with the previous prefix's text as its draft:",
         "",
-        f"| window | loops | words that differ from the {windows[-1]:g} s window's | "
-        "encoder + decoder per prefix |",
-        "|---|---|---|---|",
+        "| decoded as | windows / margin / tokens per s | empty | words that differ from "
+        "the final-like decoding's | mean window | per partial |",
+        "|---|---|---|---|---|---|",
     ]
-    decoded_by_window = {}
-    for window in reversed(windows):
-        start = time.perf_counter()
-        decoded = [recognizer._forward([u], window)[0] for u in prefixes]
-        ms = (time.perf_counter() - start) / len(prefixes) * 1000
-        decoded_by_window[window] = decoded
-        reference = [d.text for d in decoded_by_window[windows[-1]]]
-        loops = sum(looped(d.text, d.exhausted, guard) for d in decoded)
+    reference: list[str] = []
+    for grid in (None, *settings.partial_grids):
+        if grid is not None:
+            recognizer.config = replace(
+                base,
+                partial_windows=grid.windows,
+                partial_margin=grid.margin,
+                partial_tokens_per_second=grid.tokens_per_second,
+            )
+        texts: list[str] = []
+        windows: list[float] = []
+        elapsed = 0.0
+        for audios in prefixes:
+            draft = ""
+            for audio in audios:
+                utterance = Utterance(audio, draft=draft, partial=grid is not None)
+                windows.append(recognizer.window([utterance]))
+                start = time.perf_counter()
+                text = recognizer.transcribe([utterance])[0].text
+                elapsed += time.perf_counter() - start
+                texts.append(text)
+                draft = text or draft
+        if grid is None:
+            reference = texts
         errors = ErrorCounts(0, 0, 0, 0)
-        for want, got in zip(reference, decoded, strict=True):
-            errors += error_counts(want, got.text)
+        for want, got in zip(reference, texts, strict=True):
+            errors += error_counts(want, got)
+        empty = sum(not t for t in texts)
         lines.append(
-            f"| {window:g} s | {loops} | {errors.rate:.3f} ({errors.errors} of "
-            f"{errors.reference_length}) | {ms:.0f} ms |"
+            f"| {'final' if grid is None else 'partial'} | {grid or '(final: 10 s+, 1 s, 8)'} "
+            f"| {empty} | {errors.rate:.3f} ({errors.errors} of {errors.reference_length}) "
+            f"| {statistics.mean(windows):.1f} s | {elapsed / count * 1000:.0f} ms |"
         )
     return lines
 
@@ -352,7 +409,7 @@ def run(settings: Settings) -> str:
                     f"| {scope} | " + " | ".join(encoder_cells(recognizer, settings)) + " |"
                 )
             if "partials" in settings.parts and scope == settings.quantize[-1]:
-                partial_lines = partial_windows(recognizer, settings)
+                partial_lines = partial_windows(scope, settings)
             if "rows" in settings.parts:
                 row_rows.append(f"| {scope} | {rows_cell(recognizer, hidden)} |")
         logger.info("%s done", scope)

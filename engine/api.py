@@ -66,6 +66,10 @@ class Utterance:
     same window, ahead of the utterance, and its text ahead of the transcript, so the
     model hears the utterance in context (it transcribes only the utterance itself, and
     may drop the context when it does not fit).
+    `partial` marks a partial transcript, which only has to be good enough to show for a
+    moment: a recognizer may decode it more cheaply than a final (a shorter encoder
+    window, a smaller token budget) and give it empty text where a final would be decoded
+    again (a loop).
     """
 
     audio: AudioArray
@@ -74,6 +78,7 @@ class Utterance:
     prompt: str = ""
     word_timings: bool = False
     left: LeftContext | None = None
+    partial: bool = False
 
     @property
     def duration(self) -> float:

@@ -25,6 +25,14 @@ are decoded once more, together, on the full 30 s window (like Whisper's tempera
 fallback, but changing the window): one `generate()` per batch, a second one only for
 those.
 
+Partials (`Utterance.partial`) are shown for a moment and replaced, so they trade a few
+loops for cost: a partial's window is the smallest of `partial_windows` (4/6/8 s) and the
+finals' windows that holds its audio plus `partial_margin` (2 s), its token budget is
+`partial_tokens_per_second` (5) per second of audio plus a few (speech is ~3-4), and a
+partial that loops gives empty text at once, never a second decoding on the full window.
+On live partials' audio that cut the encoder's window from 10 s to ~6 s on average, and
+the partials that loop from 2 % to ~9 % (docs/performance.md, "Cheaper partials").
+
 Prompts: an utterance's `prompt` (its source's previous text) is read before
 <|startoftranscript|> after <|startofprev|>, its last `prompt_tokens` tokens, as Whisper
 conditions on previous text; the no-speech probability is read after it, as Whisper's.
@@ -138,7 +146,9 @@ class WhisperRecognizer:
             replaced = quantize_linears(model, INT8_LAYERS[self.config.quantize])
             logger.info("%s: %d linear layers in int8", self._name, replaced)
         self._model = model
-        self._encoders = WindowedEncoders(self._model.model.encoder, self.config.windows)
+        self._encoders = WindowedEncoders(
+            self._model.model.encoder, (*self.config.windows, *self.config.partial_windows)
+        )
         self._features = WhisperFeatureExtractor.from_pretrained(model_path, local_files_only=True)
         if self._features.feature_size != self._model.config.num_mel_bins:
             raise ValueError("feature extractor and model disagree on the number of mel bins")
@@ -256,7 +266,7 @@ class WhisperRecognizer:
         room = self._encoders.full_window - self.config.window_margin
         batch = [context.fitted(utterance, room) for utterance in batch]
         longest = max(context.span(utterance) for utterance in batch)
-        window = self._encoders.for_duration(longest + self.config.window_margin)
+        window = self.window(batch)
         if longest > window:
             logger.warning(
                 "utterance of %.1f s exceeds the %.0f s window; transcribing its first %.0f s",
@@ -282,12 +292,33 @@ class WhisperRecognizer:
                 decoded[i] = item
         return [self._postprocess(item) for item in decoded]
 
+    def window(self, batch: Sequence[Utterance]) -> float:
+        """The encoder window `batch` is decoded in (before any retry): its rows' largest."""
+        return max(self._window_for(utterance) for utterance in batch)
+
+    def _window_for(self, utterance: Utterance) -> float:
+        """The smallest window for one row: its audio plus the margin, a partial's among
+        the partial windows too."""
+        config, full = self.config, self._encoders.full_window
+        if utterance.partial:
+            seconds = context.span(utterance) + config.partial_margin
+            return self._encoders.for_duration(
+                seconds, (*config.windows, *config.partial_windows, full)
+            )
+        seconds = context.span(utterance) + config.window_margin
+        return self._encoders.for_duration(seconds, (*config.windows, full))
+
     def _decode_in(
         self, batch: Sequence[Utterance], window: float, should_stop: StopCheck | None
     ) -> list[_Decoded]:
-        """Decode in `window`; rows that loop there again on the full window."""
+        """Decode in `window`; rows that loop there again on the full window, but partials
+        (a partial that loops gives empty text: the guard drops it)."""
         decoded = self._forward(batch, window, should_stop)
-        retry = [i for i, item in enumerate(decoded) if self._should_retry(item, window)]
+        retry = [
+            i
+            for i, item in enumerate(decoded)
+            if not batch[i].partial and self._should_retry(item, window)
+        ]
         if retry:
             logger.debug(
                 "%d looped in the %.0f s window; retrying on the full one", len(retry), window
@@ -320,7 +351,7 @@ class WhisperRecognizer:
         features = self._preprocess(batch, window)
         hidden = self._encode(window, features, should_stop)
         budgets = [
-            token_budget(u.duration, self.config.max_tokens_per_second, self._max_new_tokens_cap)
+            token_budget(u.duration, self._tokens_per_second(u), self._max_new_tokens_cap)
             for u in batch
         ]
         prefixes = [self._prefix(utterance.prompt) for utterance in batch]
@@ -334,6 +365,11 @@ class WhisperRecognizer:
         first = self._first_step.read(started.logits, batch)
         decoded = self._decode(started, batch, budgets, forced, first, should_stop)
         return self._with_words(decoded, batch, started, window, should_stop)
+
+    def _tokens_per_second(self, utterance: Utterance) -> float:
+        if utterance.partial:
+            return self.config.partial_tokens_per_second
+        return self.config.max_tokens_per_second
 
     def _with_words(
         self,

@@ -53,6 +53,11 @@ class WhisperRecognizerConfig:
     utterance's `draft` seed its decoding (`engine.greedy`); off, drafts are ignored.
     `word_timings` computes the words of the utterances that ask for them
     (`engine.alignment`); off, every transcription's `words` is empty.
+    Partials (`Utterance.partial`) are decoded more cheaply: a partial's window is the
+    smallest of `windows` and `partial_windows` holding its audio plus `partial_margin`,
+    its budget `partial_tokens_per_second` tokens per second of audio (plus a few), and a
+    partial that loops is not decoded again on the full window: it gives empty text
+    (docs/performance.md, "Cheaper partials": loops, words and cost per grid).
     """
 
     device: str = "cpu"
@@ -66,19 +71,22 @@ class WhisperRecognizerConfig:
     drafts: bool = True
     prompt_tokens: int = 128
     word_timings: bool = True
+    partial_windows: tuple[float, ...] = (4.0, 6.0, 8.0)
+    partial_margin: float = 2.0
+    partial_tokens_per_second: float = 5.0
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.max_tokens_per_second <= 0:
-            raise ValueError("max_tokens_per_second must be > 0")
+        if self.max_tokens_per_second <= 0 or self.partial_tokens_per_second <= 0:
+            raise ValueError("max_tokens_per_second and partial_tokens_per_second must be > 0")
         if not self.windows:
             raise ValueError("windows must name at least one window length")
         if self.prompt_tokens < 0:
             raise ValueError(f"prompt_tokens must be >= 0, got {self.prompt_tokens}")
-        if self.window_margin < 0:
-            raise ValueError(f"window_margin must be >= 0, got {self.window_margin}")
+        if self.window_margin < 0 or self.partial_margin < 0:
+            raise ValueError("window_margin and partial_margin must be >= 0")
         device = torch.device(self.device)  # raises on a malformed device string
         if self.quantize not in QUANTIZE_SCOPES:
             raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_SCOPES)}")

@@ -59,9 +59,12 @@ class WindowedEncoders:
         """Window lengths in seconds, ascending; the last is the model's full window."""
         return tuple(self._encoders)
 
-    def for_duration(self, seconds: float) -> float:
-        """The smallest window holding `seconds` of audio (the full window if none does)."""
-        for window in self._encoders:
+    def for_duration(self, seconds: float, among: Sequence[float] | None = None) -> float:
+        """The smallest window holding `seconds` of audio (the full window if none does),
+        of all windows or only those `among` (each one of them)."""
+        for window in self._encoders if among is None else sorted(among):
+            if window not in self._encoders:
+                raise ValueError(f"no encoder for a {window} s window")
             if seconds <= window:
                 return window
         return self.full_window

@@ -78,7 +78,7 @@ class PartialSender:
             self._drop("waiting")
             return
         utterance = Utterance(
-            event.audio, self._committer.language, self.draft_for(event.index), prompt
+            event.audio, self._committer.language, self.draft_for(event.index), prompt, partial=True
         )
         request = RecognitionRequest(self._committer.config.engine_key, Priority.PARTIAL, utterance)
         try:
