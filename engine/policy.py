@@ -10,10 +10,17 @@ when to look again. The rules:
    two free workers make two batches of one: a batch's rows all wait for its slowest,
    and on the CPU a row costs nearly as much in a batch as alone). A batch waits up to
    `max_wait` after its oldest request arrived for more to join, unless it is full.
-2. **Finals never wait behind partials.** When finals are queued and no worker is free,
-   a running partial batch is told to stop (the recognizer stops at its next decoder
-   step or encoder row); its partials go back to the queue and the worker takes the
-   finals. File requests do not preempt: they are not waited for live.
+2. **Finals wait for a partial batch only briefly.** When finals are queued and no
+   worker is free, a running partial batch is told to stop (the recognizer stops at its
+   next decoder step or encoder row); its partials go back to the queue and the worker
+   takes the finals. But a partial batch expected to end within `partial_wait` is left
+   to finish: stopping it would throw its work away to save the final less than that
+   (on the 2-core CPU at 16 rooms, stopped partial batches were 36-80 % of the partials'
+   model time). Its expected end is its start plus its rows times `PartialCost`'s
+   measure of a partial row; partial batches are sized to fit `partial_wait` (rule 4),
+   so on the CPU, where a row costs ~0.1-0.3 s, they are single rows left to finish,
+   while larger batches (on a GPU, or before any cost is known) are stopped as before.
+   File requests do not preempt: they are not waited for live.
 3. **Speculative finals use what finals and partials leave.** A final decoded before its
    endpoint (SPECULATIVE) starts only on a worker that no final, file request or partial
    (within its budget, rule 4) takes, one per batch (a row promoted to a final would
@@ -30,7 +37,9 @@ when to look again. The rules:
    workers one is left for finals and preemption stays rare. Among the queued partials
    (one per session, the latest audio), the one whose session has waited longest since
    its last partial was taken goes first, so under load every session's partials slow
-   down alike (round robin) instead of some starving.
+   down alike (round robin) instead of some starving. A partial batch holds at most
+   `max_partial_batch` rows, and no more than are expected to run within `partial_wait`
+   (`PartialCost`), at least one.
 """
 
 from __future__ import annotations
@@ -49,6 +58,9 @@ class PolicyConfig:
     max_partial_batch: int = 16
     partial_share: float = 0.5  # most of the model's time partials may take
     partial_burst: float = 2.0  # model-seconds of unused partial time that may be saved up
+    # The longest a final waits for a partial batch (rule 2), which partial batches are
+    # sized to fit (rule 4); 0: partial batches of `max_partial_batch`, always stopped.
+    partial_wait: float = 0.25
 
     @property
     def partial_workers(self) -> int:
@@ -60,8 +72,15 @@ class PolicyConfig:
             raise ValueError("need at least one worker and batches of at least one")
         if not 0 < self.partial_share <= 1:
             raise ValueError(f"partial_share must lie in (0, 1], got {self.partial_share}")
-        if self.max_wait < 0 or self.partial_burst <= 0:
-            raise ValueError("need max_wait >= 0 and partial_burst > 0")
+        if self.max_wait < 0 or self.partial_burst <= 0 or self.partial_wait < 0:
+            raise ValueError("need max_wait >= 0, partial_burst > 0 and partial_wait >= 0")
+
+    def partial_batch(self, per_row: float | None) -> int:
+        """Most partials in one batch when a partial row costs `per_row` model-seconds
+        (None: not known yet)."""
+        if per_row is None or per_row <= 0 or self.partial_wait == 0:
+            return self.max_partial_batch
+        return max(1, min(self.max_partial_batch, int(self.partial_wait / per_row)))
 
 
 class PartialBudget:
@@ -93,6 +112,29 @@ class PartialBudget:
         return now if credit > 0 else now + (1e-6 - credit) / self._rate
 
 
+class PartialCost:
+    """What one partial row costs the model, as measured: a moving average of the model
+    seconds per row of the partial batches that ran to their end (a stopped batch says
+    nothing of what it would have cost). None until the first one ends."""
+
+    def __init__(self, weight: float = 0.2) -> None:
+        if not 0 < weight <= 1:
+            raise ValueError(f"weight must lie in (0, 1], got {weight}")
+        self._weight = weight
+        self.per_row: float | None = None
+
+    def record(self, seconds: float, rows: int) -> None:
+        if rows < 1 or seconds < 0:
+            raise ValueError("a batch of at least one row, in non-negative time")
+        sample = seconds / rows
+        previous = self.per_row
+        self.per_row = sample if previous is None else previous + self._weight * (sample - previous)
+
+    def expected_end(self, started: float, rows: int) -> float | None:
+        """When a partial batch of `rows` started at `started` should end (None: unknown)."""
+        return None if self.per_row is None else started + rows * self.per_row
+
+
 @dataclass(frozen=True, slots=True)
 class Queued:
     """A request as the policy sees it. `since`: a final's submit time; a partial's
@@ -106,16 +148,27 @@ class Queued:
 @dataclass(frozen=True, slots=True)
 class Running:
     """A busy worker: what kind of batch it runs, and whether it was told to stop.
-    `speculative`: a batch of speculative finals none of which was promoted yet."""
+    `speculative`: a batch of speculative finals none of which was promoted yet.
+    `expected_end`: a partial batch's (`PartialCost`), None if not known."""
 
     worker: int
     partial: bool
     stopping: bool = False
     speculative: bool = False
+    expected_end: float | None = None
 
     @property
     def preemptible(self) -> bool:
         return self.partial or self.speculative
+
+    def ends_within(self, seconds: float, now: float) -> bool:
+        """A partial batch expected to end within `seconds` from `now` (0: never)."""
+        return (
+            self.partial
+            and seconds > 0
+            and self.expected_end is not None
+            and self.expected_end - now <= seconds
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +192,10 @@ def plan(
     budget: PartialBudget,
     config: PolicyConfig,
     now: float,
+    partial_cost: float | None = None,
 ) -> Plan:
-    """The batches to start on the `free` workers now, and the partial batches to stop."""
+    """The batches to start on the `free` workers now, and the partial batches to stop.
+    `partial_cost`: model-seconds per partial row (`PartialCost.per_row`), if known."""
     urgent = sorted(
         (q for q in queued if q.priority in (Priority.FINAL, Priority.FILE)),
         key=lambda q: (q.priority, q.since),
@@ -162,23 +217,21 @@ def plan(
     finals_left = any(q.priority is Priority.FINAL for q in urgent)
     if finals_left and not workers and not wake:
         # Stop speculative batches, then partial ones, the newest first, as many as the
-        # finals left need.
+        # finals left need; not a partial batch about to end (rule 2).
         needed = -(-sum(q.priority is Priority.FINAL for q in urgent) // config.max_batch_size)
         stopping = sum(1 for r in running if r.preemptible and r.stopping)
         candidates = [
             r.worker
             for r in sorted(reversed(running), key=lambda r: r.partial)
-            if r.preemptible and not r.stopping
+            if r.preemptible and not r.stopping and not r.ends_within(config.partial_wait, now)
         ]
         result.preempt.extend(candidates[: max(0, needed - stopping)])
     slots = config.partial_workers - sum(1 for r in running if r.partial and not r.stopping)
     if partials and workers and not urgent and slots > 0:
         if budget.credit(now) > 0:
+            size = config.partial_batch(partial_cost)
             while partials and workers and slots > 0:
-                batch, partials = (
-                    partials[: config.max_partial_batch],
-                    partials[config.max_partial_batch :],
-                )
+                batch, partials = partials[:size], partials[size:]
                 result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), True))
                 slots -= 1
         else:

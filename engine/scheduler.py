@@ -49,7 +49,7 @@ from engine.api import (
     SchedulerFull,
     SchedulerStopped,
 )
-from engine.policy import PartialBudget, PolicyConfig, plan
+from engine.policy import PartialBudget, PartialCost, PolicyConfig, plan
 from engine.recognizer import Interrupted, Recognizer
 from engine.scheduler_records import BusyTime, Entry, SchedulerStats, Worker
 
@@ -79,6 +79,7 @@ class BatchScheduler:
         max_wait: float = 0.02,
         max_queue: int = 256,
         partial_share: float = 0.5,
+        partial_wait: float = 0.25,
         worker_init: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -94,10 +95,12 @@ class BatchScheduler:
             max_wait=max_wait,
             max_partial_batch=min(max_partial_batch, batch),
             partial_share=partial_share,
+            partial_wait=partial_wait,
         )
         self._max_queue = max_queue
         self._clock = clock
         self._budget = PartialBudget(self._policy, clock())
+        self._partial_cost = PartialCost()
         self._queue: dict[int, Entry] = {}  # by key, in arrival order
         self._partials: dict[str, Entry] = {}  # session_id → its queued partial
         self._speculative: dict[str, Entry] = {}  # session_id → its queued speculative final
@@ -292,6 +295,7 @@ class BatchScheduler:
                 self._budget,
                 self._policy,
                 now,
+                self._partial_cost.per_row,
             )
             for index in decision.preempt:
                 self._workers[index].stop.set()
@@ -317,11 +321,15 @@ class BatchScheduler:
         if not live:
             return
         worker.batch, worker.partial, worker.started = live, partial, self._clock()
+        worker.expected_end = (
+            self._partial_cost.expected_end(worker.started, len(live)) if partial else None
+        )
         worker.stop.clear()
         worker.task = asyncio.create_task(self._run_batch(worker), name=f"batch-{worker.index}")
 
     async def _run_batch(self, worker: Worker) -> None:
         live, started = worker.batch, worker.started
+        results: list[RecognitionResult] | None = None
         try:
             results = await self._transcribe(worker, live)
             if results is not None:
@@ -339,6 +347,8 @@ class BatchScheduler:
             self.stats.model_seconds[kind] += ended - started
             if worker.partial:
                 self._budget.charge(ended - started, ended)
+                if results is not None:  # ran to its end: what a partial row costs
+                    self._partial_cost.record(ended - started, len(live))
             worker.batch, worker.task = [], None
             self._wakeup.set()
 

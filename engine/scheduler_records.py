@@ -50,11 +50,12 @@ class Worker:
     batch: list[Entry] = field(default_factory=list)
     partial: bool = False
     started: float = 0.0
+    expected_end: float | None = None  # a partial batch's, if its cost is known
     task: asyncio.Task[None] | None = None
 
     def view(self) -> Running:
         speculative = all(e.request.priority is Priority.SPECULATIVE for e in self.batch)
-        return Running(self.index, self.partial, self.stop.is_set(), speculative)
+        return Running(self.index, self.partial, self.stop.is_set(), speculative, self.expected_end)
 
 
 @dataclass(slots=True)

@@ -81,8 +81,15 @@ class Settings:
     max_batch_size: int = setting(16, "Most utterances the model runs in one batch.")
     max_partial_batch: int = setting(
         16,
-        "Most partials in one batch (at most MAX_BATCH_SIZE). A partial batch that finals "
-        "preempt is thrown away, so on the CPU small ones waste less.",
+        "Most partials in one batch (at most MAX_BATCH_SIZE, and no more than the model "
+        "is expected to run within PARTIAL_WAIT_MS).",
+    )
+    partial_wait_ms: float = setting(
+        250.0,
+        "The longest a final waits for a partial batch: finals stop a partial batch (its "
+        "work is thrown away) unless it is expected to end within this, and partial "
+        "batches are sized to fit it (by the measured model time per partial); 0: batches "
+        "of MAX_PARTIAL_BATCH, always stopped.",
     )
     batch_wait_ms: float = setting(
         20.0, "How long a batch may wait to fill after its oldest request arrived."
@@ -344,7 +351,7 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()} must be >= 1")
-        for name in ("realtime_burst_s", "admit_max_queue_wait_ms"):
+        for name in ("realtime_burst_s", "admit_max_queue_wait_ms", "partial_wait_ms"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()} must be >= 0")
 

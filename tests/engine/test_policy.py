@@ -1,11 +1,20 @@
-"""The scheduler's policy, pure: finals first, preemption of partials, the partial budget."""
+"""The scheduler's policy, pure: finals first, preemption of partials, the partial budget,
+partial batches sized to what a partial row costs."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine.api import Priority
-from engine.policy import PartialBudget, PolicyConfig, Queued, Running, Start, plan
+from engine.policy import (
+    PartialBudget,
+    PartialCost,
+    PolicyConfig,
+    Queued,
+    Running,
+    Start,
+    plan,
+)
 
 FINAL, FILE, PARTIAL = Priority.FINAL, Priority.FILE, Priority.PARTIAL
 
@@ -75,6 +84,58 @@ def test_finals_preempt_a_running_partial_batch_when_no_worker_is_free() -> None
     assert plan([Queued(7, FINAL, 1.0)], [], stopping, budget, cfg, now=2.0).preempt == []
 
 
+def test_finals_let_a_partial_batch_about_to_end_finish() -> None:
+    """A partial batch expected to end within `partial_wait` is not stopped; one further
+    from its end, or of unknown cost, is; speculative batches always are; partial_wait 0
+    stops every partial batch (as before)."""
+    cfg = config(partial_wait=0.25)
+    budget = PartialBudget(cfg, 0.0)
+    final = [Queued(7, FINAL, 1.9)]
+
+    def stops(other: Running, policy: PolicyConfig = cfg) -> list[int]:
+        running = [Running(0, partial=False), other]
+        return plan(final, [], running, budget, policy, now=2.0).preempt
+
+    assert stops(Running(1, partial=True, expected_end=2.2)) == []
+    assert stops(Running(1, partial=True, expected_end=1.9)) == []  # overdue: ends any moment
+    assert stops(Running(1, partial=True, expected_end=2.3)) == [1]
+    assert stops(Running(1, partial=True)) == [1]
+    assert stops(Running(1, partial=False, speculative=True, expected_end=2.1)) == [1]
+    assert stops(Running(1, partial=True, expected_end=2.1), config(partial_wait=0.0)) == [1]
+
+
+def test_partial_batches_are_sized_to_the_wait() -> None:
+    """A partial batch holds no more rows than run within `partial_wait` at the measured
+    cost per row (at least one, at most `max_partial_batch`); unknown cost: the most."""
+    cfg = config(max_partial_batch=4, partial_wait=0.25)
+    budget = PartialBudget(cfg, 0.0)
+    queued = [Queued(i, PARTIAL, float(i)) for i in range(6)]
+
+    def sizes(cost: float | None, policy: PolicyConfig = cfg) -> list[int]:
+        starts = plan(queued, [0, 1], [], budget, policy, now=9.0, partial_cost=cost).starts
+        return [len(start.keys) for start in starts]
+
+    assert sizes(0.1) == [2]
+    assert sizes(0.002) == [4]
+    assert sizes(1.0) == [1]
+    assert sizes(None) == [4]
+    assert sizes(0.1, config(max_partial_batch=4, partial_wait=0.0)) == [4]
+    assert plan(queued, [0], [], budget, cfg, 9.0, 0.1).starts == [Start(0, (0, 1), True)]
+
+
+def test_partial_cost_is_a_moving_average_of_rows() -> None:
+    """The cost per row starts unknown, takes the first batch's, then moves by `weight`."""
+    cost = PartialCost(weight=0.5)
+    assert cost.per_row is None and cost.expected_end(1.0, 2) is None
+    cost.record(0.4, rows=2)
+    assert cost.per_row == pytest.approx(0.2)
+    cost.record(0.1, rows=1)
+    assert cost.per_row == pytest.approx(0.15)
+    assert cost.expected_end(1.0, 2) == pytest.approx(1.3)
+    with pytest.raises(ValueError):
+        cost.record(0.1, rows=0)
+
+
 def test_finals_behind_finals_and_file_requests_preempt_nothing() -> None:
     """A busy worker running finals is waited for; file requests never preempt partials."""
     cfg = config(workers=1)
@@ -119,6 +180,11 @@ def test_budget_credit_is_capped_by_the_burst() -> None:
 
 def test_config_is_validated() -> None:
     """Shares outside (0, 1] and empty pools are refused."""
-    for bad in ({"partial_share": 0.0}, {"partial_share": 1.5}, {"workers": 0}):
+    for bad in (
+        {"partial_share": 0.0},
+        {"partial_share": 1.5},
+        {"workers": 0},
+        {"partial_wait": -0.1},
+    ):
         with pytest.raises(ValueError):
             config(**bad)

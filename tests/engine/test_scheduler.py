@@ -285,6 +285,38 @@ async def test_a_final_stops_a_running_partial_batch_which_runs_again_after(
     assert scheduler.stats.model_seconds[Priority.FINAL] > 0
 
 
+async def test_a_final_waits_for_a_partial_batch_about_to_end() -> None:
+    """Once a partial row's cost is measured (0.1 s), partial batches hold what runs within
+    `partial_wait` (0.25 s: two rows), and a final that finds the worker on one waits for
+    it instead of stopping it (its work is not thrown away); the final then goes first."""
+    now = [0.0]
+    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    scheduler = BatchScheduler(
+        fake, max_batch_size=4, max_wait=0.0, max_queue=8, partial_wait=0.25, clock=lambda: now[0]
+    )
+    async with started(scheduler):
+        first = await scheduler.submit(request("a", 10, Priority.PARTIAL))
+        await wait_entered(fake)
+        now[0] += 0.1
+        fake.release()
+        await asyncio.wait_for(first, TIMEOUT)
+        partials = [
+            await scheduler.submit(request(s, n, Priority.PARTIAL))
+            for s, n in (("b", 11), ("c", 12), ("d", 13))
+        ]
+        await wait_entered(fake)
+        assert fake.batches[-1] == [11, 12]  # two rows of 0.1 s fit 0.25 s
+        final = await scheduler.submit(request("f", 20))
+        await asyncio.sleep(0.05)  # the gated batch polls should_stop meanwhile
+        assert fake.stopped == [] and scheduler.stats.preempted_batches == 0
+        fake.release()
+        await wait_entered(fake)
+        assert fake.batches[-1] == [20]
+        fake.release(2)
+        await asyncio.wait_for(asyncio.gather(final, *partials), TIMEOUT)
+        assert fake.batches[-1] == [13]
+
+
 async def test_a_stopped_partial_gives_way_to_a_newer_one_of_its_session(
     gated: tuple[BatchScheduler, FakeRecognizer],
 ) -> None:
