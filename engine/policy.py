@@ -39,7 +39,7 @@ when to look again. The rules:
    its last partial was taken goes first, so under load every session's partials slow
    down alike (round robin) instead of some starving. A partial batch holds at most
    `max_partial_batch` rows, and no more than are expected to run within `partial_wait`
-   (`PartialCost`), at least one.
+   (`PartialCost`), at least one; one until a partial batch has run to its end.
 """
 
 from __future__ import annotations
@@ -77,8 +77,13 @@ class PolicyConfig:
 
     def partial_batch(self, per_row: float | None) -> int:
         """Most partials in one batch when a partial row costs `per_row` model-seconds
-        (None: not known yet)."""
-        if per_row is None or per_row <= 0 or self.partial_wait == 0:
+        (None: not known yet, one row: it measures the cost soonest, and a batch that
+        finals stop measures nothing)."""
+        if self.partial_wait == 0:
+            return self.max_partial_batch
+        if per_row is None:
+            return 1
+        if per_row <= 0:
             return self.max_partial_batch
         return max(1, min(self.max_partial_batch, int(self.partial_wait / per_row)))
 

@@ -56,9 +56,11 @@ async def started(scheduler: BatchScheduler) -> AsyncIterator[BatchScheduler]:
 
 @pytest.fixture
 async def gated() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
+    """A gated scheduler whose finals stop every partial batch (partial_wait 0: the wait
+    for a batch about to end has a test of its own)."""
     fake = FakeRecognizer(max_batch_size=4, gated=True)
     async with started(
-        BatchScheduler(fake, max_batch_size=4, max_wait=0.0, max_queue=8)
+        BatchScheduler(fake, max_batch_size=4, max_wait=0.0, max_queue=8, partial_wait=0.0)
     ) as scheduler:
         yield scheduler, fake
         fake.release(64)
@@ -286,9 +288,10 @@ async def test_a_final_stops_a_running_partial_batch_which_runs_again_after(
 
 
 async def test_a_final_waits_for_a_partial_batch_about_to_end() -> None:
-    """Once a partial row's cost is measured (0.1 s), partial batches hold what runs within
-    `partial_wait` (0.25 s: two rows), and a final that finds the worker on one waits for
-    it instead of stopping it (its work is not thrown away); the final then goes first."""
+    """Until a partial row's cost is known, partial batches hold one row; once measured
+    (0.1 s), what runs within `partial_wait` (0.25 s: two rows), and a final that finds
+    the worker on such a batch waits for it instead of stopping it (its work is not
+    thrown away); the final then goes first."""
     now = [0.0]
     fake = FakeRecognizer(max_batch_size=4, gated=True)
     scheduler = BatchScheduler(
@@ -296,10 +299,16 @@ async def test_a_final_waits_for_a_partial_batch_about_to_end() -> None:
     )
     async with started(scheduler):
         first = await scheduler.submit(request("a", 10, Priority.PARTIAL))
+        waiting = await scheduler.submit(request("z", 9, Priority.PARTIAL))
         await wait_entered(fake)
+        assert fake.batches == [[10]]  # the cost is not known yet: one row
         now[0] += 0.1
         fake.release()
         await asyncio.wait_for(first, TIMEOUT)
+        await wait_entered(fake)
+        now[0] += 0.1
+        fake.release()
+        await asyncio.wait_for(waiting, TIMEOUT)
         partials = [
             await scheduler.submit(request(s, n, Priority.PARTIAL))
             for s, n in (("b", 11), ("c", 12), ("d", 13))
