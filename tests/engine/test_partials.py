@@ -45,7 +45,7 @@ def test_a_partial_takes_a_shorter_window_than_a_final(recognizer: WhisperRecogn
 def test_partials_say_what_finals_say(recognizer: WhisperRecognizer) -> None:
     """The first 1.6, 3.2 and 4.8 s of the English clips decoded as partials (short
     windows) and as finals: few partials come back empty (a loop the guard drops) and the
-    others' words are the finals' (measured: 2 empty of 48, 2.2 % of words differ)."""
+    others' words are the finals' (measured: 3 empty of 44, 2.7 % of words differ)."""
     empty = 0
     errors = ErrorCounts(0, 0, 0, 0)
     count = 0
@@ -61,7 +61,7 @@ def test_partials_say_what_finals_say(recognizer: WhisperRecognizer) -> None:
                 empty += 1
             elif final:
                 errors += error_counts(final, partial)
-    assert count >= 40
+    assert count >= 40, count
     assert empty <= 5, empty
     assert errors.rate <= 0.06, errors
 
@@ -69,9 +69,9 @@ def test_partials_say_what_finals_say(recognizer: WhisperRecognizer) -> None:
 def test_a_looping_partial_is_not_decoded_again(
     tiny_en: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With budgets too small for JFK's first 4 s, decoding runs out of tokens (a loop to
-    the guard): a final is decoded again on the 30 s window, a partial is not: it comes
-    back empty after one decoding in its 6 s window."""
+    """With budgets too small for JFK's first 8 s (12 tokens), decoding runs out of tokens
+    (a loop to the guard): a final is decoded again on the 30 s window, a partial is not:
+    it comes back empty after one decoding in its 10 s window."""
     tight = WhisperRecognizer(
         tiny_en,
         WhisperRecognizerConfig(max_tokens_per_second=0.5, partial_tokens_per_second=0.5),
@@ -84,8 +84,8 @@ def test_a_looping_partial_is_not_decoded_again(
         return forward(batch, window, *args)
 
     monkeypatch.setattr(tight, "_forward", spy)
-    partial = tight.transcribe([Utterance(jfk(4.0).audio, partial=True)])[0]
-    assert partial.text == "" and windows == [6.0]
+    partial = tight.transcribe([Utterance(jfk(8.0).audio, partial=True)])[0]
+    assert partial.text == "" and windows == [10.0]
     windows.clear()
-    final = tight.transcribe([jfk(4.0)])[0]
+    final = tight.transcribe([jfk(8.0)])[0]
     assert final.text == "" and windows == [10.0, 30.0]
