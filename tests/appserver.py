@@ -19,8 +19,8 @@ from server.__main__ import uvicorn_config
 from server.app import create_app
 from server.settings import Settings
 from server.state import AppState
-from tests.conftest import free_port
 from tests.fakes import FakeRecognizer
+from tests.redis_support import free_port
 
 START_TIMEOUT = 60.0
 
@@ -63,9 +63,15 @@ class AppServer:
         return await asyncio.to_thread(call)
 
 
+def serving(recognizer: Recognizer) -> Callable[[Settings], Recognizer]:
+    """A recognizer factory for `serve_app` that hands out this one recognizer."""
+    return lambda settings: recognizer
+
+
 @contextlib.asynccontextmanager
 async def serve_app(
     recognizer: Callable[[Settings], Recognizer] = lambda s: FakeRecognizer(),
+    /,
     **settings: Any,
 ) -> AsyncIterator[AppServer]:
     """Serve `create_app(Settings(**settings))` on a free loopback port until the block ends."""
