@@ -232,7 +232,7 @@ class WhisperRecognizer:
 
     @property
     def windows(self) -> tuple[float, ...]:
-        """The encoder window buckets in use, in seconds."""
+        """The encoder window buckets in use, in seconds (finals' and partials')."""
         return self._encoders.windows
 
     @torch.inference_mode()

@@ -136,9 +136,10 @@ def test_large_batches_split_and_edge_cases(full_window: WhisperRecognizer) -> N
 
 
 def test_warmup_and_protocol(bucketed: WhisperRecognizer, tiny_en: Path) -> None:
-    """warmup() runs every window; the recognizer satisfies the Recognizer protocol."""
+    """warmup() runs every window (the partials' 4/6/8 s too); the recognizer satisfies the
+    Recognizer protocol."""
     bucketed.warmup()
     recognizer: Recognizer = bucketed
     assert recognizer.name == tiny_en.name  # the folder's name unless one is given
     assert recognizer.max_batch_size == 16
-    assert bucketed.windows == (10.0, 15.0, 20.0, 30.0)
+    assert bucketed.windows == (4.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0)
