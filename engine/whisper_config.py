@@ -53,6 +53,9 @@ class WhisperRecognizerConfig:
     utterance's `draft` seed its decoding (`engine.greedy`); off, drafts are ignored.
     `word_timings` computes the words of the utterances that ask for them
     (`engine.alignment`); off, every transcription's `words` is empty.
+    `context_window` is the longest window an utterance's left context may fill (with
+    the margin): the context's oldest utterances are dropped until it fits
+    (`engine.context.fitted`); an utterance that needs a longer window alone gets none.
     """
 
     device: str = "cpu"
@@ -66,6 +69,7 @@ class WhisperRecognizerConfig:
     drafts: bool = True
     prompt_tokens: int = 128
     word_timings: bool = True
+    context_window: float = 20.0
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
@@ -77,6 +81,8 @@ class WhisperRecognizerConfig:
             raise ValueError("windows must name at least one window length")
         if self.prompt_tokens < 0:
             raise ValueError(f"prompt_tokens must be >= 0, got {self.prompt_tokens}")
+        if self.context_window <= 0:
+            raise ValueError(f"context_window must be > 0, got {self.context_window}")
         if self.window_margin < 0:
             raise ValueError(f"window_margin must be >= 0, got {self.window_margin}")
         device = torch.device(self.device)  # raises on a malformed device string
