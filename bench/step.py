@@ -37,6 +37,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -190,7 +191,7 @@ def projection_table(
     ]
     for name, kernel in projection_kernels(projection).items():
         cells = [
-            f"{timed(lambda b=b, k=kernel: k(rows[:b]), settings.repeats):.2f} ms"
+            f"{timed(partial(kernel, rows[:b]), settings.repeats):.2f} ms"
             for b in settings.batch_sizes
         ]
         same = torch.equal(kernel(rows[:1]), kernel(rows[:8])[:1])
@@ -239,7 +240,7 @@ def encoder_cells(recognizer: WhisperRecognizer, settings: Settings) -> list[str
     cells = []
     for window in settings.windows:
         features = recognizer._preprocess([audio], window)
-        ms = timed(lambda w=window, f=features: encode(w, f), repeats)
+        ms = timed(partial(encode, window, features), repeats)
         cells.append(f"{ms:.1f} ms")
     return cells
 

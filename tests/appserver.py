@@ -19,8 +19,8 @@ from server.__main__ import uvicorn_config
 from server.app import create_app
 from server.settings import Settings
 from server.state import AppState
-from tests.conftest import free_port
 from tests.fakes import FakeRecognizer
+from tests.redis_support import free_port
 
 START_TIMEOUT = 60.0
 
