@@ -334,7 +334,7 @@ class Committer:
         """Await an open final's result; meanwhile send each final that has waited
         `context_wait` for the one before it, without its prompt and context."""
         wait = self.config.context_wait
-        while wait is not None and not future.done():
+        while wait is not None and self._in_order() and not future.done():
             if not self._waiting:  # until one is cut, or the result comes
                 self._cut.clear()
                 cut = asyncio.ensure_future(self._cut.wait())
