@@ -58,12 +58,12 @@ class Settings:
         "WER in our runs (docs/performance.md).",
     )
     left_context_s: float = setting(
-        0.0,
+        20.0,
         "Decode each final behind its source's previous utterances (up to two: their audio "
         "and final text, at most this many seconds; 20 is what we measured), so the model "
         "hears what led up to it; 0 = off: each utterance on its own. It closes the gap to "
-        "offline decoding on English dialogue; a window it fills is at most 20 s, ~2x a "
-        "final's inference on the CPU (docs/performance.md).",
+        "offline decoding on English dialogue, for ~1.6x a final's inference on the CPU "
+        "(the window it fills is at most 20 s; docs/performance.md).",
     )
     left_context_languages: str = setting(
         "en",
