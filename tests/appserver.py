@@ -63,9 +63,15 @@ class AppServer:
         return await asyncio.to_thread(call)
 
 
+def serving(recognizer: Recognizer) -> Callable[[Settings], Recognizer]:
+    """A recognizer factory for `serve_app` that hands out this one recognizer."""
+    return lambda settings: recognizer
+
+
 @contextlib.asynccontextmanager
 async def serve_app(
     recognizer: Callable[[Settings], Recognizer] = lambda s: FakeRecognizer(),
+    /,
     **settings: Any,
 ) -> AsyncIterator[AppServer]:
     """Serve `create_app(Settings(**settings))` on a free loopback port until the block ends."""

@@ -14,7 +14,7 @@ import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -33,6 +33,10 @@ with warnings.catch_warnings():
     from deepgram.core.api_error import ApiError
     from deepgram.environment import DeepgramClientEnvironment
     from openai import AsyncOpenAI
+    from openai.types.realtime import RealtimeTranscriptionSessionCreateRequestParam
+    from openai.types.realtime import (
+        realtime_transcription_session_audio_input_turn_detection_param as turn_detection,
+    )
 
 __all__ = ["ApiError", "AsyncOpenAI"]
 
@@ -101,7 +105,7 @@ def pcm16_at(samples: np.ndarray[Any, Any], rate: int) -> bytes:
     """16 kHz float samples as PCM16 at `rate`."""
     if rate != 16_000:
         samples = soxr.resample(samples, 16_000, rate)
-    return (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    return bytes((np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes())
 
 
 def b64(data: bytes) -> str:
@@ -117,7 +121,7 @@ async def drain(ws: ClientConnection) -> list[Any]:
     return messages
 
 
-def transcription_session(**turn_detection: Any) -> dict[str, Any]:
+def transcription_session(**vad: Any) -> RealtimeTranscriptionSessionCreateRequestParam:
     """A GA `session.update` session: PCM16 at 24 kHz, English, server VAD."""
     return {
         "type": "transcription",
@@ -125,7 +129,7 @@ def transcription_session(**turn_detection: Any) -> dict[str, Any]:
             "input": {
                 "format": {"type": "audio/pcm", "rate": 24000},
                 "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
-                "turn_detection": {"type": "server_vad", **turn_detection},
+                "turn_detection": cast(turn_detection.ServerVad, {"type": "server_vad", **vad}),
             }
         },
     }

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess, free_port, start_server
+from tests.conftest import ServerProcess, start_server
 from tests.corpus import clip
+from tests.redis_support import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -15,6 +15,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
+from engine.speakers import SpeakerEmbedder
 from server.app import whisper_recognizer
 from session.diarizer import DiarizerConfig
 from tests.appserver import AppServer, serve_app
@@ -197,7 +198,7 @@ async def test_upload_with_diarize(server: AppServer) -> None:
 async def test_without_diarize_nothing_changes(server: AppServer) -> None:
     """No `diarize`: no speaker anywhere, and the speaker model is never run."""
     services = server.state.services
-    assert services is not None and services.speakers is not None
+    assert services is not None and isinstance(services.speakers, SpeakerEmbedder)
     before = services.speakers.stats.utterances
     pcm, _ = mix(ONE[:1])
     result = await stream_pcm(server.ws_url, "no-diarize", pcm, speed=0, interim_results=False)

@@ -273,8 +273,7 @@ def plan(
             one = '{"type":"keepalive"}' if step[2] == "keepalive" else bytes(160 * width)
             frames += [one] * step[1]
         elif kind == "oversize":
-            frame = bytes(MAX_FRAME + 2) if step[1] == "binary" else "k" * (MAX_FRAME + 1)
-            frames.append(frame)
+            frames.append(bytes(MAX_FRAME + 2) if step[1] == "binary" else "k" * (MAX_FRAME + 1))
             outcome = Expected(1009, "frame_too_large")
         elif step[1] == "bad_utf8":
             frames.append(RawText(b'{"type": "\xff\xfe"}'))

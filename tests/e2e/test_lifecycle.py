@@ -98,7 +98,7 @@ async def test_metrics_match_what_clients_received(parley_server: ServerProcess)
     after = scrape(parley_server)
 
     def delta(key: str) -> float:
-        return after.get(key, 0.0) - before.get(key, 0.0)
+        return float(after.get(key, 0.0) - before.get(key, 0.0))
 
     finals = sum(len(r.finals) for r in rooms)
     partials = sum(len(r.of_type("transcript.partial")) for r in rooms)

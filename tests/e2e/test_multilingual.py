@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ def base_server() -> Iterator[ServerProcess]:
 
 
 async def stream_auto(
-    server: ServerProcess, meeting: str, item: Clip, **params: str
+    server: ServerProcess, meeting: str, item: Clip, **params: Any
 ) -> StreamResult:
     return await stream_pcm(
         server.ws_url,

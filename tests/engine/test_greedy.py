@@ -84,7 +84,7 @@ def test_drafts_change_nothing_but_the_work(recognizer: WhisperRecognizer) -> No
             calls += 1
             return step(*args)  # type: ignore[arg-type]
 
-        greedy._step = counted  # type: ignore[method-assign]
+        greedy._step = counted  # type: ignore[method-assign,assignment]
         try:
             checked = greedy.decode(greedy.start(hidden), prompts, budgets, drafts)
         finally:
@@ -99,7 +99,7 @@ def test_drafts_change_nothing_but_the_work(recognizer: WhisperRecognizer) -> No
     assert calls <= 3 + max(len(row) for row in truth)
     with torch.inference_mode():
         calls = 0
-        greedy._step = counted  # type: ignore[method-assign]
+        greedy._step = counted  # type: ignore[method-assign,assignment]
         try:
             again = greedy.decode(greedy.start(hidden), prompts, budgets, truth)
         finally:

@@ -48,7 +48,9 @@ def test_quantize_linears_swaps_nested_layers_and_shares_the_rest() -> None:
         torch.nn.Linear(8, 8), norm, torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.GELU())
     )
     assert quantize_linears(model) == 2
-    assert isinstance(model[0], Int8Linear) and isinstance(model[2][0], Int8Linear)
+    inner = model[2]
+    assert isinstance(inner, torch.nn.Sequential)
+    assert isinstance(model[0], Int8Linear) and isinstance(inner[0], Int8Linear)
     assert model[1] is norm
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
     with torch.inference_mode():

@@ -7,9 +7,9 @@ import asyncio
 import numpy as np
 import pytest
 
+from engine.api import EmbedderFull
 from engine.speakers import (
     EMBEDDING_SIZE,
-    EmbedderFull,
     SpeakerEmbedder,
     SpeakerEncoder,
     mel_filterbank,

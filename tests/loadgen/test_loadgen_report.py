@@ -132,6 +132,7 @@ def clean_log(meeting: str, participant: str, text: str) -> SourceLog:
         "audio_seconds": 8.0,
         "utterances": 1,
         "finals": 1,
+        "finals_lost": 0,
     }
     log.close_code = 1000
     return log
@@ -145,6 +146,7 @@ def two_rooms() -> list[RoomRun]:
         "audio_seconds": 8.0,
         "utterances": 3,
         "finals": 3,
+        "finals_lost": 0,
     }
     busy.close_code = 1000
     refs_b = [

@@ -12,6 +12,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
+from websockets.typing import Subprotocol
 
 from tests.appserver import AppServer, serve_app
 from tests.compat_clients import (
@@ -54,7 +55,7 @@ async def refusal(
         async with connect(server.ws_url + path, additional_headers=headers):
             pass
     response = refused.value.response
-    return response.status_code, dict(response.headers), response.body or b""
+    return response.status_code, dict(response.headers), bytes(response.body or b"")
 
 
 @pytest.mark.parametrize(
@@ -270,7 +271,8 @@ async def test_meeting_token_opens_a_compat_stream_of_its_meeting(server: AppSer
         await ws.send('{"type": "CloseStream"}')
         assert orjson.loads(await ws.recv())["type"] == "Metadata"
     async with connect(
-        server.ws_url + "/v1/listen?meeting_id=compat-room", subprotocols=["token", tokens[1]]
+        server.ws_url + "/v1/listen?meeting_id=compat-room",
+        subprotocols=[Subprotocol("token"), Subprotocol(tokens[1])],
     ) as ws:
         assert ws.subprotocol == "token"
         await ws.send('{"type": "CloseStream"}')

@@ -101,11 +101,12 @@ def test_deepgram_client_frames() -> None:
     """KeepAlive, CloseStream and an empty binary frame map to v1 controls; anything else
     is an invalid message."""
     codec = deepgram()
-    for frame, kind in [
+    frames: list[tuple[dict[str, Any], str]] = [
         ({"text": '{"type": "KeepAlive"}'}, "keepalive"),
         ({"text": '{"type": "CloseStream"}'}, "stop"),
         ({"bytes": b""}, "stop"),
-    ]:
+    ]
+    for frame, kind in frames:
         [message] = codec.from_client(frame).to_actor
         assert orjson.loads(message["text"]) == {"type": kind}
     assert codec.from_client({"bytes": b"\x01\x00"}).to_actor[0]["bytes"] == b"\x01\x00"

@@ -19,6 +19,7 @@ import pytest
 
 from server import decode
 from server.decode import DecodeLimits, decode_file
+from server.decode_worker import Refusal
 from server.sandbox import UNCONFINED, Sandbox, SandboxMode, open_sandbox
 
 LIMITS = DecodeLimits(max_seconds=60, cpu_seconds=30, memory_bytes=512 << 20, wall_seconds=30)
@@ -142,7 +143,7 @@ async def test_sandboxed_decoder_killed_by_its_cpu_limit_is_a_decode_limit(
     sandbox = open_sandbox(SandboxMode.BWRAP)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(decode, "WORKER", script)
-        with pytest.raises(decode.Refusal) as caught:
+        with pytest.raises(Refusal) as caught:
             await asyncio.wait_for(decode_file(src, tmp_path / "out", LIMITS, sandbox), 20)
     assert (caught.value.status, caught.value.code) == (422, "decode_limit")
     assert "CPU-time" in caught.value.message

@@ -76,8 +76,10 @@ async def test_resume_takes_over_an_open_connection_and_keeps_its_finals() -> No
                 assert b.messages[0]["resumed"] is True
                 recognizer.entered.clear()
                 await send(new, speech[phrase:] + SILENCE)
+                scheduler = server.state.scheduler
+                assert scheduler is not None
                 async with asyncio.timeout(5):  # B's first final held, its second queued
-                    while not (recognizer.entered.is_set() and server.state.scheduler.queue_depth):  # noqa: ASYNC110
+                    while not (recognizer.entered.is_set() and scheduler.queue_depth):  # noqa: ASYNC110
                         await asyncio.sleep(0.01)
                 while loop.time() < a_silent_since + IDLE_S + 0.5:  # past A's idle timeout
                     await new.send(KEEPALIVE)

@@ -37,7 +37,10 @@ def test_unsure_utterances_vote_until_the_limit() -> None:
     detector = LanguageDetector(confidence=0.7, max_utterances=3)
     assert detector.observe("pt", 0.5) is None
     assert detector.observe("es", 0.6) is None
-    assert detector.observe("es", 0.55) == LanguagePinned("es", pytest.approx(1.15 / 3), 3)
+    pinned = detector.observe("es", 0.55)
+    assert isinstance(pinned, LanguagePinned)
+    assert (pinned.language, pinned.utterances) == ("es", 3)
+    assert pinned.probability == pytest.approx(1.15 / 3)
 
 
 def test_a_stream_ending_early_gets_the_best_so_far() -> None:

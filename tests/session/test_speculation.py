@@ -14,7 +14,7 @@ from engine.api import LeftContext, Priority, RecognitionRequest, Utterance
 from engine.scheduler import BatchScheduler
 from session.speculation import Speculator
 from session.telemetry import NullTelemetry
-from tests.appserver import serve_app
+from tests.appserver import serve_app, serving
 from tests.corpus import clip
 from tests.fakes import FakeRecognizer
 from tests.wsclient import stream_pcm
@@ -133,9 +133,7 @@ async def test_finals_are_the_same_with_speculation_on_and_off() -> None:
     runs = {}
     for speculate_after_ms in (0.0, 160.0):
         fake = FakeRecognizer()
-        async with serve_app(
-            lambda s, fake=fake: fake, speculate_after_ms=speculate_after_ms
-        ) as server:
+        async with serve_app(serving(fake), speculate_after_ms=speculate_after_ms) as server:
             result = await stream_pcm(
                 server.ws_url, "spec", clip("en_jfk").pcm16(), speed=4, trailing_silence=1.0
             )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import orjson
@@ -68,7 +68,7 @@ async def test_cancelled_store_calls_never_cross_meetings(make_store: StoreFacto
         listeners.append(asyncio.create_task(listen(meeting, ready)))
         await ready.wait()
 
-    def call(meeting: str) -> tuple[str, Callable[[], Awaitable[Any]]]:
+    def call(meeting: str) -> tuple[str, Callable[[], Coroutine[Any, Any, Any]]]:
         kind = rng.choice(["finals", "last_seq", "config", "resume", "subscribe", "publish"])
         if kind == "finals":
             return kind, lambda: store.finals(meeting, rng.randrange(3))
@@ -162,5 +162,6 @@ async def test_listeners_dropped_mid_read_never_get_another_meeting(
             readers = {m: read(m) for m in MEETINGS[:3]}
             outcomes = await asyncio.gather(*readers.values(), *batch)
             for meeting, result in zip(readers, outcomes, strict=False):
+                assert result is not None  # readers come first; hang_ups return None
                 assert [f["utterance_id"] for f in result.finals] == expected[meeting]
                 assert {f["participant"] for f in result.finals} == {f"p-{meeting}"}

@@ -10,7 +10,7 @@ import pytest
 
 from store.errors import SubscriptionLost
 from store.redis_store import RedisStore
-from tests.conftest import free_port
+from tests.redis_support import free_port
 from tests.store.test_store import next_event
 
 
