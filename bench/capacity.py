@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from bench.processes import free_port
 from loadgen.corpus import default_corpus_dir
 from loadgen.report import Limits
 from loadgen.run import (
@@ -58,13 +58,6 @@ from loadgen.run import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300) -> None:

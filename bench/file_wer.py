@@ -1,21 +1,28 @@
-"""Offline corpus WER through the file path, per int8 scope: issue 15's accuracy guard.
+"""Offline corpus WER through the file path, per int8 scope and endpoint silence: issue 15's
+accuracy guard.
 
 Each of the 28 English corpus clips goes through the server's file path as an upload
 does (`session.file_transcriber.FileTranscriber`: Silero VAD, the segmenter, the
 committer, the real `BatchScheduler` with its workers and threads as the server plans them,
 `--in-flight` requests at once, the upload default being 8), on the real model; the
-finals of a clip are joined and scored against its reference. Prints, per scope: corpus
-WER (`loadgen.wer`, errors over reference words, all clips together), wall time, and how
-many clips' text differs from the first scope's.
+finals of a clip are joined and scored against its reference. Prints, per scope and
+`--min-silence-ms` (the segmenter's endpoint, `PARLEY_MIN_SILENCE_MS`): corpus WER
+(`loadgen.wer`, errors over reference words, all clips together), the number of finals,
+wall time, and how many clips' text differs from the first row's (`--show`: those clips'
+finals, ` | ` between finals). `--segmenter KEY=VALUE` sets any other `SegmenterConfig`
+field (seconds) for every row.
 
     python -m bench.file_wer
     python -m bench.file_wer --quantize none int8-shortlist
+    python -m bench.file_wer --quantize int8-shortlist --min-silence-ms 500 400 300 --show
+    python -m bench.file_wer --quantize int8-shortlist --segmenter soft_max_utterance=4
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import tempfile
@@ -42,17 +49,22 @@ logger = logging.getLogger("bench.file_wer")
 @dataclass(frozen=True, slots=True)
 class Result:
     quantize: Quantize
+    min_silence_ms: float
     errors: ErrorCounts
     seconds: float
-    texts: dict[str, str]
+    finals: dict[str, list[str]]  # per clip, its finals' texts in order
+
+    def text(self, clip_id: str) -> str:
+        return " ".join(self.finals[clip_id])
 
 
 async def transcribe_clips(
     recognizer_config: WhisperRecognizerConfig,
+    segmenter: dict[str, float],
     selected: Sequence[Clip],
     args: argparse.Namespace,
     folder: Path,
-) -> tuple[dict[str, str], float]:
+) -> tuple[dict[str, list[str]], float]:
     recognizer = load_recognizer(args.model, recognizer_config, cache=args.model_cache)
     recognizer.warmup()
     scheduler = BatchScheduler(
@@ -62,7 +74,11 @@ async def transcribe_clips(
     )
     scheduler.start()
     services = offline_services(scheduler, MemoryStore(), recognizer.languages)
-    texts: dict[str, str] = {}
+    services = dataclasses.replace(
+        services,
+        segmenter=dataclasses.replace(services.segmenter, **segmenter),
+    )
+    finals: dict[str, list[str]] = {}
     started = time.perf_counter()
     try:
         for clip in selected:
@@ -74,10 +90,10 @@ async def transcribe_clips(
                 f"file-{clip.id}", "speaker", "en", in_flight=lambda: args.in_flight
             )
             await FileTranscriber(path, services, options, progress).run()
-            texts[clip.id] = " ".join(final.text for final in progress.finals)
+            finals[clip.id] = [final.text for final in progress.finals]
     finally:
         await scheduler.stop()
-    return texts, time.perf_counter() - started
+    return finals, time.perf_counter() - started
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -94,6 +110,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=list(QUANTIZE_SCOPES),
         choices=QUANTIZE_SCOPES,
     )
+    parser.add_argument(
+        "--min-silence-ms",
+        nargs="+",
+        type=float,
+        default=[500.0],
+        help="segmenter endpoint silences to compare (PARLEY_MIN_SILENCE_MS; default: 500)",
+    )
+    parser.add_argument(
+        "--segmenter",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="other SegmenterConfig fields for every row, e.g. soft_pause=0.3",
+    )
     parser.add_argument("--workers", type=int, default=2, help="model workers (default: 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--in-flight", type=int, default=8, help="file requests at once")
@@ -101,37 +131,51 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     selected = [clip for clip in clips() if clip.language == "en"]
+    fields = {key: float(value) for key, _, value in (s.partition("=") for s in args.segmenter)}
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as folder:
         for scope in args.quantize:
-            config = WhisperRecognizerConfig(quantize=scope)
-            texts, seconds = asyncio.run(transcribe_clips(config, selected, args, Path(folder)))
-            errors = ErrorCounts(0, 0, 0, 0)
-            for clip in selected:
-                errors += error_counts(clip.reference, texts[clip.id])
-            results.append(Result(scope, errors, seconds, texts))
-            print(
-                f"{scope}: WER {errors.rate:.4f} ({errors.errors}/{errors.reference_length}), "
-                f"{seconds:.1f} s",
-                flush=True,
-            )
+            for silence in args.min_silence_ms:
+                config = WhisperRecognizerConfig(quantize=scope)
+                segmenter = {**fields, "min_silence": silence / 1000}
+                finals, seconds = asyncio.run(
+                    transcribe_clips(config, segmenter, selected, args, Path(folder))
+                )
+                errors = ErrorCounts(0, 0, 0, 0)
+                for clip in selected:
+                    errors += error_counts(clip.reference, " ".join(finals[clip.id]))
+                results.append(Result(scope, silence, errors, seconds, finals))
+                print(
+                    f"{scope}, {silence:g} ms: WER {errors.rate:.4f} "
+                    f"({errors.errors}/{errors.reference_length}), "
+                    f"{sum(map(len, finals.values()))} finals, {seconds:.1f} s",
+                    flush=True,
+                )
     audio = sum(clip.duration for clip in selected)
     print(
         f"\n{len(selected)} English clips, {audio:.0f} s of audio, {args.workers} worker(s) x "
-        f"{args.threads} thread(s), {args.in_flight} in flight\n"
+        f"{args.threads} thread(s), {args.in_flight} in flight, segmenter "
+        f"{' '.join(args.segmenter) or '(defaults)'}\n"
     )
-    print("| quantize | WER | errors / words | wall s | clips differing from the first |")
-    print("|---|---|---|---|---|")
-    first = results[0].texts
+    print(
+        "| quantize | min silence (ms) | WER | errors / words | finals | wall s "
+        "| clips differing from the first |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    first = results[0]
     for result in results:
-        differ = [c.id for c in selected if result.texts[c.id] != first[c.id]]
+        differ = [c.id for c in selected if result.text(c.id) != first.text(c.id)]
         print(
-            f"| {result.quantize} | {result.errors.rate:.4f} | {result.errors.errors} / "
-            f"{result.errors.reference_length} | {result.seconds:.1f} | {len(differ)} |"
+            f"| {result.quantize} | {result.min_silence_ms:g} | {result.errors.rate:.4f} | "
+            f"{result.errors.errors} / {result.errors.reference_length} | "
+            f"{sum(map(len, result.finals.values()))} | {result.seconds:.1f} | {len(differ)} |"
         )
         if args.show:
             for clip_id in differ:
-                print(f"    {clip_id}:\n      {first[clip_id]}\n      {result.texts[clip_id]}")
+                print(
+                    f"    {clip_id}:\n      {' | '.join(first.finals[clip_id])}\n"
+                    f"      {' | '.join(result.finals[clip_id])}"
+                )
 
 
 if __name__ == "__main__":

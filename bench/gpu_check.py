@@ -352,7 +352,8 @@ def load_rows(
     deadline: float,
     log: Path,
 ) -> list[dict[str, Any]]:
-    from bench.capacity import free_port, wait_ready
+    from bench.capacity import wait_ready
+    from bench.processes import free_port
     from loadgen.report import Limits
     from loadgen.run import LoadSettings, prepare_corpus, run_load
 

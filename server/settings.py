@@ -105,7 +105,12 @@ class Settings:
     vad_batch: bool = setting(
         True, "Score every stream's VAD windows in one model call per tick (else one by one)."
     )
-    min_silence_ms: float = setting(500.0, "Silence that ends an utterance.")
+    min_silence_ms: float = setting(
+        400.0,
+        "Silence that ends an utterance (counted in 32 ms VAD windows: 400 is 12, 384 ms). "
+        "Shorter cuts read speech at its commas (300 split sentences on the corpus); "
+        "docs/performance.md: the endpoint silence.",
+    )
     speculate_after_ms: float = setting(
         0.0,
         "Silence after which an utterance's final is decoded speculatively, before "

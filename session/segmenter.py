@@ -46,7 +46,7 @@ FloatArray = npt.NDArray[np.float32]
 class SegmenterConfig:
     threshold: float = 0.5
     hysteresis: float = 0.15
-    min_silence: float = 0.5  # seconds of non-speech that end an utterance
+    min_silence: float = 0.4  # seconds of non-speech that end an utterance (12 windows)
     min_speech: float = 0.25  # shorter bursts are dropped (no final)
     pre_roll: float = 0.2
     post_roll: float = 0.1

@@ -199,7 +199,8 @@ async def test_openai_session_configuration_and_refusals(server: AppServer) -> N
         await received.wait_for(lambda r: bool(r.of_type("session.updated")), 5)
         updated = received.of_type("session.updated")[0].session
         assert updated.audio.input.transcription.model == "gpt-4o-transcribe"
-        assert updated.audio.input.turn_detection.silence_duration_ms == 500  # Parley's own
+        own = round(server.state.settings.min_silence_ms)
+        assert updated.audio.input.turn_detection.silence_duration_ms == own  # Parley's own
         errors = received.of_type("error")
         assert [e.error.code for e in errors] == ["unsupported_audio_format", None]
         assert "response.create" in errors[1].error.message
