@@ -2,6 +2,7 @@
 
     python -m bench.segments --sets dialogue --variants base prompt pad30 ts
     python -m bench.segments --sets dialogue --show base
+    python -m bench.segments --model base --sets dialogue --variants base ctx2@20
 
 Each track of a `bench.quality` set is cut into utterances exactly as the file path cuts
 it (Silero VAD, the server's default `SegmenterConfig`), then every variant decodes the
@@ -223,9 +224,10 @@ async def main() -> None:
     parser.add_argument("--post-roll", type=float, default=0.1)
     parser.add_argument("--min-silence", type=float, default=0.5)
     parser.add_argument("--soft-max", type=float, default=8.0)
+    parser.add_argument("--model", default="tiny.en", help="tiny.en, base, or a Whisper folder")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    model_path = resolve_model("tiny.en", MODELS)
+    model_path = resolve_model(args.model, MODELS)
     recognizer = WhisperRecognizer(model_path, WhisperRecognizerConfig(word_timings=False))
     variants = Variants(recognizer, Offline(model_path))
     table: dict[str, Decode] = {

@@ -39,10 +39,13 @@ AudioArray = npt.NDArray[np.float32]
 @dataclass(frozen=True, slots=True)
 class LeftContext:
     """The audio just before an utterance and what was said in it: its source's previous
-    utterance (and the gap after it) and that utterance's final text."""
+    utterances (each with the gap after it) and their finals' text. `shorter` is the same
+    context without its oldest utterance (None when it holds one), for a recognizer that
+    has room for less."""
 
     audio: AudioArray
     text: str
+    shorter: LeftContext | None = None
 
     @property
     def duration(self) -> float:

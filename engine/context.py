@@ -15,7 +15,10 @@ context's text after <|notimestamps|> as the transcript so far (forced tokens, n
 `<|startofprev|>` prompt), so the model writes on from there: only the utterance's words,
 having heard the voice, pace and topic that led up to them. Word timings are aligned over
 the whole window (the context's tokens take the context's audio) and moved back to the
-utterance's own time. A context that would not fit the full window is dropped.
+utterance's own time. A context never makes the window longer than the recognizer's
+`context_window` (20 s): its oldest utterances are dropped until it fits, and a window
+that the utterance alone fills gets none (a 30 s window costs four times a 10 s one on
+the CPU encoder, and one previous utterance did as well as two on the meeting set).
 
 Behind a context tiny.en sometimes says the utterance twice ("And it is worth mention in
 passing that as an example of fine typography, and it is worth mention in passing ...":
@@ -36,14 +39,15 @@ from engine.api import AudioArray, Utterance, WordTiming
 
 
 def fitted(utterance: Utterance, room: float) -> Utterance:
-    """`utterance`, without its left context when context and utterance together last
-    more than `room` seconds or the context has no text."""
+    """`utterance` with as much of its left context as fits: its oldest utterances
+    dropped while context and utterance together last more than `room` seconds, none
+    left if even the last does not fit or the context has no text."""
     left = utterance.left
-    if left is None:
-        return utterance
-    if left.duration + utterance.duration > room or not left.text.strip():
-        return dataclasses.replace(utterance, left=None)
-    return utterance
+    while left is not None and left.duration + utterance.duration > room:
+        left = left.shorter
+    if left is not None and not left.text.strip():
+        left = None
+    return utterance if left is utterance.left else dataclasses.replace(utterance, left=left)
 
 
 def window_audio(utterance: Utterance) -> AudioArray:

@@ -263,7 +263,8 @@ class WhisperRecognizer:
     def _transcribe_batch(
         self, batch: Sequence[Utterance], should_stop: StopCheck | None
     ) -> list[Transcription]:
-        room = self._encoders.full_window - self.config.window_margin
+        window_cap = min(self.config.context_window, self._encoders.full_window)
+        room = window_cap - self.config.window_margin
         batch = [context.fitted(utterance, room) for utterance in batch]
         longest = max(context.span(utterance) for utterance in batch)
         window = self.window(batch)

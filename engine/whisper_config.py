@@ -58,6 +58,9 @@ class WhisperRecognizerConfig:
     its budget `partial_tokens_per_second` tokens per second of audio (plus a few), and a
     partial that loops is not decoded again on the full window: it gives empty text
     (docs/performance.md, "Cheaper partials": loops, words and cost per grid).
+    `context_window` is the longest window an utterance's left context may fill (with
+    the margin): the context's oldest utterances are dropped until it fits
+    (`engine.context.fitted`); an utterance that needs a longer window alone gets none.
     """
 
     device: str = "cpu"
@@ -74,6 +77,7 @@ class WhisperRecognizerConfig:
     partial_windows: tuple[float, ...] = (4.0, 6.0, 8.0)
     partial_margin: float = 2.0
     partial_tokens_per_second: float = 5.0
+    context_window: float = 20.0
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
@@ -85,6 +89,8 @@ class WhisperRecognizerConfig:
             raise ValueError("windows must name at least one window length")
         if self.prompt_tokens < 0:
             raise ValueError(f"prompt_tokens must be >= 0, got {self.prompt_tokens}")
+        if self.context_window <= 0:
+            raise ValueError(f"context_window must be > 0, got {self.context_window}")
         if self.window_margin < 0 or self.partial_margin < 0:
             raise ValueError("window_margin and partial_margin must be >= 0")
         device = torch.device(self.device)  # raises on a malformed device string

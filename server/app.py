@@ -125,6 +125,8 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         languages=recognizer.languages,
         prompts=settings.prompt_tokens > 0,
         left_context=settings.left_context_s,
+        context_wait=settings.context_wait_ms / 1000,
+        context_languages=settings.left_context_language_set,
         telemetry=state.metrics,
         speakers=speakers,
         diarizer=DiarizerConfig(max_speakers=settings.diarization_max_speakers),

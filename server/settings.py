@@ -58,12 +58,24 @@ class Settings:
         "WER in our runs (docs/performance.md).",
     )
     left_context_s: float = setting(
-        0.0,
+        20.0,
         "Decode each final behind its source's previous utterances (up to two: their audio "
         "and final text, at most this many seconds; 20 is what we measured), so the model "
-        "hears what led up to it; 0 = off: each utterance on its own. Off by default: it "
-        "closes the gap to offline decoding on English dialogue but doubles a final's "
-        "inference and hurt Spanish in the multilingual test (docs/performance.md).",
+        "hears what led up to it; 0 = off: each utterance on its own. It closes the gap to "
+        "offline decoding on English dialogue, for ~1.6x a final's inference on the CPU "
+        "(the window it fills is at most 20 s; docs/performance.md).",
+    )
+    left_context_languages: str = setting(
+        "en",
+        "Languages (comma-separated codes, or `*` for all) whose sources get left context "
+        "(LEFT_CONTEXT_S). English only by default: measured there; on the few non-English "
+        "corpus clips it cuts into several utterances it helped one (ru) and hurt one (es).",
+    )
+    context_wait_ms: float = setting(
+        1000.0,
+        "Most a live final waits for its source's previous final (for its left context or "
+        "prompt) before it is decoded without them, beside that one (a file's finals wait "
+        "as long as it takes).",
     )
     word_timings: bool = setting(
         True,
@@ -290,6 +302,12 @@ class Settings:
     log_level: str = setting("info", "`debug`, `info`, `warning` or `error`.")
     log_format: str = setting("json", "`json` (one object per line) or `text`.")
 
+    @property
+    def left_context_language_set(self) -> frozenset[str] | None:
+        """LEFT_CONTEXT_LANGUAGES as a set of codes; None: every language."""
+        codes = {code.strip() for code in self.left_context_languages.split(",") if code.strip()}
+        return None if "*" in codes else frozenset(codes)
+
     def __post_init__(self) -> None:
         if self.device not in {"auto", "cpu", "cuda"}:
             raise ValueError(f"{ENV_PREFIX}DEVICE must be auto, cpu or cuda, not {self.device!r}")
@@ -312,6 +330,8 @@ class Settings:
             raise ValueError("upload duration, time and CPU limits must be positive")
         if not 0 <= self.left_context_s <= 25:
             raise ValueError(f"{ENV_PREFIX}LEFT_CONTEXT_S must lie in [0, 25] seconds")
+        if self.context_wait_ms < 0:
+            raise ValueError(f"{ENV_PREFIX}CONTEXT_WAIT_MS must be >= 0")
         if self.prompt_tokens < 0:
             raise ValueError(f"{ENV_PREFIX}PROMPT_TOKENS must be >= 0 (0: off)")
         if self.model_workers < 0 or self.torch_threads < 0:

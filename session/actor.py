@@ -136,6 +136,8 @@ class SessionActor:
                 model_languages=services.languages,
                 prompts=services.prompts,
                 left_context=services.left_context,
+                context_wait=services.context_wait,
+                context_languages=services.context_languages,
                 clock=services.clock,
                 telemetry=services.telemetry,
                 request_key=self.request_key,

@@ -31,6 +31,13 @@ source's previous utterances' audio and final text (`session.said_before`), so t
 hears them ahead of the utterance. Like prompts, a final is then sent once the one before
 it is committed; a final the guard emptied (or a lost one) leaves the next without.
 
+How long a final waits for the one before it (`CommitterConfig.context_wait`): a file's
+as long as it takes (its text matters, not when it comes), a live source's at most a
+second. Past that it goes to the engine without its prompt or context, beside the one
+still in flight, so a slow or stuck final never holds up the source's next ones by more
+than that (finals of a source then share batches again, as with neither). The final
+after it waits for it in turn and gets its context as usual.
+
 A final's request is keyed by the committer's `request_key`: one per connection (a live
 source that is resumed on the same node has two connections for a moment, and neither
 may cancel the other's requests), the source's `session_id` for a file.
@@ -131,6 +138,11 @@ class CommitterConfig:
     prompts: bool = False  # decode each final after the source's previous finals' text
     # Most seconds of the previous utterance (and the gap) heard before each final; 0: off.
     left_context: float = 0.0
+    # Most seconds a final waits for the one before it (for its prompt or left context)
+    # before it is sent without them; None: until that one is committed.
+    context_wait: float | None = None
+    # The languages whose finals carry left context; None: every language.
+    context_languages: frozenset[str] | None = None
     clock: Callable[[], float] = time.monotonic
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     # The engine's key for this connection's requests (None: the session_id).
@@ -139,11 +151,6 @@ class CommitterConfig:
     @property
     def engine_key(self) -> str:
         return self.request_key or self.session_id
-
-    @property
-    def in_order(self) -> bool:
-        """Whether a final waits for the one before it (its prompt or its context)."""
-        return self.prompts or self.left_context > 0
 
 
 class Committer:
@@ -176,6 +183,7 @@ class Committer:
         self.context = source.context if source is not None else ""
         self._open = 0  # finals submitted (or waiting for their prompt), not yet committed
         self._waiting: deque[PendingFinal] = deque()  # cut, waiting for their prompt
+        self._cut = asyncio.Event()  # a final started waiting
         self._said = SaidBefore()  # the next final's left context
         self.finals = 0
         self.empty = 0  # utterances the hallucination guard judged not to be speech
@@ -184,6 +192,19 @@ class Committer:
     @property
     def language(self) -> str | None:
         return self.gate.language
+
+    def _left_limit(self) -> float:
+        """Most seconds of left context the source's next final carries: none with left
+        context off or in a language it is not used for (a source whose language is
+        still being detected may get it)."""
+        languages, language = self.config.context_languages, self.gate.language
+        if languages is not None and language is not None and language not in languages:
+            return 0.0
+        return self.config.left_context
+
+    def _in_order(self) -> bool:
+        """Whether a final waits for the one before it (its prompt or its context)."""
+        return self.config.prompts or self._left_limit() > 0
 
     def prompt_for_partial(self) -> str | None:
         """The prompt a partial of the utterance in progress decodes with: its final's
@@ -202,11 +223,12 @@ class Committer:
         if self.gate.language is None or prompt is None:
             return None
         utterance = self._utterance(event.audio, draft, prompt)
-        if self.config.left_context <= 0:
+        limit = self._left_limit()
+        if limit <= 0:
             return utterance
         if self._open:
             return None
-        left = self._said.before(event.index, event.start, self.config.left_context)
+        left = self._said.before(event.index, event.start, limit)
         return dataclasses.replace(utterance, left=left)
 
     def _utterance(self, audio: FloatArray, draft: str, prompt: str) -> Utterance:
@@ -220,21 +242,26 @@ class Committer:
         if self._labeller is not None:
             pending.speakers = self._labeller.embed(event.audio)
         self._open += 1
-        if self.config.in_order and self._open > 1:
+        if self._in_order() and self._open > 1:
             self._waiting.append(pending)
+            self._cut.set()
         elif await self._admit(pending):
             pending.closed_at = self.config.clock()
         return pending
 
-    async def _admit(self, pending: PendingFinal) -> bool:
-        """Submit the final now, in the source's language and with its prompt, unless
-        the language gate holds it (False)."""
-        if self.config.in_order:
+    async def _admit(self, pending: PendingFinal, *, alone: bool = False) -> bool:
+        """Submit the final now, in the source's language and with its prompt and left
+        context (none if `alone`: the final before it is still open), unless the language
+        gate holds it (False)."""
+        language = pending.utterance.language or self.gate.language
+        pending.utterance = dataclasses.replace(pending.utterance, language=language)
+        if self._in_order():
+            limit = 0.0 if alone else self._left_limit()
+            left = self._said.before(pending.index, pending.start, limit) if limit > 0 else None
             pending.utterance = dataclasses.replace(
                 pending.utterance,
-                language=pending.utterance.language or self.gate.language,
-                prompt=self.context if self.config.prompts else "",
-                left=self._said.before(pending.index, pending.start, self.config.left_context),
+                prompt=self.context if self.config.prompts and not alone else "",
+                left=left,
             )
         if not self.gate.admit(pending):
             return False
@@ -247,12 +274,15 @@ class Committer:
         self._open -= 1
         if committed.result is not None and not committed.records:
             self.context = ""  # the guard emptied it: the next final starts afresh
-        if committed.records and committed.result is not None and self.config.left_context:
+        if committed.records and committed.result is not None and self._left_limit() > 0:
             text = committed.result.transcription.text.strip()
             self._said.add(pending.index, pending.start, pending.end, pending.utterance.audio, text)
         else:
             self._said.clear()
-        if self._waiting:
+        if not self._in_order():  # the language pinned is one without left context
+            while self._waiting:
+                await self._admit(self._waiting.popleft())
+        elif self._waiting and self._open == len(self._waiting):  # none in flight before it
             await self._admit(self._waiting.popleft())
         return committed
 
@@ -300,6 +330,27 @@ class Committer:
             failed.set_exception(exc)
             pending.future = failed
 
+    async def _meanwhile(self, future: asyncio.Future[RecognitionResult]) -> RecognitionResult:
+        """Await an open final's result; meanwhile send each final that has waited
+        `context_wait` for the one before it, without its prompt and context."""
+        wait = self.config.context_wait
+        while wait is not None and self._in_order() and not future.done():
+            if not self._waiting:  # until one is cut, or the result comes
+                self._cut.clear()
+                cut = asyncio.ensure_future(self._cut.wait())
+                either: set[asyncio.Future[object]] = {future, cut}  # type: ignore[arg-type]
+                try:
+                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    cut.cancel()
+                continue
+            delay = self._waiting[0].closed_at + wait - self.config.clock()
+            if delay > 0:
+                await asyncio.wait({future}, timeout=delay)
+            else:
+                await self._admit(self._waiting.popleft(), alone=True)
+        return await future
+
     def _request(self, utterance: Utterance) -> RecognitionRequest:
         return RecognitionRequest(self.config.engine_key, self.config.priority, utterance)
 
@@ -310,7 +361,7 @@ class Committer:
         if pending.future is None:
             raise RuntimeError(f"final {pending.index} reached the committer unsubmitted")
         try:
-            return await pending.future, None
+            return await self._meanwhile(pending.future), None
         except BatchFailed:
             logger.warning("final batch failed for %s; retrying", self.config.session_id)
         except (SchedulerStopped, EngineDead) as exc:  # nothing will run a retry

@@ -124,6 +124,7 @@ class FileTranscriber:
                 model_languages=services.languages,
                 prompts=services.prompts,
                 left_context=services.left_context,
+                context_languages=services.context_languages,
                 clock=services.clock,
             ),
             services.scheduler,

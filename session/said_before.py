@@ -7,7 +7,9 @@ want of it (docs/performance.md). `SaidBefore` keeps the last `LEFT_UTTERANCES` 
 utterances with text and gives the context of the next: those of them just before it (no
 utterance between them left out), as many as fit the limit, each followed by the gap
 after it. The gaps are silence to the VAD and go in as zeros, at most `MAX_GAP` each (the
-model needs no more to hear a pause; it keeps the window short).
+model needs no more to hear a pause; it keeps the window short). The context of two
+utterances carries that of the last one alone (`LeftContext.shorter`), for a recognizer
+that has room for one only.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class SaidBefore:
         pieces: list[FloatArray] = []
         texts: list[str] = []
         seconds = 0.0
+        context: LeftContext | None = None
         for said in reversed(self._said):
             gap = start - said.end
             if said.index != index - 1 or gap < 0:
@@ -63,7 +66,6 @@ class SaidBefore:
                 break
             pieces[:0] = [said.audio, silence]
             texts.insert(0, said.text)
+            context = LeftContext(np.concatenate(pieces), " ".join(texts), shorter=context)
             index, start = said.index, said.start
-        if not pieces:
-            return None
-        return LeftContext(np.concatenate(pieces), " ".join(texts))
+        return context

@@ -29,6 +29,10 @@ class SessionServices:
     prompts: bool = False
     # Most seconds of a source's previous utterance heard before each final (0: off).
     left_context: float = 0.0
+    # Most seconds a live final waits for the one before it (its prompt or context).
+    context_wait: float = 1.0
+    # The languages whose sources' finals carry left context; None: every language.
+    context_languages: frozenset[str] | None = frozenset({"en"})
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
     # Speaker embeddings for `diarize=true` sources; None: diarization is off.

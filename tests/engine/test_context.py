@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from bench.corpus import clips
 from engine import context
@@ -35,6 +36,11 @@ def test_fitted_drops_a_context_that_does_not_fit_or_says_nothing() -> None:
         is None
     )
     assert context.span(utterance) == pytest.approx(7.0)
+    # Two utterances of context: the oldest goes first, then the last.
+    two = LeftContext(_seconds(9.0), "Older. Said before.", shorter=left)
+    assert context.fitted(dataclasses.replace(utterance, left=two), 12.0).left is two
+    assert context.fitted(dataclasses.replace(utterance, left=two), 11.9).left is left
+    assert context.fitted(dataclasses.replace(utterance, left=two), 6.9).left is None
     assert len(context.window_audio(utterance)) == 7 * SAMPLE_RATE
     assert context.window_audio(Utterance(_seconds(1.0))).shape == (SAMPLE_RATE,)
 
@@ -135,3 +141,32 @@ def test_repeats_itself_spots_an_utterance_said_twice() -> None:
     assert not context.repeats_itself("Word, another word, here's some more word, word, word.")
     assert not context.repeats_itself("Ask not. Ask not.")
     assert not context.repeats_itself("The billing page is ready, but the designers want it.")
+
+
+@pytest.mark.slow
+def test_a_context_never_widens_the_window_past_context_window(
+    recognizer: WhisperRecognizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A two-sentence context that with the utterance needs the 30 s window: the
+    recognizer drops the older sentence and decodes in the 15 s window behind the last
+    one, the utterance's words right."""
+    utterance, reference = _after(recognizer, *PAIRS[0])
+    assert utterance.left is not None
+    older = clips((PAIRS[1][0],))[0].audio()
+    two = LeftContext(
+        np.concatenate([older, GAP, utterance.left.audio]),
+        "Older words. " + utterance.left.text,
+        shorter=utterance.left,
+    )
+    assert context.span(dataclasses.replace(utterance, left=two)) > 20.0
+    windows: list[float] = []
+    encode = recognizer._encoders.encode
+
+    def recorded(window: float, features: torch.Tensor) -> torch.Tensor:
+        windows.append(window)
+        return encode(window, features)
+
+    monkeypatch.setattr(recognizer._encoders, "encode", recorded)
+    result = recognizer.transcribe([dataclasses.replace(utterance, left=two)])[0]
+    assert windows == [15.0]
+    assert error_rate(reference, result.text) == 0.0, result.text

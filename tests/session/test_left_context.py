@@ -6,6 +6,8 @@ utterance carried; tests/engine/test_context.py has what the model does with it.
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -92,3 +94,66 @@ async def test_left_context_off_submits_every_final_at_once(
     for p in pending:
         await source.commit(p)
     assert recognizer.lefts == []
+
+
+async def test_a_live_final_waits_for_the_one_before_it_at_most_context_wait() -> None:
+    """A final cut while the one before it is held in the engine (and being committed):
+    after `context_wait` it goes without context, beside that one (not behind it). A
+    third cut then waits for the second and hears the two before it."""
+    recognizer = FakeRecognizer(gated=True)
+    scheduler = BatchScheduler(recognizer, max_batch_size=8)
+    scheduler.start()
+    try:
+        source = committer(scheduler, left_context=10.0, context_wait=0.5)
+        events = [utterance(i, 2.0 * i, 1.0 + i / 4, 0.1) for i in range(3)]
+        pending = [await source.submit(events[0])]
+        first = asyncio.create_task(source.commit(pending[0]))
+        await asyncio.sleep(0.05)  # the committer awaits the first's result
+        pending.append(await source.submit(events[1]))
+        assert pending[1].future is None
+        async with asyncio.timeout(5):
+            while pending[1].future is None:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert pending[1].utterance.left is None
+        assert scheduler.queue_depth == 1  # the second, queued behind the held first
+        pending.append(await source.submit(events[2]))
+        assert pending[2].future is None  # its context (the second) is still open
+        recognizer.release(10)
+        for p in pending[1:]:
+            await asyncio.wait_for(source.commit(p), 5)
+        await first
+    finally:
+        await scheduler.stop()
+    assert [len(u.audio) for u in recognizer.lefts] == [round(1.5 * SAMPLE_RATE)]
+    third = pending[2].utterance.left
+    assert third is not None
+    assert third.text == f"n={SAMPLE_RATE} n={round(1.25 * SAMPLE_RATE)}"
+    assert third.shorter is not None and third.shorter.text == f"n={round(1.25 * SAMPLE_RATE)}"
+
+
+async def test_a_source_in_a_language_without_left_context_sends_its_finals_at_once() -> None:
+    """Left context for English only: a Spanish source's finals go to the engine as they
+    are cut, without context; a source detected as Spanish sends the finals that waited
+    for the detecting one all at once, in Spanish, without context."""
+    recognizer = FakeRecognizer(languages=frozenset({"en", "es"}), detects=("es", 0.95))
+    scheduler = BatchScheduler(recognizer, max_batch_size=8)
+    scheduler.start()
+    english = frozenset({"en"})
+    try:
+        spanish = committer(scheduler, left_context=10.0, language="es", context_languages=english)
+        pending = [await spanish.submit(utterance(i, 2.0 * i, 1.0, 0.1)) for i in range(3)]
+        assert all(p.future is not None for p in pending)
+        for p in pending:
+            await spanish.commit(p)
+        detected = committer(scheduler, left_context=10.0, language=None, context_languages=english)
+        pending = [await detected.submit(utterance(i, 2.0 * i, 1.0, 0.1)) for i in range(3)]
+        assert [p.future is not None for p in pending] == [True, False, False]
+        await detected.commit(pending[0])
+        assert detected.language == "es"
+        assert all(p.future is not None for p in pending[1:])  # both at once
+        for p in pending[1:]:
+            await detected.commit(p)
+    finally:
+        await scheduler.stop()
+    assert recognizer.lefts == []
+    assert recognizer.asked == ["es"] * 3 + [None, "es", "es"]

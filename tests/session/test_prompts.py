@@ -32,18 +32,27 @@ class _Nowhere:
 
 
 def committer(
-    scheduler: BatchScheduler, *, prompts: bool = False, left_context: float = 0.0
+    scheduler: BatchScheduler,
+    *,
+    prompts: bool = False,
+    left_context: float = 0.0,
+    context_wait: float | None = None,
+    language: str | None = "en",
+    context_languages: frozenset[str] | None = None,
 ) -> Committer:
-    """A source's committer on `scheduler` that logs to a MemoryStore and sends nowhere."""
+    """A source's committer on `scheduler` that logs to a MemoryStore and sends nowhere
+    (`language` None: detected, by a model that knows en and es)."""
     config = CommitterConfig(
         session_id="s",
         participant="p",
         priority=Priority.FINAL,
         timing=False,
-        requested_language="en",
-        model_languages=frozenset({"en"}),
+        requested_language=language,
+        model_languages=frozenset({"en"} if language == "en" else {"en", "es"}),
         prompts=prompts,
         left_context=left_context,
+        context_wait=context_wait,
+        context_languages=context_languages,
     )
     return Committer(config, scheduler, MemoryStore(), None, _Nowhere())
 
