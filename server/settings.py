@@ -58,12 +58,13 @@ class Settings:
         "WER in our runs (docs/performance.md).",
     )
     left_context_s: float = setting(
-        20.0,
+        0.0,
         "Decode each final behind its source's previous utterances (up to two: their audio "
         "and final text, at most this many seconds; 20 is what we measured), so the model "
         "hears what led up to it; 0 = off: each utterance on its own. It closes the gap to "
         "offline decoding on English dialogue, for ~1.6x a final's inference on the CPU "
-        "(the window it fills is at most 20 s; docs/performance.md).",
+        "(the window it fills is at most 20 s). Off by default: on the 2-core CPU it took "
+        "8 rooms past the 1.2 s final P95 and overloaded 16 (docs/performance.md).",
     )
     left_context_languages: str = setting(
         "en",

@@ -42,10 +42,12 @@ async def test_resume_takes_over_an_open_connection_and_keeps_its_finals() -> No
     loop = asyncio.get_running_loop()
     speech = clip("en_jfk").pcm16()
     phrase = 3 * BYTES_PER_SECOND  # "And so my fellow Americans,"
-    # Prompts off (PARLEY_PROMPT_TOKENS=0). With left context on (the default) B's second
+    # Prompts off (PARLEY_PROMPT_TOKENS=0). With left context on (as here) B's second
     # final waits in the committer for the held first one, at most PARLEY_CONTEXT_WAIT_MS
     # (1 s), then goes to the engine without its context and queues behind it.
-    async with serve_app(gated, idle_timeout_s=IDLE_S, prompt_tokens=0) as server:
+    async with serve_app(
+        gated, idle_timeout_s=IDLE_S, prompt_tokens=0, left_context_s=20.0
+    ) as server:
         a = StreamResult()
         url = stream_url(server.ws_url, "takeover", participant="ana", interim_results=False)
         async with connect(url) as old:
