@@ -71,8 +71,8 @@ class Utterance:
     may drop the context when it does not fit).
     `partial` marks a partial transcript, which only has to be good enough to show for a
     moment: a recognizer may decode it more cheaply than a final (a shorter encoder
-    window, a smaller token budget) and give it empty text where a final would be decoded
-    again (a loop).
+    window, a smaller token budget) and, where a final would be decoded again (a loop),
+    keep what it read before it looped, or give it empty text.
     """
 
     audio: AudioArray

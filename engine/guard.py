@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -61,6 +62,24 @@ def compression_ratio(text: str) -> float:
 def looped(text: str, exhausted: bool, config: GuardConfig) -> bool:
     """Whether decoding went round in circles (or never ended)."""
     return exhausted or compression_ratio(text) > config.compression_ratio_threshold
+
+
+def first_cycle(tokens: Sequence[int], min_period: int = 1) -> int | None:
+    """How many of a looping decoding's `tokens` to keep: up to the end of the first
+    cycle of the span (of `min_period` tokens or more) that then repeats, whole, at least
+    once more until the end (None when no span does). "A B C D C D C" keeps "A B C D".
+
+    In a short window tiny.en often reads the speech once, then reads it again into the
+    window's trailing silence: the first cycle is what was said. Of the periods that
+    repeat, the shortest wins (it cuts earliest)."""
+    n = len(tokens)
+    for period in range(min_period, n // 2 + 1):
+        start = n  # the periodic tail is tokens[start:], each equal to the one `period` back
+        while start - period > 0 and tokens[start - 1] == tokens[start - 1 - period]:
+            start -= 1
+        if n - start >= period:  # at least one whole repeat after the first cycle
+            return start
+    return None
 
 
 def judge(

@@ -29,9 +29,11 @@ Partials (`Utterance.partial`) are shown for a moment and replaced, so they trad
 loops for cost: a partial's window is the smallest of `partial_windows` (4/6/8 s) and the
 finals' windows that holds its audio plus `partial_margin` (2 s), its token budget is
 `partial_tokens_per_second` (5) per second of audio plus a few (speech is ~3-4), and a
-partial that loops gives empty text at once, never a second decoding on the full window.
-On live partials' audio that cut the encoder's window from 10 s to ~6 s on average, and
-the partials that loop from 2 % to ~9 % (docs/performance.md, "Cheaper partials").
+partial is never decoded a second time on the full window. In a short window tiny.en
+often reads the speech and then reads it again into the padding; a partial keeps the
+first reading (`_cut_repeats`). On live partials' audio that cut the encoder's window
+from 10 s to ~6 s on average, with 6 of 170 partials empty (4 in the 10 s window)
+(docs/performance.md, "Cheaper partials").
 
 Prompts: an utterance's `prompt` (its source's previous text) is read before
 <|startoftranscript|> after <|startofprev|>, its last `prompt_tokens` tokens, as Whisper
@@ -74,7 +76,7 @@ from engine.api import SAMPLE_RATE, Transcription, Utterance, WordTiming
 from engine.decoding import read_row, token_budget
 from engine.first_step import FirstRead, FirstStep
 from engine.greedy import GreedyDecoder, Started
-from engine.guard import Verdict, judge, looped
+from engine.guard import Verdict, first_cycle, judge, looped
 from engine.int8 import quantize_linears
 from engine.recognizer import Interrupted, StopCheck
 from engine.vocabulary import FullHead, ShortlistHead, VocabularyHead
@@ -90,6 +92,8 @@ from engine.windows import WindowedEncoders
 __all__ = ["DType", "Quantize", "WhisperRecognizer", "WhisperRecognizerConfig"]
 
 logger = logging.getLogger(__name__)
+
+REPEATED_PHRASE = 3  # tokens: the shortest repeat cut from a partial that does not loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,9 +316,13 @@ class WhisperRecognizer:
     def _decode_in(
         self, batch: Sequence[Utterance], window: float, should_stop: StopCheck | None
     ) -> list[_Decoded]:
-        """Decode in `window`; rows that loop there again on the full window, but partials
-        (a partial that loops gives empty text: the guard drops it)."""
+        """Decode in `window`; rows that loop there again on the full window, but partials:
+        a partial keeps the first cycle of what it repeats (`_cut_repeats`)."""
         decoded = self._forward(batch, window, should_stop)
+        decoded = [
+            self._cut_repeats(item) if utterance.partial else item
+            for utterance, item in zip(batch, decoded, strict=True)
+        ]
         retry = [
             i
             for i, item in enumerate(decoded)
@@ -330,6 +338,27 @@ class WhisperRecognizer:
             for i, item in zip(retry, again, strict=True):
                 decoded[i] = item
         return decoded
+
+    def _cut_repeats(self, item: _Decoded) -> _Decoded:
+        """A partial cut to the first cycle of what it repeats at its end
+        (`guard.first_cycle`): in a short window tiny.en reads the speech, then reads it
+        again into the padding, endlessly (a loop) or once more. Of a row that loops any
+        repeat is cut, of one that does not only a phrase (REPEATED_PHRASE tokens or more:
+        "no, no" stays); a cut that still ends in a repeat is cut again (the last one may be
+        spelled in other tokens). The guard judges the cut text again."""
+        min_period = 1 if self._verdict(item) is Verdict.LOOP else REPEATED_PHRASE
+        tokens = item.tokens
+        while (keep := first_cycle(tokens, min_period)) is not None:  # fewer tokens each pass
+            tokens = tokens[:keep]
+        if len(tokens) == len(item.tokens):
+            return item
+        return dataclasses.replace(
+            item,
+            text=self._tokenizer.decode(tokens, skip_special_tokens=True).strip(),
+            tokens=tokens,
+            logprobs=item.logprobs[: len(tokens)],
+            exhausted=False,
+        )
 
     def _context_failed(self, utterance: Utterance, item: _Decoded) -> bool:
         """A row decoded behind its left context that said itself twice."""

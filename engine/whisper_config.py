@@ -56,8 +56,9 @@ class WhisperRecognizerConfig:
     Partials (`Utterance.partial`) are decoded more cheaply: a partial's window is the
     smallest of `windows` and `partial_windows` holding its audio plus `partial_margin`,
     its budget `partial_tokens_per_second` tokens per second of audio (plus a few), and a
-    partial that loops is not decoded again on the full window: it gives empty text
-    (docs/performance.md, "Cheaper partials": loops, words and cost per grid).
+    partial that loops is not decoded again on the full window: it keeps the first cycle
+    of what it repeats, or gives empty text (docs/performance.md, "Cheaper partials":
+    loops, words and cost per grid).
     `context_window` is the longest window an utterance's left context may fill (with
     the margin): the context's oldest utterances are dropped until it fits
     (`engine.context.fitted`); an utterance that needs a longer window alone gets none.

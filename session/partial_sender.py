@@ -9,7 +9,7 @@ meanwhile (stale) or it came back empty. A partial's text is also the next reque
 decoding draft for the same utterance. A partial decodes with its final's prompt (the
 source's previous finals); while the final before it is still open that prompt is not
 known yet, and the partial is not sent. Every partial not sent is counted by reason:
-queue_full, superseded, stale, failed, waiting.
+queue_full, superseded, stale, empty (the recognizer gave no text), failed, waiting.
 """
 
 from __future__ import annotations
@@ -111,8 +111,11 @@ class PartialSender:
             logger.warning("partial of session %s failed", self._session_id, exc_info=True)
             return
         text = result.transcription.text.strip()
-        if event.index <= self._committer.committed_index or not text:
+        if event.index <= self._committer.committed_index:
             self._drop("stale")
+            return
+        if not text:
+            self._drop("empty")
             return
         self._draft = (event.index, text)
         message = build.transcript_partial(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.guard import GuardConfig, Verdict, compression_ratio, judge
+from engine.guard import GuardConfig, Verdict, compression_ratio, first_cycle, judge
 
 GUARD = GuardConfig()
 
@@ -61,3 +61,14 @@ def test_nonsense_thresholds_are_refused(kwargs: dict[str, float]) -> None:
     """GuardConfig validates its thresholds at construction."""
     with pytest.raises(ValueError):
         GuardConfig(**kwargs)
+
+
+def test_first_cycle_keeps_what_was_read_before_it_repeats() -> None:
+    """A decoding that repeats a span until it ends keeps up to that span's first end."""
+    assert first_cycle([1, 2, 3, 4, 3, 4, 3]) == 4  # "A B C D C D C" keeps "A B C D"
+    assert first_cycle([7, 8, 9] * 3) == 3
+    assert first_cycle([1, 2, 3, 1, 2]) is None  # no whole repeat yet
+    assert first_cycle([1, 2, 3]) is None
+    assert first_cycle([]) is None
+    assert first_cycle([1, 2, 5, 5]) == 3  # one token repeated ("no, no" ...)
+    assert first_cycle([1, 2, 5, 5], min_period=3) is None  # ... is no phrase

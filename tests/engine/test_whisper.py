@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bench.corpus import Clip, clips
+from engine import context
 from engine.api import SAMPLE_RATE, Transcription, Utterance
 from engine.recognizer import Recognizer
 from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
@@ -143,3 +144,25 @@ def test_warmup_and_protocol(bucketed: WhisperRecognizer, tiny_en: Path) -> None
     assert recognizer.name == tiny_en.name  # the folder's name unless one is given
     assert recognizer.max_batch_size == 16
     assert bucketed.windows == (4.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0)
+
+
+def test_a_partial_that_reads_itself_again_keeps_the_first_reading(
+    bucketed: WhisperRecognizer,
+) -> None:
+    """JFK's first 1.6 and 1.9 s, from 8 starts 32 ms apart, as partials (the 4 s window):
+    tiny.en often reads "And so my fellow American." and then again until its budget
+    ends (11 of the 16 came back empty when a loop was dropped whole). Each partial keeps
+    the first reading: not empty, not said twice, close to what was said."""
+    (jfk,) = clips(["en_jfk"])
+    audio = jfk.audio()
+    starts = [round((0.15 + 0.032 * shift) * SAMPLE_RATE) for shift in range(8)]
+    beginnings = [
+        Utterance(audio[start : start + round(seconds * SAMPLE_RATE)], partial=True)
+        for start in starts
+        for seconds in (1.6, 1.9)
+    ]
+    assert {bucketed.window([utterance]) for utterance in beginnings} == {4.0}
+    for result in bucketed.transcribe(beginnings):
+        assert result.text, "a partial came back empty"
+        assert not context.repeats_itself(result.text), result.text
+        assert error_counts("and so my fellow americans", result.text).rate <= 0.5, result.text
