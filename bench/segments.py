@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from bench.quality import MODELS, SETS, Offline, Track
+from engine import context
 from engine.api import SAMPLE_RATE, AudioArray, LeftContext, Utterance
 from engine.decoding import read_row, token_budget
 from engine.weights import resolve_model
@@ -79,6 +80,7 @@ class Variants:
     def __init__(self, recognizer: WhisperRecognizer, offline: Offline) -> None:
         self.r = recognizer
         self.offline = offline
+        self.windows: list[float] = []  # the window each `ctx` row was decoded in
 
     def base(self, track: Track, segs: list[Segment]) -> list[str]:
         return [self._one(track.audio[s.start : s.end]) for s in segs]
@@ -170,14 +172,22 @@ class Variants:
                         break
                     pieces.insert(0, piece)
                     said.insert(0, texts[k])
-                if pieces:
-                    left = LeftContext(np.concatenate(pieces), " ".join(said))
+                    # As `SaidBefore` builds it: the context of fewer utterances inside,
+                    # for a recognizer whose window has room for the last one only.
+                    left = LeftContext(np.concatenate(pieces), " ".join(said), shorter=left)
                 older = " ".join(texts[: i - len(pieces)])[-1000:] if prompted else ""
                 utterance = Utterance(track.audio[s.start : s.end], left=left, prompt=older)
+                self.windows.append(self._window(utterance))
                 texts.append(self.r.transcribe([utterance])[0].text)
             return texts
 
         return decode
+
+    def _window(self, utterance: Utterance) -> float:
+        """The window the recognizer decodes `utterance` in, its context fitted first."""
+        config = self.r.config
+        room = min(config.context_window, self.r._encoders.full_window) - config.window_margin
+        return self.r.window([context.fitted(utterance, room)])
 
     def left_prompt(self, track: Track, segs: list[Segment]) -> list[str]:
         return self.left(track, segs, prompted=True)
@@ -225,10 +235,17 @@ async def main() -> None:
     parser.add_argument("--min-silence", type=float, default=0.5)
     parser.add_argument("--soft-max", type=float, default=8.0)
     parser.add_argument("--model", default="tiny.en", help="tiny.en, base, or a Whisper folder")
+    parser.add_argument(
+        "--context-window", type=float, default=WhisperRecognizerConfig().context_window,
+        help="longest window a left context may fill (seconds, margin included)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(2)
     model_path = resolve_model(args.model, MODELS)
-    recognizer = WhisperRecognizer(model_path, WhisperRecognizerConfig(word_timings=False))
+    recognizer = WhisperRecognizer(
+        model_path,
+        WhisperRecognizerConfig(word_timings=False, context_window=args.context_window),
+    )
     variants = Variants(recognizer, Offline(model_path))
     table: dict[str, Decode] = {
         "base": variants.base, "prompt": variants.prompt, "pad30": variants.pad30,
@@ -257,14 +274,19 @@ async def main() -> None:
                 )
             else:
                 decode = table[variant]
+            variants.windows.clear()
             started = time.perf_counter()
             texts = {t.id: decode(t, cut[t.id]) for t in tracks}
             took = time.perf_counter() - started
             counts = wer(tracks, texts)
+            windows = " ".join(
+                f"{w:.0f}s:{variants.windows.count(w)}" for w in sorted(set(variants.windows))
+            )
             print(
                 f"  {variant:12s} WER {counts.rate:.4f} (S{counts.substitutions} "
                 f"D{counts.deletions} I{counts.insertions} / {counts.reference_length}) "
-                f"{took:.0f} s",
+                f"{took:.0f} s, {took / len(lengths) * 1000:.0f} ms an utterance"
+                + (f", windows {windows}" if windows else ""),
                 flush=True,
             )
             if variant in args.show:

@@ -46,6 +46,7 @@ class ModelConfig:
     quantize: Quantize = "auto"
     drafts: bool = True
     prompt_tokens: int = 0  # previous text kept as each utterance's prompt; 0: none
+    context_window: float = 20.0  # longest window a left context may fill (seconds)
     word_timings: bool = True
     workers: int = 0
     torch_threads: int = 0
@@ -110,6 +111,7 @@ def load_whisper(config: ModelConfig) -> Recognizer:
         quantize=resolve_quantize(config, device),
         drafts=config.drafts,
         prompt_tokens=config.prompt_tokens,
+        context_window=config.context_window,
         word_timings=config.word_timings,
     )
     return load_recognizer(config.model, whisper, cache=config.cache)

@@ -57,6 +57,7 @@ def model_config(settings: Settings) -> ModelConfig:
         quantize=settings.quantize,  # type: ignore[arg-type]  # Settings checked the value
         drafts=settings.drafts,
         prompt_tokens=settings.prompt_tokens,
+        context_window=settings.context_window_s,
         word_timings=settings.word_timings,
         workers=settings.model_workers,
         torch_threads=settings.torch_threads,

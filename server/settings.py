@@ -66,6 +66,14 @@ class Settings:
         "(the window it fills is at most 20 s). Off by default: on the 2-core CPU it took "
         "8 rooms past the 1.2 s final P95 and overloaded 16 (docs/performance.md).",
     )
+    context_window_s: float = setting(
+        20.0,
+        "Longest encoder window a final's left context may fill (its oldest utterance is "
+        "dropped first, then the whole context): 20 lets the dialogue's finals hear both "
+        "previous turns (the only cap that met issue 17's target there); 10 keeps every "
+        'final short of 9 s in the window it has alone (docs/performance.md, "Cheaper left '
+        'context").',
+    )
     left_context_languages: str = setting(
         "en",
         "Languages (comma-separated codes, or `*` for all) whose sources get left context "
@@ -331,6 +339,8 @@ class Settings:
             raise ValueError("upload duration, time and CPU limits must be positive")
         if not 0 <= self.left_context_s <= 25:
             raise ValueError(f"{ENV_PREFIX}LEFT_CONTEXT_S must lie in [0, 25] seconds")
+        if not 10 <= self.context_window_s <= 30:
+            raise ValueError(f"{ENV_PREFIX}CONTEXT_WINDOW_S must lie in [10, 30] seconds")
         if self.context_wait_ms < 0:
             raise ValueError(f"{ENV_PREFIX}CONTEXT_WAIT_MS must be >= 0")
         if self.prompt_tokens < 0:

@@ -28,6 +28,17 @@ def test_bad_values_are_refused_with_the_variable_name() -> None:
         Settings.from_env({"PARLEY_PORT": "eighty"})
     with pytest.raises(ValueError, match="PARLEY_DEVICE"):
         Settings.from_env({"PARLEY_DEVICE": "tpu"})
+    with pytest.raises(ValueError, match="PARLEY_CONTEXT_WINDOW_S"):
+        Settings.from_env({"PARLEY_CONTEXT_WINDOW_S": "5"})
+
+
+def test_the_context_window_reaches_the_recognizer_config() -> None:
+    """PARLEY_CONTEXT_WINDOW_S caps the window a left context may fill (`context_window`)."""
+    from server.app import model_config
+
+    settings = Settings.from_env({"PARLEY_CONTEXT_WINDOW_S": "15"})
+    assert model_config(settings).context_window == 15.0
+    assert model_config(Settings.from_env({})).context_window == 20.0
 
 
 def test_configuration_doc_matches_settings() -> None:
