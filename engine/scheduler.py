@@ -17,6 +17,10 @@ Rules:
   SchedulerFull at once (they thin out first); a final or file request waits for room
   instead, so finals are never dropped — the wait pushes back on the session that
   submitted it.
+- Left context is shed under load (`context_below`): a live final's left context
+  (`Utterance.left`) goes to the model only while no final waits in the queue and the
+  model's recent utilization is below `context_below`; otherwise it is decoded alone
+  (`stats.contexts_shed`). File requests keep theirs. None: no gate.
 - A batch's results come back as a list the same length as its input; a recognizer
   error (or a length mismatch) fails every future of that batch, and the workers go on.
 - If the scheduler itself fails (a bug, an observer that raises), it is DEAD: every
@@ -48,6 +52,7 @@ from engine.api import (
     RequestSuperseded,
     SchedulerFull,
     SchedulerStopped,
+    Utterance,
 )
 from engine.policy import PartialBudget, PartialCost, PolicyConfig, plan
 from engine.recognizer import Interrupted, Recognizer
@@ -80,6 +85,7 @@ class BatchScheduler:
         max_queue: int = 256,
         partial_share: float = 0.5,
         partial_wait: float = 0.25,
+        context_below: float | None = None,
         worker_init: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -87,6 +93,8 @@ class BatchScheduler:
             raise ValueError("max_batch_size must be >= 1")
         if max_queue < max_batch_size:
             raise ValueError("max_queue must be >= max_batch_size")
+        if context_below is not None and not 0 < context_below <= 1:
+            raise ValueError("context_below must lie in (0, 1] (None: no load gate)")
         self._recognizer = recognizer
         batch = min(max_batch_size, recognizer.max_batch_size)
         self._policy = PolicyConfig(
@@ -98,6 +106,7 @@ class BatchScheduler:
             partial_wait=partial_wait,
         )
         self._max_queue = max_queue
+        self._context_below = context_below
         self._clock = clock
         self._budget = PartialBudget(self._policy, clock())
         self._partial_cost = PartialCost()
@@ -362,7 +371,7 @@ class BatchScheduler:
             transcriptions = await loop.run_in_executor(
                 worker.executor,
                 self._recognizer.transcribe,
-                [e.request.utterance for e in live],
+                self._utterances(live),
                 worker.stop.is_set,
             )
             if len(transcriptions) != len(live):
@@ -399,6 +408,32 @@ class BatchScheduler:
             if not entry.future.done():
                 entry.future.set_result(result)
         return results
+
+    def _utterances(self, live: Sequence[Entry]) -> list[Utterance]:
+        """The batch's utterances, live finals without their left context unless the
+        model has slack (`has_context_slack`): a loaded server sheds the context's cost
+        (a longer encoder window, docs/performance.md) before it sheds rooms. A file's
+        utterances keep theirs (no listener waits on each final)."""
+        utterances = [e.request.utterance for e in live]
+        if all(u.left is None for u in utterances) or self.has_context_slack():
+            return utterances
+        kept = []
+        for entry, utterance in zip(live, utterances, strict=True):
+            if utterance.left is not None and entry.request.priority is not Priority.FILE:
+                utterance = replace(utterance, left=None)
+                self.stats.contexts_shed += 1
+            kept.append(utterance)
+        return kept
+
+    def has_context_slack(self) -> bool:
+        """Whether live finals may be decoded behind their left context now: no load gate
+        (`context_below` None), or no final waiting in the queue and the model's
+        utilization over the last `LOAD_WINDOW` seconds below `context_below`."""
+        if self._context_below is None:
+            return True
+        if any(e.request.priority is Priority.FINAL for e in self._queue.values()):
+            return False
+        return self.utilization < self._context_below
 
     def _requeue(self, stopped: list[Entry]) -> None:
         """Put a stopped batch's requests back (partial and speculative batches are

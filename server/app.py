@@ -109,6 +109,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         max_queue=settings.max_queue,
         partial_share=settings.partial_share,
         partial_wait=settings.partial_wait_ms / 1000,
+        context_below=settings.context_below_utilization or None,
         worker_init=partial(set_torch_threads, threads),
     )
     scheduler.add_observer(state.metrics.observe_batch)

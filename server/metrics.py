@@ -146,13 +146,18 @@ class Metrics:
                 "parley_preempted_batches", "Partial batches stopped so that finals could run"
             )
             preempted.add_metric([], current.stats.preempted_batches if current else 0)
+            shed = CounterMetricFamily(
+                "parley_contexts_shed",
+                "Live finals decoded without their left context: the model had no slack",
+            )
+            shed.add_metric([], current.stats.contexts_shed if current else 0)
             tasks = GaugeMetricFamily("parley_event_loop_tasks", "asyncio tasks alive")
             tasks.add_metric([], len(asyncio.all_tasks()))
             store = CounterMetricFamily(
                 "parley_store_errors", "Store calls that failed to reach the store"
             )
             store.add_metric([], store_failures())
-            return [active, rooms, depth, workers, busy, preempted, tasks, store]
+            return [active, rooms, depth, workers, busy, preempted, shed, tasks, store]
 
         self.registry.register(_LiveCollector(read))
 

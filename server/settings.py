@@ -66,6 +66,13 @@ class Settings:
         "(the window it fills is at most 20 s). Off by default: on the 2-core CPU it took "
         "8 rooms past the 1.2 s final P95 and overloaded 16 (docs/performance.md).",
     )
+    context_below_utilization: float = setting(
+        0.0,
+        "Load gate for left context (LEFT_CONTEXT_S): a live final is decoded behind its "
+        "context only while no final waits for the model and the model's utilization over "
+        "the last 2 s is below this fraction; otherwise alone, so a loaded server sheds the "
+        "context's cost before it sheds rooms (files keep theirs). 0 = no gate.",
+    )
     context_window_s: float = setting(
         20.0,
         "Longest encoder window a final's left context may fill (its oldest utterance is "
@@ -339,6 +346,8 @@ class Settings:
             raise ValueError("upload duration, time and CPU limits must be positive")
         if not 0 <= self.left_context_s <= 25:
             raise ValueError(f"{ENV_PREFIX}LEFT_CONTEXT_S must lie in [0, 25] seconds")
+        if not 0 <= self.context_below_utilization <= 1:
+            raise ValueError(f"{ENV_PREFIX}CONTEXT_BELOW_UTILIZATION must lie in [0, 1]")
         if not 10 <= self.context_window_s <= 30:
             raise ValueError(f"{ENV_PREFIX}CONTEXT_WINDOW_S must lie in [10, 30] seconds")
         if self.context_wait_ms < 0:

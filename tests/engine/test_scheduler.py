@@ -12,6 +12,7 @@ import pytest
 from engine.api import (
     BatchFailed,
     EngineDead,
+    LeftContext,
     Priority,
     RecognitionRequest,
     RecognitionResult,
@@ -475,3 +476,62 @@ async def test_a_running_speculation_once_promoted_is_not_stopped(
     await asyncio.wait_for(asyncio.gather(early, final), TIMEOUT)
     assert fake.batches == [[10], [20]]
     assert scheduler.stats.preempted_batches == 0
+
+
+def with_left(session: str, n: int, priority: Priority = Priority.FINAL) -> RecognitionRequest:
+    """A request whose utterance carries a left context (a second of silence, "before")."""
+    left = LeftContext(np.zeros(16000, dtype=np.float32), "before")
+    return RecognitionRequest(session, priority, Utterance(np.zeros(n, np.float32), left=left))
+
+
+async def test_without_a_load_gate_finals_keep_their_left_context() -> None:
+    """context_below None: every final goes to the model with its context."""
+    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    async with started(BatchScheduler(fake, max_batch_size=1, max_wait=0.0)) as scheduler:
+        busy = await occupy(scheduler, fake)
+        futures = [await scheduler.submit(with_left(f"s{i}", 100 + i)) for i in range(2)]
+        fake.release(3)
+        await asyncio.wait_for(asyncio.gather(busy, *futures), TIMEOUT)
+    assert [len(u.audio) for u in fake.lefts] == [100, 101]
+    assert scheduler.stats.contexts_shed == 0 and scheduler.has_context_slack()
+
+
+async def test_a_final_with_another_queued_behind_it_sheds_its_left_context() -> None:
+    """With the gate, the first of two queued finals (batches of one) goes while the second
+    waits: without its context; the second, alone on an idle model, keeps its own."""
+    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    scheduler = BatchScheduler(fake, max_batch_size=1, max_wait=0.0, context_below=1.0)
+    async with started(scheduler):
+        busy = await occupy(scheduler, fake)
+        first = await scheduler.submit(with_left("a", 100))
+        second = await scheduler.submit(with_left("b", 101))
+        fake.release(3)
+        await asyncio.wait_for(asyncio.gather(busy, first, second), TIMEOUT)
+    assert fake.batches == [[1], [100], [101]]
+    assert [len(u.audio) for u in fake.lefts] == [101]
+    assert fake.lefts[0].left is not None and fake.lefts[0].left.text == "before"
+    assert scheduler.stats.contexts_shed == 1
+
+
+async def test_a_busy_model_sheds_live_contexts_but_not_a_files() -> None:
+    """With the model busy over the last seconds (utilization above the gate), a live
+    final goes without its left context; a file's utterance keeps it."""
+    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0, context_below=0.001)
+    async with started(scheduler):
+        busy = await occupy(scheduler, fake)
+        await asyncio.sleep(0.05)  # the model is busy: utilization well above 0.1 %
+        live = await scheduler.submit(with_left("live", 100))
+        upload = await scheduler.submit(with_left("file", 200, Priority.FILE))
+        assert not scheduler.has_context_slack()
+        fake.release(2)
+        results = await asyncio.wait_for(asyncio.gather(busy, live, upload), TIMEOUT)
+    assert [r.transcription.text for r in results] == ["n=1", "n=100", "n=200"]
+    assert fake.batches == [[1], [100, 200]]
+    assert [len(u.audio) for u in fake.lefts] == [200]
+    assert scheduler.stats.contexts_shed == 1
+
+
+def test_the_load_gate_must_be_a_fraction() -> None:
+    with pytest.raises(ValueError, match="context_below"):
+        BatchScheduler(FakeRecognizer(), context_below=0.0)
