@@ -164,8 +164,12 @@ class ServerProbe:
             - _sum(before.metrics, "parley_speculative_finals_total", f'outcome="{outcome}"')
             for outcome in ("used", "discarded", "cancelled")
         }
+        shed = _sum(after.metrics, "parley_contexts_shed_total") - _sum(
+            before.metrics, "parley_contexts_shed_total"
+        )
         return {
             **speculative,
+            "contexts_shed": shed,  # live finals the load gate sent without left context
             "server_cpu_cores": (after.cpu - before.cpu) / wall,
             "model_utilization": busy / wall / workers,
             "partial_share": None if partial is None or busy <= 0 else partial / busy,
