@@ -58,20 +58,22 @@ class Settings:
         "WER in our runs (docs/performance.md).",
     )
     left_context_s: float = setting(
-        0.0,
+        20.0,
         "Decode each final behind its source's previous utterances (up to two: their audio "
-        "and final text, at most this many seconds; 20 is what we measured), so the model "
-        "hears what led up to it; 0 = off: each utterance on its own. It closes the gap to "
-        "offline decoding on English dialogue, for ~1.6x a final's inference on the CPU "
-        "(the window it fills is at most 20 s). Off by default: on the 2-core CPU it took "
-        "8 rooms past the 1.2 s final P95 and overloaded 16 (docs/performance.md).",
+        "and final text, at most this many seconds), so the model hears what led up to it; "
+        "0 = off: each utterance on its own. It closes the gap to offline decoding on "
+        "English dialogue (shorter caps did not), for ~1.6x a final's inference on the CPU "
+        "(the window it fills, CONTEXT_WINDOW_S). Live finals get it only while the model "
+        "has slack (CONTEXT_BELOW_UTILIZATION), files always (docs/performance.md).",
     )
     context_below_utilization: float = setting(
-        0.0,
+        0.3,
         "Load gate for left context (LEFT_CONTEXT_S): a live final is decoded behind its "
         "context only while no final waits for the model and the model's utilization over "
-        "the last 2 s is below this fraction; otherwise alone, so a loaded server sheds the "
-        "context's cost before it sheds rooms (files keep theirs). 0 = no gate.",
+        "the last 2 s (partials included) is below this fraction; otherwise alone, so a "
+        "loaded server sheds the context's cost before it sheds rooms (files keep theirs). "
+        "0.3: one room at real time keeps it, 4 rooms on 2 cores shed nearly all (capacity "
+        "as with context off); 0 = no gate.",
     )
     context_window_s: float = setting(
         20.0,
