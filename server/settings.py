@@ -142,7 +142,8 @@ class Settings:
     partial_share: float = setting(
         0.5,
         "Most of the model's time partials may take (all workers together); under load "
-        "they slow down alike for every stream, stalest first. Finals never wait for them.",
+        "they slow down alike for every stream: an utterance's first partial first, then "
+        "the stalest stream. Finals never wait for them.",
     )
     diarization: bool = setting(
         True,
