@@ -16,6 +16,7 @@ field (seconds) for every row.
     python -m bench.file_wer --quantize none int8-shortlist
     python -m bench.file_wer --quantize int8-shortlist --min-silence-ms 500 400 300 --show
     python -m bench.file_wer --quantize int8-shortlist --segmenter soft_max_utterance=4
+    python -m bench.file_wer --quantize int8-shortlist --encoder-dtype float32 bfloat16
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import logging
 import os
 import tempfile
@@ -37,7 +39,7 @@ from bench.corpus import Clip, clips
 from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer, set_torch_threads
 from engine.scheduler import BatchScheduler
 from engine.whisper import Quantize, WhisperRecognizerConfig
-from engine.whisper_config import QUANTIZE_SCOPES
+from engine.whisper_config import QUANTIZE_SCOPES, DType
 from loadgen.wer import ErrorCounts, error_counts
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import offline_services
@@ -49,6 +51,7 @@ logger = logging.getLogger("bench.file_wer")
 @dataclass(frozen=True, slots=True)
 class Result:
     quantize: Quantize
+    encoder_dtype: DType
     min_silence_ms: float
     errors: ErrorCounts
     seconds: float
@@ -111,6 +114,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         choices=QUANTIZE_SCOPES,
     )
     parser.add_argument(
+        "--encoder-dtype",
+        nargs="+",
+        default=["float32"],
+        choices=["float32", "bfloat16"],
+        help="the encoder's dtypes to compare (PARLEY_ENCODER_DTYPE; default: float32)",
+    )
+    parser.add_argument(
         "--min-silence-ms",
         nargs="+",
         type=float,
@@ -134,23 +144,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     fields = {key: float(value) for key, _, value in (s.partition("=") for s in args.segmenter)}
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as folder:
-        for scope in args.quantize:
-            for silence in args.min_silence_ms:
-                config = WhisperRecognizerConfig(quantize=scope)
-                segmenter = {**fields, "min_silence": silence / 1000}
-                finals, seconds = asyncio.run(
-                    transcribe_clips(config, segmenter, selected, args, Path(folder))
-                )
-                errors = ErrorCounts(0, 0, 0, 0)
-                for clip in selected:
-                    errors += error_counts(clip.reference, " ".join(finals[clip.id]))
-                results.append(Result(scope, silence, errors, seconds, finals))
-                print(
-                    f"{scope}, {silence:g} ms: WER {errors.rate:.4f} "
-                    f"({errors.errors}/{errors.reference_length}), "
-                    f"{sum(map(len, finals.values()))} finals, {seconds:.1f} s",
-                    flush=True,
-                )
+        for scope, encoder, silence in itertools.product(
+            args.quantize, args.encoder_dtype, args.min_silence_ms
+        ):
+            config = WhisperRecognizerConfig(quantize=scope, encoder_dtype=encoder)
+            segmenter = {**fields, "min_silence": silence / 1000}
+            finals, seconds = asyncio.run(
+                transcribe_clips(config, segmenter, selected, args, Path(folder))
+            )
+            errors = ErrorCounts(0, 0, 0, 0)
+            for clip in selected:
+                errors += error_counts(clip.reference, " ".join(finals[clip.id]))
+            results.append(Result(scope, encoder, silence, errors, seconds, finals))
+            print(
+                f"{scope}, encoder {encoder}, {silence:g} ms: WER {errors.rate:.4f} "
+                f"({errors.errors}/{errors.reference_length}), "
+                f"{sum(map(len, finals.values()))} finals, {seconds:.1f} s",
+                flush=True,
+            )
     audio = sum(clip.duration for clip in selected)
     print(
         f"\n{len(selected)} English clips, {audio:.0f} s of audio, {args.workers} worker(s) x "
@@ -158,15 +169,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{' '.join(args.segmenter) or '(defaults)'}\n"
     )
     print(
-        "| quantize | min silence (ms) | WER | errors / words | finals | wall s "
+        "| quantize | encoder | min silence (ms) | WER | errors / words | finals | wall s "
         "| clips differing from the first |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     first = results[0]
     for result in results:
         differ = [c.id for c in selected if result.text(c.id) != first.text(c.id)]
         print(
-            f"| {result.quantize} | {result.min_silence_ms:g} | {result.errors.rate:.4f} | "
+            f"| {result.quantize} | {result.encoder_dtype} | {result.min_silence_ms:g} | "
+            f"{result.errors.rate:.4f} | "
             f"{result.errors.errors} / {result.errors.reference_length} | "
             f"{sum(map(len, result.finals.values()))} | {result.seconds:.1f} | {len(differ)} |"
         )

@@ -34,15 +34,17 @@ class ModelConfig:
     `model` is a packaged name (`tiny.en`, `base`), a Hugging Face Whisper folder, or a
     hub id already in the local hub cache. Packaged models are converted once into
     `cache`. `device="auto"` picks cuda when present; `dtype="auto"` is float32 on the CPU
-    and float16 on cuda. `workers` model workers run batches at once (`worker_plan`; 0:
-    one per core on the CPU, one on cuda), each with `torch_threads` threads (0: the
-    cores shared out among the workers).
+    and float16 on cuda; `encoder_dtype` the encoder's (`resolve_encoder_dtype`).
+    `workers` model workers run batches at once (`worker_plan`; 0: one per core on the
+    CPU, one on cuda), each with `torch_threads` threads (0: the cores shared out among
+    the workers).
     """
 
     model: str = DEFAULT_MODEL
     cache: Path = DEFAULT_CACHE
     device: str = "auto"  # or "cpu", "cuda", "cuda:1"
     dtype: DType = "auto"
+    encoder_dtype: DType = "auto"
     quantize: Quantize = "auto"
     drafts: bool = True
     prompt_tokens: int = 0  # previous text kept as each utterance's prompt; 0: none
@@ -76,6 +78,32 @@ def resolve_quantize(
     return "int8-shortlist" if cpu_float32 and int8_available() else "none"
 
 
+def resolve_encoder_dtype(
+    config: ModelConfig, device: str
+) -> Literal["float32", "float16", "bfloat16"] | None:
+    """The encoder's dtype (None: the model's): the configured one, or for `auto` bfloat16
+    on a CPU that multiplies bfloat16 natively, where it runs a float32 model's encoder
+    ~1.5-1.8x faster (docs/performance.md, "The encoder in bfloat16"), the model's
+    elsewhere and under `int8` (which quantizes the encoder)."""
+    if config.encoder_dtype != "auto":
+        return config.encoder_dtype
+    cpu_float32 = device == "cpu" and config.dtype in ("auto", "float32")
+    if cpu_float32 and resolve_quantize(config, device) != "int8" and native_bfloat16():
+        return "bfloat16"
+    return None
+
+
+def native_bfloat16() -> bool:
+    """Whether this CPU has bfloat16 dot products (AVX-512 BF16 or AMX): without them
+    torch emulates bfloat16 matrix products, slower than float32. Linux only (it reads
+    /proc/cpuinfo's flags); False elsewhere."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
 def worker_plan(config: ModelConfig) -> tuple[int, int]:
     """(model workers, torch threads for each). On the CPU one worker per core with one
     thread each: a decoder step is ~150 small operations that a second thread hardly
@@ -107,6 +135,7 @@ def load_whisper(config: ModelConfig) -> Recognizer:
     whisper = WhisperRecognizerConfig(
         device=device,
         dtype=None if config.dtype == "auto" else config.dtype,
+        encoder_dtype=resolve_encoder_dtype(config, device),
         max_batch_size=config.max_batch_size,
         quantize=resolve_quantize(config, device),
         drafts=config.drafts,

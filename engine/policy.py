@@ -30,16 +30,20 @@ when to look again. The rules:
    speculation spends idle model time: it never delays a final by more than a step, and
    it does not thin the partials, whose text is the finals' decoding draft. Under
    overload it does not run, and its final is decoded as a final.
-4. **Partials share a budget, stalest first.** Partials run only on a worker no final or
-   file request needs, and only while `PartialBudget` has credit: partials may take at
-   most `partial_share` of the model's time (all workers together), averaged over a few
-   seconds, and at most that share of the workers at once (at least one), so with two
-   workers one is left for finals and preemption stays rare. Among the queued partials
-   (one per session, the latest audio), the one whose session has waited longest since
-   its last partial was taken goes first, so under load every session's partials slow
-   down alike (round robin) instead of some starving. A partial batch holds at most
-   `max_partial_batch` rows, and no more than are expected to run within `partial_wait`
-   (`PartialCost`), at least one; one until a partial batch has run to its end.
+4. **Partials share a budget, first partials, then the stalest.** Partials run only on
+   a worker no final or file request needs, and only while `PartialBudget` has credit:
+   partials may take at most `partial_share` of the model's time (all workers
+   together), averaged over a few seconds, and at most that share of the workers at
+   once (at least one), so with two workers one is left for finals and preemption stays
+   rare. Among the queued partials
+   (one per session, the latest audio), those of utterances that have shown no partial
+   yet (`Queued.first`) go first, so a new utterance's first words do not wait a whole
+   round behind every session that waited longer; then, and among those, the one whose
+   session has waited longest since its last partial was taken, so under load every
+   session's later partials slow down alike (round robin) instead of some starving. A
+   partial batch holds at most `max_partial_batch` rows, and no more than are expected
+   to run within `partial_wait` (`PartialCost`), at least one; one until a partial batch
+   has run to its end.
 """
 
 from __future__ import annotations
@@ -143,11 +147,13 @@ class PartialCost:
 @dataclass(frozen=True, slots=True)
 class Queued:
     """A request as the policy sees it. `since`: a final's submit time; a partial's
-    time since its session has been waiting (kept when a newer partial replaces it)."""
+    time since its session has been waiting (kept when a newer partial replaces it).
+    `first`: a partial of an utterance that has shown no partial yet."""
 
     key: int
     priority: Priority
     since: float
+    first: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +212,7 @@ def plan(
         key=lambda q: (q.priority, q.since),
     )
     early = sorted((q for q in queued if q.priority is Priority.SPECULATIVE), key=_staleness)
-    partials = sorted((q for q in queued if q.priority is Priority.PARTIAL), key=_staleness)
+    partials = sorted((q for q in queued if q.priority is Priority.PARTIAL), key=_partial_order)
     result = Plan()
     workers = list(free)
     wake: list[float] = []
@@ -248,3 +254,8 @@ def plan(
 
 def _staleness(queued: Queued) -> tuple[float, int]:
     return (queued.since, queued.key)
+
+
+def _partial_order(queued: Queued) -> tuple[bool, float, int]:
+    """An utterance's first partial ahead of later ones, then the stalest (rule 4)."""
+    return (not queued.first, queued.since, queued.key)

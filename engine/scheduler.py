@@ -3,9 +3,10 @@
 Sessions `submit()` recognition requests and await the result. The scheduler keeps the
 queue and the futures; `engine.policy` decides what runs: finals first on any free worker,
 a running partial batch stopped when finals find no worker free, partials on their share
-of the model's time, stalest session first. Each worker is a thread of its own that runs
-one batch at a time on the recognizer (which must be safe to call from several threads:
-`WhisperRecognizer` holds no batch state); the event loop never waits on the model.
+of the model's time, an utterance's first partial first, then the stalest session. Each
+worker is a thread of its own that runs one batch at a time on the recognizer (which
+must be safe to call from several threads: `WhisperRecognizer` holds no batch state);
+the event loop never waits on the model.
 
 Rules:
 - A session has at most one queued partial: a newer one replaces it (the old future
@@ -407,6 +408,9 @@ class BatchScheduler:
         for entry, result in zip(live, results, strict=True):
             if not entry.future.done():
                 entry.future.set_result(result)
+            queued = self._partials.get(entry.request.session_id)
+            if entry.request.priority is Priority.PARTIAL and queued and result.transcription.text:
+                queued.drafted = True  # its utterance has a partial now: not a first one
         return results
 
     def _utterances(self, live: Sequence[Entry]) -> list[Utterance]:

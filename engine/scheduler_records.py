@@ -29,9 +29,18 @@ class Entry:
     submitted_at: float
     key: int
     since: float  # the policy's order: a final's submit time, a partial's staleness
+    # A partial of its session came back with text while this one was queued: its
+    # utterance has shown a partial, though this request's draft predates it.
+    drafted: bool = False
 
     def view(self) -> Queued:
-        return Queued(self.key, self.request.priority, self.since)
+        request = self.request
+        first = (
+            request.priority is Priority.PARTIAL
+            and not request.utterance.draft
+            and not self.drafted
+        )
+        return Queued(self.key, request.priority, self.since, first)
 
     def fail(self, error: Exception) -> None:
         if not self.future.done():

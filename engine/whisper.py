@@ -149,6 +149,8 @@ class WhisperRecognizer:
             # Before the windows are built: they share the model's (int8) layers.
             replaced = quantize_linears(model, INT8_LAYERS[self.config.quantize])
             logger.info("%s: %d linear layers in int8", self._name, replaced)
+        if self.config.encoder_torch_dtype != self.config.torch_dtype:
+            torch.nn.Module.to(model.model.encoder, self.config.encoder_torch_dtype)
         self._model = model
         self._encoders = WindowedEncoders(
             self._model.model.encoder, (*self.config.windows, *self.config.partial_windows)
@@ -202,11 +204,13 @@ class WhisperRecognizer:
             room = self._greedy.max_positions - longest + self.config.prompt_tokens
             raise ValueError(f"prompt_tokens must be at most {room} for this model")
         self._aligner = self._build_aligner(generation, model_path)
+        encoder = self.config.encoder_torch_dtype
         logger.info(
-            "loaded %s on %s (%s%s), windows %s s",
+            "loaded %s on %s (%s%s%s), windows %s s",
             self._name,
             self._device,
             self.config.torch_dtype,
+            "" if encoder == self.config.torch_dtype else f", encoder {encoder}",
             "" if self.config.quantize == "none" else f", {self.config.quantize}",
             self._encoders.windows,
         )

@@ -59,6 +59,10 @@ class WhisperRecognizerConfig:
     partial that loops is not decoded again on the full window: it keeps the first cycle
     of what it repeats, or gives empty text (docs/performance.md, "Cheaper partials":
     loops, words and cost per grid).
+    `encoder_dtype` runs the encoder in another dtype than the rest (None: `dtype`):
+    bfloat16 halves a CPU encoder pass where the CPU multiplies bfloat16 natively
+    (`engine.loading.resolve_encoder_dtype`; docs/performance.md, "The encoder in
+    bfloat16"); its states go to the decoder in `dtype`.
     `context_window` is the longest window an utterance's left context may fill (with
     the margin): the context's oldest utterances are dropped until it fits
     (`engine.context.fitted`); an utterance that needs a longer window alone gets none.
@@ -66,6 +70,7 @@ class WhisperRecognizerConfig:
 
     device: str = "cpu"
     dtype: DType | None = None
+    encoder_dtype: DType | None = None
     windows: tuple[float, ...] = (10.0, 15.0, 20.0, 30.0)
     window_margin: float = 1.0
     max_batch_size: int = 16
@@ -102,9 +107,15 @@ class WhisperRecognizerConfig:
                 raise ValueError("int8 runs on the CPU in float32 only")
             if not int8_available():
                 raise ValueError("this torch build has no fbgemm/x86 kernels for int8")
+        if self.quantize == "int8" and self.encoder_torch_dtype != torch.float32:
+            raise ValueError("quantize int8 quantizes the encoder: its dtype must be float32")
 
     @property
     def torch_dtype(self) -> torch.dtype:
         if self.dtype is not None:
             return _DTYPES[self.dtype]
         return torch.float16 if torch.device(self.device).type == "cuda" else torch.float32
+
+    @property
+    def encoder_torch_dtype(self) -> torch.dtype:
+        return self.torch_dtype if self.encoder_dtype is None else _DTYPES[self.encoder_dtype]

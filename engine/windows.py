@@ -73,9 +73,11 @@ class WindowedEncoders:
         return round(window * FRAMES_PER_SECOND)
 
     def encode(self, window: float, features: torch.Tensor) -> torch.Tensor:
-        """Encoder hidden states, (batch, frames / 2, d_model), for features of `window` s."""
-        hidden: torch.Tensor = self._encoders[window](features).last_hidden_state
-        return hidden
+        """Encoder hidden states, (batch, frames / 2, d_model), for features of `window` s,
+        in the features' dtype (the encoder may run in another: its weights')."""
+        dtype = self._encoders[window].conv1.weight.dtype
+        hidden: torch.Tensor = self._encoders[window](features.to(dtype)).last_hidden_state
+        return hidden.to(features.dtype)
 
 
 def _sliced(encoder: WhisperEncoder, positions: int) -> WhisperEncoder:

@@ -54,6 +54,7 @@ def model_config(settings: Settings) -> ModelConfig:
         cache=Path(settings.model_cache),
         device=settings.device,
         dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
+        encoder_dtype=settings.encoder_dtype,  # type: ignore[arg-type]  # Settings checked it
         quantize=settings.quantize,  # type: ignore[arg-type]  # Settings checked the value
         drafts=settings.drafts,
         prompt_tokens=settings.prompt_tokens,

@@ -36,6 +36,13 @@ class Settings:
     dtype: str = setting(
         "auto", "`auto`, `float32`, `float16` or `bfloat16` (`auto`: fp32 on CPU, fp16 on CUDA)."
     )
+    encoder_dtype: str = setting(
+        "auto",
+        "The encoder's dtype: `auto`, `float32`, `float16` or `bfloat16` (`auto`: bfloat16 "
+        "on a CPU with native bfloat16 dot products, AVX-512 BF16 or AMX, for a float32 "
+        "model: encoder passes ~1.5-1.8x faster; else the model's dtype). "
+        "docs/performance.md has the figures.",
+    )
     quantize: str = setting(
         "auto",
         "Int8 on the CPU in float32, activations quantized per row: `int8-shortlist` (each "
@@ -152,7 +159,8 @@ class Settings:
     partial_share: float = setting(
         0.5,
         "Most of the model's time partials may take (all workers together); under load "
-        "they slow down alike for every stream, stalest first. Finals never wait for them.",
+        "they slow down alike for every stream: an utterance's first partial first, then "
+        "the stalest stream. Finals never wait for them.",
     )
     diarization: bool = setting(
         True,
@@ -331,6 +339,10 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}DEVICE must be auto, cpu or cuda, not {self.device!r}")
         if self.dtype not in {"auto", "float32", "float16", "bfloat16"}:
             raise ValueError(f"{ENV_PREFIX}DTYPE must be auto, float32, float16 or bfloat16")
+        if self.encoder_dtype not in {"auto", "float32", "float16", "bfloat16"}:
+            raise ValueError(
+                f"{ENV_PREFIX}ENCODER_DTYPE must be auto, float32, float16 or bfloat16"
+            )
         if self.quantize not in {"auto", "none", "int8-shortlist", "int8-decoder", "int8"}:
             raise ValueError(
                 f"{ENV_PREFIX}QUANTIZE must be auto, none, int8-shortlist, int8-decoder or int8"

@@ -2,8 +2,9 @@
 
 Every `PartialDue` the segmenter proposes goes to the engine at `Priority.PARTIAL`: the
 scheduler keeps the newest per source (a newer one supersedes it) and spends the
-partials' share of the model on the stalest sources first, so under load every stream's
-partials slow down alike. A result goes to the client's outbox (merged with any partial
+partials' share of the model on utterances that have shown no partial yet (an empty
+draft) first, then on the stalest sources, so under load every stream's partials slow
+down alike. A result goes to the client's outbox (merged with any partial
 not yet sent) and to the meeting's listeners, unless its utterance's final was committed
 meanwhile (stale) or it came back empty. A partial's text is also the next request's
 decoding draft for the same utterance. A partial decodes with its final's prompt (the

@@ -158,6 +158,35 @@ def test_partials_take_the_stalest_first_on_their_share_of_the_workers() -> None
     assert busy.starts == []
 
 
+def test_first_partials_of_utterances_go_ahead_of_staler_later_ones() -> None:
+    """An utterance's first partial before every later one, however stale; the stalest
+    first among the first partials and among the later ones."""
+    cfg = config(max_partial_batch=1)
+    budget = PartialBudget(cfg, 0.0)
+    queued = [
+        Queued(1, PARTIAL, 1.0),
+        Queued(2, PARTIAL, 3.0, first=True),
+        Queued(3, PARTIAL, 0.5),
+        Queued(4, PARTIAL, 2.0, first=True),
+    ]
+    order: list[int] = []
+    while queued:
+        (start,) = plan(queued, [0, 1], [], budget, cfg, now=4.0, partial_cost=0.1).starts
+        order.extend(start.keys)
+        queued = [q for q in queued if q.key not in start.keys]
+    assert order == [4, 2, 3, 1]
+
+
+def test_first_partials_do_not_pass_finals_or_their_budget() -> None:
+    """A first partial is still a partial: finals go before it, and the budget holds it."""
+    cfg = config(workers=1, partial_burst=1.0)
+    budget = PartialBudget(cfg, 0.0)
+    queued = [Queued(1, PARTIAL, 0.0, first=True), Queued(2, FINAL, 1.0)]
+    assert plan(queued, [0], [], budget, cfg, now=1.0).starts == [Start(0, (2,), partial=False)]
+    budget.charge(2.0, now=1.0)
+    assert plan(queued[:1], [0], [], budget, cfg, now=1.0).starts == []
+
+
 def test_the_budget_holds_partials_to_their_share_of_model_time() -> None:
     """After partials overdraw their credit, they wait until it has grown back."""
     cfg = config(workers=1, partial_share=0.5, partial_burst=1.0)

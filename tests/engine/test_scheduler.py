@@ -376,6 +376,32 @@ async def test_partials_go_stalest_session_first() -> None:
         assert fake.batches == [[1], [10], [20], [30], [11]]
 
 
+def partial(session: str, n: int, draft: str = "") -> RecognitionRequest:
+    """A partial; `draft`: its utterance's latest partial text ("": it has shown none)."""
+    audio = np.zeros(n, dtype=np.float32)
+    return RecognitionRequest(session, Priority.PARTIAL, Utterance(audio, draft=draft))
+
+
+async def test_an_utterances_first_partial_goes_before_staler_later_ones() -> None:
+    """A partial whose utterance has shown none (empty draft) runs before the partials of
+    sessions that waited longer; a session's next partial, queued while its first ran,
+    is not a first one once that came back with text, though its draft is still empty."""
+    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    async with started(BatchScheduler(fake, max_batch_size=1, max_wait=0.0)) as scheduler:
+        busy = await occupy(scheduler, fake)
+        later = [
+            await scheduler.submit(partial("b", 20, draft="earlier")),
+            await scheduler.submit(partial("c", 30, draft="earlier")),
+        ]
+        first = await scheduler.submit(partial("a", 10))
+        fake.release()
+        await wait_entered(fake)  # a's first partial runs, ahead of b's and c's
+        next_of_a = await scheduler.submit(partial("a", 11))
+        fake.release(4)
+        await asyncio.wait_for(asyncio.gather(busy, *later, first, next_of_a), TIMEOUT)
+        assert fake.batches == [[1], [10], [20], [30], [11]]
+
+
 async def test_busy_history_stays_bounded_without_readers_of_utilization() -> None:
     """Finals-only streams and uploads never read `utilization` (only partials do): the
     record of recent batches is still trimmed to the load window, not one entry per batch

@@ -1,0 +1,65 @@
+"""The encoder in its own dtype (`encoder_dtype`): bfloat16 under a float32 model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.corpus import clips
+from engine import loading
+from engine.api import Utterance
+from engine.loading import ModelConfig, resolve_encoder_dtype
+from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from loadgen.wer import ErrorCounts, error_counts
+
+# Four clips of one window (10 s) and JFK: read speech with exact references.
+CLIPS = ("en_lj_LJ001-0004", "en_ls_1221-135766-0002", "en_lj_LJ001-0008", "en_ls_61-", "en_jfk")
+
+
+def test_auto_is_bfloat16_on_a_cpu_that_multiplies_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PARLEY_ENCODER_DTYPE=auto`: bfloat16 for a float32 model on a CPU with native
+    bfloat16 dot products; the model's dtype (None) without them, on cuda, in another
+    dtype or under `int8` (which quantizes the encoder); an explicit choice is kept."""
+    monkeypatch.setattr(loading, "native_bfloat16", lambda: True)
+    assert resolve_encoder_dtype(ModelConfig(), "cpu") == "bfloat16"
+    assert resolve_encoder_dtype(ModelConfig(dtype="float32"), "cpu") == "bfloat16"
+    assert resolve_encoder_dtype(ModelConfig(), "cuda") is None
+    assert resolve_encoder_dtype(ModelConfig(dtype="float16"), "cpu") is None
+    assert resolve_encoder_dtype(ModelConfig(quantize="int8"), "cpu") is None
+    assert resolve_encoder_dtype(ModelConfig(encoder_dtype="float32"), "cpu") == "float32"
+    monkeypatch.setattr(loading, "native_bfloat16", lambda: False)
+    assert resolve_encoder_dtype(ModelConfig(), "cpu") is None
+    assert resolve_encoder_dtype(ModelConfig(encoder_dtype="bfloat16"), "cpu") == "bfloat16"
+
+
+def test_int8_encoder_layers_cannot_run_in_bfloat16() -> None:
+    with pytest.raises(ValueError, match="encoder"):
+        WhisperRecognizerConfig(quantize="int8", encoder_dtype="bfloat16")
+
+
+@pytest.mark.slow
+def test_a_bfloat16_encoder_transcribes_as_float32_does(tiny_en: Path) -> None:
+    """Five corpus clips: the transcripts are as accurate with the encoder in bfloat16
+    (at most one more error in ~100 words), and the decoder still runs in float32."""
+    selected = clips(CLIPS)
+    assert len(selected) == 5
+    utterances = [Utterance(clip.audio()) for clip in selected]
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        config = WhisperRecognizerConfig(quantize="int8-shortlist", encoder_dtype=dtype)
+        recognizer = WhisperRecognizer(tiny_en, config)
+        results[dtype] = recognizer.transcribe(utterances)
+        encoder = recognizer._model.model.encoder
+        assert encoder.conv1.weight.dtype == getattr(torch, dtype)
+        assert recognizer._model.model.decoder.embed_tokens.weight.dtype == torch.float32
+    errors = {
+        dtype: sum(
+            (error_counts(clip.reference, r.text) for clip, r in zip(selected, rs, strict=True)),
+            ErrorCounts(0, 0, 0, 0),
+        )
+        for dtype, rs in results.items()
+    }
+    assert errors["bfloat16"].errors <= errors["float32"].errors + 1, errors
+    assert all(r.text for r in results["bfloat16"])
