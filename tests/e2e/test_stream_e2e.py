@@ -53,7 +53,7 @@ def scrape(server: ServerProcess) -> dict[str, Any]:
 
 async def test_corpus_clips_stream_to_correct_finals(parley_server: ServerProcess) -> None:
     """JFK and three LibriSpeech clips, four rooms at once in real time: correct finals,
-    partials first, gap-free seq, stop → every final then session.ended; batches mixed rooms."""
+    partials first, gap-free seq, stop → every final then session.ended."""
     ids = ["en_jfk", *LIBRISPEECH]
     results = await asyncio.gather(
         *(
@@ -83,9 +83,26 @@ async def test_corpus_clips_stream_to_correct_finals(parley_server: ServerProces
         assert all({"queue", "inference", "total"} <= set(f["timing"]) for f in result.finals)
     assert total is not None and total.rate <= 0.15
 
-    metrics = scrape(parley_server)
-    batches = metrics["parley_batch_sessions_count"]
-    single = metrics["parley_batch_sessions_bucket|le=1.0"]
+
+async def test_rooms_share_the_models_batches(parley_server: ServerProcess) -> None:
+    """Four rooms streaming at once as fast as they can send: the one scheduler batches
+    requests from several rooms together (in real time on an idle machine rooms seldom
+    need the model at the same moment, so that is not the place to look for it)."""
+    before = scrape(parley_server)
+    ids = ["en_jfk", *LIBRISPEECH]
+    results = await asyncio.gather(
+        *(
+            stream_pcm(parley_server.ws_url, f"e2e-shared-{i}", clip(c).pcm16(), speed=0)
+            for i, c in enumerate(ids)
+        )
+    )
+    for clip_id, result in zip(ids, results, strict=True):
+        assert_well_formed(result)
+        assert error_rate(clip(clip_id).reference, result.text) <= 0.2, (clip_id, result.text)
+    after = scrape(parley_server)
+    key_all, key_single = "parley_batch_sessions_count", "parley_batch_sessions_bucket|le=1.0"
+    batches = after[key_all] - before.get(key_all, 0)
+    single = after[key_single] - before.get(key_single, 0)
     assert batches > single, "no batch held requests from two rooms"
 
 
