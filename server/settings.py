@@ -65,13 +65,15 @@ class Settings:
         "WER in our runs (docs/performance.md).",
     )
     left_context_s: float = setting(
-        20.0,
+        0.0,
         "Decode each final behind its source's previous utterances (up to two: their audio "
-        "and final text, at most this many seconds), so the model hears what led up to it; "
-        "0 = off: each utterance on its own. It closes the gap to offline decoding on "
-        "English dialogue (shorter caps did not), for ~1.6x a final's inference on the CPU "
-        "(the window it fills, CONTEXT_WINDOW_S). Live finals get it only while the model "
-        "has slack (CONTEXT_BELOW_UTILIZATION), files always (docs/performance.md).",
+        "and final text, at most this many seconds; 20 is what we measured), so the model "
+        "hears what led up to it; 0 = off: each utterance on its own. It closes the gap to "
+        "offline decoding on English dialogue (shorter caps did not), for ~1.6-1.8x a "
+        "final's inference on the CPU (the window it fills, CONTEXT_WINDOW_S). Live finals "
+        "get it only while the model has slack (CONTEXT_BELOW_UTILIZATION), files always, "
+        "one utterance at a time (uploads ~4x slower). Off by default: even behind the gate "
+        "it took 4 and 8 rooms past the 1.2 s final P95 (docs/performance.md).",
     )
     context_below_utilization: float = setting(
         0.3,
@@ -79,8 +81,7 @@ class Settings:
         "context only while no final waits for the model and the model's utilization over "
         "the last 2 s (partials included) is below this fraction; otherwise alone, so a "
         "loaded server sheds the context's cost before it sheds rooms (files keep theirs). "
-        "0.3: one room at real time keeps it, 4 rooms on 2 cores shed nearly all (capacity "
-        "as with context off); 0 = no gate.",
+        "0.3: one room at real time keeps it, 4 rooms on 2 cores shed most; 0 = no gate.",
     )
     context_window_s: float = setting(
         20.0,
