@@ -408,9 +408,10 @@ class BatchScheduler:
         for entry, result in zip(live, results, strict=True):
             if not entry.future.done():
                 entry.future.set_result(result)
-            queued = self._partials.get(entry.request.session_id)
-            if entry.request.priority is Priority.PARTIAL and queued and result.transcription.text:
-                queued.drafted = True  # its utterance has a partial now: not a first one
+            if entry.request.priority is Priority.PARTIAL and result.transcription.text:
+                queued = self._partials.get(entry.request.session_id)
+                if queued is not None:
+                    queued.drafted = True  # its utterance has a partial now: not a first one
         return results
 
     def _utterances(self, live: Sequence[Entry]) -> list[Utterance]:
