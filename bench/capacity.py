@@ -125,6 +125,18 @@ def _sum(samples: dict[str, float], prefix: str, label: str = "") -> float:
     return sum(v for k, v in samples.items() if k.startswith(prefix) and label in k)
 
 
+# session/partial_sender.py's reasons for a partial not sent
+PARTIAL_DROP_REASONS = (
+    "queue_full",
+    "superseded",
+    "cancelled",
+    "stale",
+    "empty",
+    "failed",
+    "waiting",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     when: float
@@ -167,8 +179,20 @@ class ServerProbe:
         shed = _sum(after.metrics, "parley_contexts_shed_total") - _sum(
             before.metrics, "parley_contexts_shed_total"
         )
+        partials = {  # where the partials went: sent, or dropped by reason
+            f"partials_{reason}": _sum(after.metrics, metric, label)
+            - _sum(before.metrics, metric, label)
+            for reason, metric, label in (
+                ("sent", "parley_partials_total", ""),
+                *(
+                    (r, "parley_partials_dropped_total", f'reason="{r}"')
+                    for r in PARTIAL_DROP_REASONS
+                ),
+            )
+        }
         return {
             **speculative,
+            **partials,
             "contexts_shed": shed,  # live finals the load gate sent without left context
             "server_cpu_cores": (after.cpu - before.cpu) / wall,
             "model_utilization": busy / wall / workers,
@@ -230,6 +254,16 @@ COLUMNS = (
     ("server CPU (cores)", "server_cpu_cores", "{:.2f}"),
     ("result", "result", "{}"),
 )
+
+
+def partial_fates(values: dict[str, Any]) -> str:
+    """One line: a row's partials sent and dropped, by reason."""
+    dropped = ", ".join(
+        f"{reason} {values.get(f'partials_{reason}', 0):.0f}" for reason in PARTIAL_DROP_REASONS
+    )
+    sent = values.get("partials_sent", 0)
+    rooms = f"{values['rooms']} rooms, partials {values['partials']}"
+    return f"{rooms}: sent {sent:.0f}; dropped: {dropped}"
 
 
 def _cell(values: dict[str, Any], keys: str | tuple[str, ...], fmt: str) -> str:
@@ -343,6 +377,8 @@ def main() -> int:
         )
         print()
         print(markdown(rows))
+        for r in rows:
+            print(partial_fates(r))
         return 0 if rows and all(r["passed"] for r in rows) else 1
     finally:
         server.terminate()

@@ -10,7 +10,9 @@ meanwhile (stale) or it came back empty. A partial's text is also the next reque
 decoding draft for the same utterance. A partial decodes with its final's prompt (the
 source's previous finals); while the final before it is still open that prompt is not
 known yet, and the partial is not sent. Every partial not sent is counted by reason:
-queue_full, superseded, stale, empty (the recognizer gave no text), failed, waiting.
+queue_full, superseded, cancelled (its utterance ended, or the stream, before it ran),
+stale (its result came after its final), empty (the recognizer gave no text), failed,
+waiting.
 """
 
 from __future__ import annotations
@@ -104,8 +106,8 @@ class PartialSender:
         except RequestSuperseded:
             self._drop("superseded")
             return
-        except asyncio.CancelledError:
-            self._drop("stale")
+        except asyncio.CancelledError:  # its utterance ended while it waited, or the stream
+            self._drop("cancelled")
             raise
         except SchedulerError:
             self._drop("failed")

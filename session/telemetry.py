@@ -16,7 +16,8 @@ class Telemetry(Protocol):
         """A partial went out; `since_previous` is the gap to the last one of its utterance."""
 
     def partial_dropped(self, reason: str) -> None:
-        """A partial was not sent: 'queue_full', 'superseded', 'stale', 'failed' or
+        """A partial was not sent: 'queue_full', 'superseded', 'cancelled' (before a
+        result came), 'stale' (its result came after its final), 'empty', 'failed' or
         'waiting' (an earlier final of the source is still open: its prompt is unknown)."""
 
     def final_sent(self, latency: float) -> None:
