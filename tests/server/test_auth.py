@@ -32,6 +32,7 @@ from store.memory import MemoryStore
 from wire.codes import CloseCode
 from wire.errors import ProtocolError
 
+SOON_S = 2.0  # a token that expires during the test
 KEY_A = "key-of-tenant-a-0123456789"
 KEY_B = "key-of-tenant-b-0123456789"
 
@@ -186,9 +187,11 @@ async def test_a_tenant_holds_at_most_its_quota_of_tokens(
         else RedisTokens.from_url(redis_url, redis_prefix, per_tenant=2)
     )
     try:
-        soon = TokenGrant("a", "m", None, None, expires_at=time.time() + 0.3)
+        # a1 must outlive the quota checks below (a few Redis round trips; a loaded CI run
+        # has taken ~0.5 s for two), then expire: room again once it has, not before.
+        soon = TokenGrant("a", "m", None, None, expires_at=time.time() + SOON_S)
         later = TokenGrant("a", "m", None, None, expires_at=time.time() + 60)
-        await tokens.put("a1", soon, 0.3)
+        await tokens.put("a1", soon, SOON_S)
         await tokens.put("a2", later, 60)
         with pytest.raises(TokenQuotaExceeded):
             await tokens.put("a3", later, 60)
@@ -197,8 +200,15 @@ async def test_a_tenant_holds_at_most_its_quota_of_tokens(
         await tokens.put("a3", later, 60)  # spent: room again
         with pytest.raises(TokenQuotaExceeded):
             await tokens.put("a4", later, 60)
-        await asyncio.sleep(0.4)  # a1 expired unspent: room again
-        await tokens.put("a4", later, 60)
+        assert time.time() < soon.expires_at, "too slow: a1 expired during the quota checks"
+        async with asyncio.timeout(SOON_S + 10):  # a1 expired unspent: room again
+            while True:
+                try:
+                    await tokens.put("a4", later, 60)
+                    break
+                except TokenQuotaExceeded:
+                    await asyncio.sleep(0.05)
+        assert time.time() >= soon.expires_at - 0.01  # not before a1 expired
     finally:
         await tokens.close()
 
@@ -347,23 +357,32 @@ async def test_connection_limits_idle_and_duration() -> None:
 async def test_connection_paces_audio_beyond_the_budget() -> None:
     """With a budget, a burst of audio past it is read at the real-time factor."""
     socket = FakeSocket()
-    loop = asyncio.get_running_loop()
+    paced_for = [0.0]  # the time the pacing meant to take: the delays it asked for
+
+    class Recorded(RealtimeBudget):
+        def spend(self, audio_s: float, now: float) -> float:
+            delay = super().spend(audio_s, now)
+            paced_for[0] += delay
+            return delay
+
+    # The connection's clock is the pacing's own time, so a loaded machine oversleeping
+    # (which refills the bucket) cannot change the schedule; the sleeps are still real.
     paced = LimitedConnection(
         socket,
         idle_timeout_s=10,
         max_duration_s=60,
-        budget=RealtimeBudget(factor=10.0, burst_s=0.1, now=loop.time()),
+        budget=Recorded(factor=10.0, burst_s=0.1, now=0.0),
         bytes_per_second=32000,
-        clock=loop.time,
+        clock=lambda: paced_for[0],
     )
     for _ in range(5):
         socket.inbox.put_nowait({"type": "websocket.receive", "bytes": bytes(3200)})  # 0.1 s
+    loop = asyncio.get_running_loop()
     started = loop.time()
     for _ in range(5):
         await paced.receive()
-    assert loop.time() - started == pytest.approx(
-        0.04, abs=0.03
-    )  # 0.4 s of audio past the burst at 10x
+    assert paced_for[0] == pytest.approx(0.04, abs=1e-9)  # 0.4 s of audio past the burst at 10x
+    assert loop.time() - started >= 0.04 - 0.005  # slept it (asyncio wakes up to 1 ms early)
 
 
 def test_logs_redact_tokens_in_query_strings() -> None:
