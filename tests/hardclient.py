@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +39,12 @@ async def exchange(
     origin: str | None = None,
     timeout: float = 20.0,
     linger: float | None = None,
+    until: Callable[[StreamResult], bool] | None = None,
 ) -> StreamResult:
     """Connect, send `frames`, and collect every message until the server closes (or,
-    with `linger`, for that many seconds, then close)."""
+    with `linger`, for that many seconds, then close). With `until`, first wait (up to
+    `timeout`) until what arrived satisfies it or the server closed, then linger: a fixed
+    wait alone is too short for what a loaded machine takes to arrive."""
     result = StreamResult()
     try:
         ws = await connect(
@@ -72,6 +75,9 @@ async def exchange(
                 break
             except Exception:  # the server closed while we were sending
                 break
+        if until is not None:
+            async with asyncio.timeout(timeout):
+                await result.wait_for(lambda r: until(r) or r.close_code is not None)
         if linger is None:
             await asyncio.wait_for(receiver, timeout)
         else:

@@ -105,7 +105,12 @@ async def test_owners_see_their_own_meetings(tenancy: tuple[AppServer, list[Meet
         assert status == 200
         ids = [f["utterance_id"] for f in orjson.loads(body)["finals"]]
         assert ids == [f["utterance_id"] for f in meeting.stream.finals]
-        listener = await exchange(f"{server.ws_url}{path}/events", headers=key, linger=0.5)
+        listener = await exchange(
+            f"{server.ws_url}{path}/events",
+            headers=key,
+            until=lambda r: len(r.finals) >= len(ids),
+            linger=0.5,
+        )
         assert [m["utterance_id"] for m in listener.finals] == ids
         received = body.decode() + orjson.dumps(listener.messages).decode()
         assert not _leaks(received, [m for m in meetings if m is not meeting])
@@ -199,15 +204,22 @@ async def test_meeting_tokens_open_one_connection(
 
     events = f"{server.ws_url}{base}/events"
     token = await mint(scope="events")
+
+    def heard_all(r: StreamResult) -> bool:
+        return len(r.finals) >= len(ids)
+
     via_subprotocol = await exchange(
-        events, subprotocols=["parley.v1", f"parley.token.{token}"], linger=0.5
+        events, subprotocols=["parley.v1", f"parley.token.{token}"], until=heard_all, linger=0.5
     )
     assert [f["utterance_id"] for f in via_subprotocol.finals] == ids
     reused = await exchange(f"{events}?access_token={token}")
     assert reused.close_code == 4401 and error_of(reused)["code"] == "unauthorized"  # type: ignore[index]
 
     via_message = await exchange(
-        events, [orjson.dumps({"type": "auth", "token": await mint()}).decode()], linger=0.5
+        events,
+        [orjson.dumps({"type": "auth", "token": await mint()}).decode()],
+        until=heard_all,
+        linger=0.5,
     )
     assert [f["utterance_id"] for f in via_message.finals] == ids
 
@@ -270,7 +282,9 @@ async def test_origin_allowlist(tenancy: tuple[AppServer, list[Meeting]]) -> Non
     evil = await exchange(events, headers=key, origin="https://evil.example")
     assert evil.close_code == 4403 and "Origin" in error_of(evil)["message"]  # type: ignore[index]
     for origin in (APP_ORIGIN, server.http_url):
-        ok = await exchange(events, headers=key, origin=origin, linger=0.5)
+        ok = await exchange(
+            events, headers=key, origin=origin, until=lambda r: bool(r.finals), linger=0.5
+        )
         assert ok.finals, origin
 
 
@@ -282,7 +296,9 @@ async def test_listener_waiting_for_a_meeting_another_tenant_creates(
     server, _ = tenancy
     url = f"{server.ws_url}/v1/meetings/not-yet/events"
     waiting = asyncio.create_task(exchange(url, headers=bearer(KEYS["t0"])))
-    await asyncio.sleep(0.2)
+    async with asyncio.timeout(10):  # the listener is in, waiting (not refused as it joins)
+        while server.state.listener_slots.held("not-yet") == 0:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
     pcm = clip("en_jfk").pcm16()
     stream = await exchange(
         f"{server.ws_url}/v1/meetings/not-yet/stream?participant=other",

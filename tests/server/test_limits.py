@@ -229,12 +229,12 @@ async def test_listeners_are_capped_per_tenant_and_in_all(limited: AppServer) ->
         connect(events("l2"), additional_headers=bearer(FAST)),
     ):
         await until(lambda: total.held(ALL) == 3)
-        fourth = await exchange(events("l3"), headers=bearer(FAST), linger=1.0)
+        fourth = await exchange(events("l3"), headers=bearer(FAST), timeout=10)
         assert fourth.close_code == 4429, fourth.messages
         assert "tenant" in error_of(fourth)["message"]  # type: ignore[index]
         async with connect(events("l4"), additional_headers=bearer(SLOW)):
             await until(lambda: total.held(ALL) == 4)
-            fifth = await exchange(events("l4"), headers=bearer(SLOW), linger=1.0)
+            fifth = await exchange(events("l4"), headers=bearer(SLOW), timeout=10)
             assert fifth.close_code == 1013, fifth.messages
             assert error_of(fifth)["code"] == "overloaded"  # type: ignore[index]
     await until(lambda: total.held(ALL) == 0)
