@@ -136,6 +136,17 @@ def wait_for_pill(page: Page, pill: str, pattern: str, timeout_s: float) -> None
     )
 
 
+def wait_until_sent(page: Page, seconds: float, timeout_s: float) -> None:
+    """Wait until the page's stream has sent `seconds` of audio (its timeline position).
+    The fake microphone plays the clip from when the page opened it, which on a loaded
+    machine can be seconds after the click: a wall-clock wait from the click cut the end."""
+    page.page.wait_for_function(
+        "s => (window.parley.state.source?.stream?.streamSeconds ?? 0) >= s",
+        arg=seconds,
+        timeout=timeout_s * MS,
+    )
+
+
 def parse_srt(text: str) -> list[tuple[int, float, float, str]]:
     """Strict SubRip parse: numbered blocks, HH:MM:SS,mmm --> HH:MM:SS,mmm, text lines."""
     stamp = r"(\d{2}):([0-5]\d):([0-5]\d),(\d{3})"
@@ -195,9 +206,7 @@ def mic_run(browser: Any, parley_server: ServerProcess, artifacts: Path) -> MicR
 
     # Let the whole clip play into the microphone, then stop: the page sends the rest
     # and `stop`, and the server answers with the last finals and `session.ended`.
-    remaining = the_clip.duration + 1.5 - (time.monotonic() - started)
-    if remaining > 0:
-        speaker.page.wait_for_timeout(remaining * 1000)
+    wait_until_sent(speaker, the_clip.duration + 1.5, the_clip.duration + 60)
     speaker.page.click("#mic-stop")
     wait_for_pill(speaker, "stream-status", "stopped", 60 * S)
     seconds = time.monotonic() - started
@@ -293,10 +302,9 @@ def test_dropped_stream_reconnects_without_losing_words(
 
     page.page.route_web_socket(re.compile(r"/v1/meetings/[^/]+/stream\?"), through)
     page.page.fill("#your-name", "Grace Hopper")
-    started = time.monotonic()
     page.page.click("#join-mic")
     wait_for_pill(page, "stream-status", "streaming", 30 * S)
-    page.page.wait_for_timeout(max(0.0, 5.0 - (time.monotonic() - started)) * 1000)
+    wait_until_sent(page, 5.0, 60)  # mid-sentence
     to_page, to_server = streams[-1]
     # Not a clean close on either side: the server treats it as a lost connection
     # (keeps the session resumable), the page as a drop to recover from.
@@ -304,9 +312,7 @@ def test_dropped_stream_reconnects_without_losing_words(
     to_page.close(code=4000, reason="test: connection cut")
     wait_for_pill(page, "stream-status", "reconnected", 30 * S)
     page.shot(artifacts, "08-reconnected.png")
-    remaining = the_clip.duration + 1.5 - (time.monotonic() - started)
-    if remaining > 0:
-        page.page.wait_for_timeout(remaining * 1000)
+    wait_until_sent(page, the_clip.duration + 1.5, the_clip.duration + 60)
     page.page.click("#mic-stop")
     wait_for_pill(page, "stream-status", "stopped", 60 * S)
     page.shot(artifacts, "09-reconnected-after.png")
