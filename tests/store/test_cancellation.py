@@ -155,7 +155,11 @@ async def test_listeners_dropped_mid_read_never_get_another_meeting(
             await exchange(url, linger=rng.random() * 0.005)
 
         async def read(meeting: str) -> StreamResult:
-            return await exchange(f"{server.ws_url}/v1/meetings/{meeting}/events", linger=0.3)
+            return await exchange(  # the replay, however long it takes, then 0.3 s for extras
+                f"{server.ws_url}/v1/meetings/{meeting}/events",
+                until=lambda r: len(r.finals) >= len(expected[meeting]),
+                linger=0.3,
+            )
 
         for _ in range(4):
             batch = [hang_up(rng.choice(MEETINGS[:3])) for _ in range(30)]

@@ -4,6 +4,7 @@ redis-server of the test's own, killed and restarted on the same port)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -256,7 +257,8 @@ async def test_unsubscribed_channel_is_released(redis_url: str, redis_prefix: st
         channel = f"{redis_prefix}meeting:m1:events"
         async with store.subscribe("m1"):
             assert (await client.pubsub_numsub(channel))[0][1] == 1
-        for _ in range(100):
+        deadline = time.monotonic() + 10_000 * MS  # the unsubscribe runs as a task: poll
+        while time.monotonic() < deadline:
             if (await client.pubsub_numsub(channel))[0][1] == 0:
                 break
             await asyncio.sleep(10 * MS)
@@ -349,7 +351,7 @@ async def test_cancelled_append_blocks_provisional_seqs_until_redis_answers(
 
         monkeypatch.setattr(store, "_append", faulty)
         task = asyncio.create_task(emit(store, state))
-        await asyncio.wait_for(applied.wait(), 2000 * MS)
+        await asyncio.wait_for(applied.wait(), 10_000 * MS)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
