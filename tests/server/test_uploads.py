@@ -144,10 +144,13 @@ async def test_meeting_id_attaches_finals_to_the_meeting(
                 params=wait,
                 fields={"meeting_id": "standup", "participant": "bot"},
             )
-            await asyncio.sleep(0.2)
+            assert first.status == 200 and second.status == 200
+            logged = sum(len(r.json()["result"]["utterances"]) for r in (first, second))
+            async with asyncio.timeout(TIMEOUT):  # published as logged: however late
+                await heard.wait_for(lambda r: len(r.finals) >= logged)
+            await asyncio.sleep(0.2)  # room for a final too many, which would be a fault
             await listener.close()
             await receiver
-        assert first.status == 200 and second.status == 200
         n_first = len(first.json()["result"]["utterances"])
         transcript = (await get(f"{base}/v1/meetings/standup/transcript")).json()["finals"]
         transcript.sort(key=lambda f: f["seq"])  # it lists them in meeting time

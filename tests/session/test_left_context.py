@@ -108,6 +108,9 @@ async def test_a_live_final_waits_for_the_one_before_it_at_most_context_wait() -
         events = [utterance(i, 2.0 * i, 1.0 + i / 4, 0.1) for i in range(3)]
         pending = [await source.submit(events[0])]
         first = asyncio.create_task(source.commit(pending[0]))
+        async with asyncio.timeout(5):  # the first is held in the engine, not still queued
+            while not recognizer.entered.is_set():  # noqa: ASYNC110 - a thread's event
+                await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)  # the committer awaits the first's result
         pending.append(await source.submit(events[1]))
         assert pending[1].future is None
