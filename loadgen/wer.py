@@ -1,9 +1,12 @@
 """Word and character error rates with one text normaliser per language family.
 
 References are written as their sources wrote them (upper case, digits or words,
-"Mr." or "mister"), so both sides are normalised the same way before scoring:
-case folded, punctuation dropped, common abbreviations expanded, and numbers written
-out as words in English. Chinese, Japanese and Korean are scored per character.
+"Mr." or "mister", "15th" or "fifteenth", hesitations or none), so both sides are
+normalised the same way before scoring: case folded, punctuation dropped, common
+abbreviations expanded, numbers (cardinal and ordinal) written out as words in English,
+and hesitations ("uh", "um", "hmm": the set Whisper's English normaliser drops, with
+"hm") dropped, since Whisper is trained not to write them. Chinese, Japanese and Korean
+are scored per character.
 """
 
 from __future__ import annotations
@@ -50,6 +53,19 @@ _ABBREVIATIONS = {
 }
 
 
+_HESITATIONS = frozenset({"uh", "um", "hm", "hmm", "mm", "mhm", "mmm"})
+_ORDINAL = re.compile(r"(\d+)(st|nd|rd|th)")
+_IRREGULAR_ORDINALS = {
+    "one": "first",
+    "two": "second",
+    "three": "third",
+    "five": "fifth",
+    "eight": "eighth",
+    "nine": "ninth",
+    "twelve": "twelfth",
+}
+
+
 def number_to_words(n: int) -> str:
     """Cardinal English words for a non-negative integer: 42 → 'forty two'."""
     if n < 20:
@@ -75,6 +91,18 @@ def _spoken_number(digits: str) -> str:
     return number_to_words(n)
 
 
+def ordinal_words(n: int) -> str:
+    """Ordinal English words for a non-negative integer: 15 → 'fifteenth', 21 → 'twenty first'."""
+    *head, last = number_to_words(n).split()
+    if last in _IRREGULAR_ORDINALS:
+        last = _IRREGULAR_ORDINALS[last]
+    elif last.endswith("y"):
+        last = last[:-1] + "ieth"
+    else:
+        last += "th"
+    return " ".join([*head, last])
+
+
 def normalize(text: str, language: str = "en") -> list[str]:
     """Tokens to score: words, or characters for zh/ja/ko."""
     text = unicodedata.normalize("NFKC", text).casefold()
@@ -89,6 +117,11 @@ def normalize(text: str, language: str = "en") -> list[str]:
         if language == "en":
             if token.isdigit():
                 words.extend(_spoken_number(token).split())
+                continue
+            if ordinal := _ORDINAL.fullmatch(token):
+                words.extend(ordinal_words(int(ordinal.group(1))).split())
+                continue
+            if token in _HESITATIONS:
                 continue
             token = _ABBREVIATIONS.get(token, token)
         words.append(token)

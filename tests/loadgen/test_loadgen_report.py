@@ -72,7 +72,7 @@ def busy_log() -> SourceLog:
         FinalEvent(timed(final("u1", 0.9, 3.0, "hello world", 1), 0.1, 0.3), 10.0, 0.8),
         FinalEvent(timed(final("u2", 5.0, 6.0, "good morning", 2), 0.2, 0.5), 12.0, 1.2),
         FinalEvent(final("u2", 5.0, 6.0, "good morning", 2), 12.5, 1.7),  # duplicate
-        FinalEvent(final("u3", 7.0, 7.5, "um", 3), 13.0, 0.4),  # spurious
+        FinalEvent(final("u3", 7.0, 7.5, "yes", 3), 13.0, 0.4),  # spurious
     ]
     log.partials += [
         PartialEvent(partial("u1", 0.9, 1.5), 8.0, 0.3, 0.5),
@@ -108,12 +108,12 @@ def test_latency_trend() -> None:
 
 
 def test_source_figures_account_lost_spurious_duplicates_and_wer() -> None:
-    """One lost, one spurious, one duplicate; WER counts the lost words and the extra 'um'."""
+    """One lost, one spurious, one duplicate; WER counts the lost words and the extra "yes"."""
     figures = source_figures(busy_log(), REFS, "en")
     assert [u.clip_id for u in figures.lost] == ["c3"]
     assert figures.spurious == 1 and figures.duplicates == 1
     assert len(figures.unique_finals) == 3
-    # hello world good morning see you  vs  hello world good morning um: 1 sub + 1 del
+    # hello world good morning see you  vs  hello world good morning yes: 1 sub + 1 del
     assert (figures.wer.substitutions, figures.wer.deletions, figures.wer.insertions) == (1, 1, 0)
     assert figures.wer.reference_length == 6
     assert figures.final_points == [(10.0, 0.8), (12.0, 1.2), (13.0, 0.4)]

@@ -1,6 +1,13 @@
 """Unit tests for the text normaliser and the error-rate alignment."""
 
-from loadgen.wer import ErrorCounts, error_counts, error_rate, normalize, number_to_words
+from loadgen.wer import (
+    ErrorCounts,
+    error_counts,
+    error_rate,
+    normalize,
+    number_to_words,
+    ordinal_words,
+)
 
 
 def test_normalize_folds_case_punctuation_abbreviations_and_numbers() -> None:
@@ -26,6 +33,36 @@ def test_normalize_folds_case_punctuation_abbreviations_and_numbers() -> None:
         "five",
     ]
     assert normalize("don't") == ["don't"]
+
+
+def test_ordinals_and_hesitations() -> None:
+    """'15th' is 'fifteenth' (the corpus writes one, the model the other); hesitations,
+    which Whisper does not write, are dropped on both sides, as Whisper's normaliser does."""
+    assert normalize("the 15th century") == normalize("the fifteenth century")
+    assert normalize("in the 21st, 2nd and 3rd rows") == [
+        "in",
+        "the",
+        "twenty",
+        "first",
+        "second",
+        "and",
+        "third",
+        "rows",
+    ]
+    assert [ordinal_words(n) for n in (1, 8, 12, 20, 40, 100, 1003)] == [
+        "first",
+        "eighth",
+        "twelfth",
+        "twentieth",
+        "fortieth",
+        "one hundredth",
+        "one thousand third",
+    ]
+    assert normalize("forced uh um, uh hm... Hmm mm-hmm forced aligner") == normalize(
+        "Forced forced aligner"
+    )
+    assert normalize("the 4th-floor") == ["the", "fourth", "floor"]
+    assert error_counts("it is the fifteenth", "It is the 15th.").errors == 0
 
 
 def test_number_to_words() -> None:
