@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable
@@ -20,7 +21,6 @@ from server.app import create_app
 from server.settings import Settings
 from server.state import AppState
 from tests.fakes import FakeRecognizer
-from tests.redis_support import free_port
 
 START_TIMEOUT = 60.0
 
@@ -74,12 +74,17 @@ async def serve_app(
     /,
     **settings: Any,
 ) -> AsyncIterator[AppServer]:
-    """Serve `create_app(Settings(**settings))` on a free loopback port until the block ends."""
-    port = free_port()
+    """Serve `create_app(Settings(**settings))` on a free loopback port until the block ends.
+    The port is bound here and handed to uvicorn: picking a free port and binding it later
+    leaves a moment in which another process on a busy machine can take it."""
+    listening = socket.socket()
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listening.bind(("127.0.0.1", 0))
+    port: int = listening.getsockname()[1]
     config_settings = Settings.from_env({}, port=port, **{"static_dir": "/nonexistent", **settings})
     app = create_app(config_settings, recognizer)
     server = uvicorn.Server(uvicorn_config(app, config_settings, host="127.0.0.1"))
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=[listening]))
     try:
         async with asyncio.timeout(START_TIMEOUT):
             # uvicorn has no started event; its own tests/utils.py run_server polls this flag
