@@ -19,6 +19,7 @@ async def test_partials_and_finals_carry_the_latest_partial_as_draft() -> None:
         result = await stream_pcm(
             server.ws_url, "drafts", clip("en_jfk").pcm16(), speed=4, trailing_silence=1.0
         )
+        merged = server.state.metrics.partials_dropped.labels("merged")._value.get()
     partials = result.of_type("transcript.partial")
     assert result.finals and partials
     drafted = [(n, draft) for n, draft in fake.drafts if draft]
@@ -27,7 +28,11 @@ async def test_partials_and_finals_carry_the_latest_partial_as_draft() -> None:
         assert draft.startswith("n=")
         assert int(draft[2:]) < n  # an earlier, shorter look at the same utterance
     # The final of each utterance follows its own partials: its draft is the last one sent.
+    # Unless the client's outbox replaced an unsent partial with a newer one ('merged', by
+    # design, when the writer is behind: a loaded machine): then a draft may be a partial
+    # the client never saw, and it is at least one the recognizer computed.
     sent = {p["text"] for p in partials}
-    assert {draft for _, draft in drafted} <= sent
+    computed = {f"n={n}" for n, _ in fake.drafts}
+    assert {draft for _, draft in drafted} <= (sent if merged == 0 else computed), merged
     assert fake.drafts[0][1] == ""
     assert len(fake.drafts) > len(drafted)  # utterance starts have none
