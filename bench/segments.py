@@ -18,7 +18,10 @@ the set, `loadgen.wer`). Variants:
 - `ctx[N][@SECONDS][+real|+prompt]`: the server's left context (`Utterance.left`, the recognizer's
   guard and redo included): the previous utterance and the gap (zeros, at most
   `MAX_GAP`, or `+real`: the audio as it was) if together at most SECONDS (10); with N,
-  up to N previous utterances; `+prompt`: the text before them as the prompt.
+  up to N previous utterances; `+prompt`: the text before them as the prompt;
+  `~W` (`~own`): the context cut at a word of its text to fit a W s window (the window
+  the utterance has alone), as `engine.context.filled` cuts it; `~ownX`: the same,
+  leaving X s of the window after the utterance (the margin, 1 s, by default).
 - `left`: (the first try, no guard) the previous utterance's audio and the gap before
   it in the window, its final's text forced after <|notimestamps|>, the rest decoded
   on (left context).
@@ -34,13 +37,14 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from bench.quality import MODELS, SETS, Offline, Track
 from engine import context
-from engine.api import SAMPLE_RATE, AudioArray, LeftContext, Utterance
+from engine.api import SAMPLE_RATE, AudioArray, LeftContext, Utterance, WordTiming
 from engine.decoding import read_row, token_budget
 from engine.weights import resolve_model
 from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
@@ -81,6 +85,7 @@ class Variants:
         self.r = recognizer
         self.offline = offline
         self.windows: list[float] = []  # the window each `ctx` row was decoded in
+        self.kept: list[float] = []  # the seconds of context each `ctx` row kept
 
     def base(self, track: Track, segs: list[Segment]) -> list[str]:
         return [self._one(track.audio[s.start : s.end]) for s in segs]
@@ -149,17 +154,26 @@ class Variants:
             texts.append(self._one(audio, prompt=older, forced=texts[-1]))
         return texts
 
-    def ctx(self, limit: float, real_gap: bool, count: int = 1, prompted: bool = False) -> Decode:
+    def ctx(
+        self,
+        limit: float,
+        real_gap: bool,
+        count: int = 1,
+        prompted: bool = False,
+        cut: str = "",
+    ) -> Decode:
         """The server's left context: the recognizer with `Utterance.left` (guard and
         redo included), as the committer builds it (the gap as zeros, at most MAX_GAP,
         or as the audio was; none after an empty final or past `limit` seconds)."""
 
         def decode(track: Track, segs: list[Segment]) -> list[str]:
             texts: list[str] = []
+            words: list[tuple[WordTiming, ...]] = []
             for i, s in enumerate(segs):
                 left = None
                 pieces: list[AudioArray] = []
                 said: list[str] = []
+                timed: list[WordTiming] = []
                 for k in range(i - 1, max(-1, i - 1 - count), -1):
                     if not texts[k]:
                         break
@@ -170,24 +184,47 @@ class Variants:
                     piece = np.concatenate([track.audio[before.start : before.end], gap])
                     if (sum(map(len, pieces)) + len(piece)) / SAMPLE_RATE > limit:
                         break
+                    length = len(piece) / SAMPLE_RATE
+                    timed = [*words[k], *(moved(w, length) for w in timed)]
                     pieces.insert(0, piece)
                     said.insert(0, texts[k])
                     # As `SaidBefore` builds it: the context of fewer utterances inside,
                     # for a recognizer whose window has room for the last one only.
-                    left = LeftContext(np.concatenate(pieces), " ".join(said), shorter=left)
+                    left = LeftContext(
+                        np.concatenate(pieces), " ".join(said), shorter=left, words=tuple(timed)
+                    )
                 older = " ".join(texts[: i - len(pieces)])[-1000:] if prompted else ""
-                utterance = Utterance(track.audio[s.start : s.end], left=left, prompt=older)
-                self.windows.append(self._window(utterance))
-                texts.append(self.r.transcribe([utterance])[0].text)
+                utterance = Utterance(
+                    track.audio[s.start : s.end], left=left, prompt=older, word_timings=True
+                )
+                if cut:
+                    utterance = self._cut(utterance, cut)
+                if cut and prompted:  # the prompt: what was said before the kept context
+                    said_all = " ".join(t for t in texts if t)
+                    kept = utterance.left.text if utterance.left else ""
+                    if kept and said_all.endswith(kept):
+                        said_all = said_all[: -len(kept)]
+                    utterance = dataclasses.replace(utterance, prompt=said_all[-1000:].strip())
+                fitted = self.r.fit_context(utterance)
+                self.windows.append(self.r.window([fitted]))
+                self.kept.append(fitted.left.duration if fitted.left else 0.0)
+                result = self.r.transcribe([utterance])[0]
+                texts.append(result.text)
+                words.append(result.words)
             return texts
 
         return decode
 
-    def _window(self, utterance: Utterance) -> float:
-        """The window the recognizer decodes `utterance` in, its context fitted first."""
-        config = self.r.config
-        room = min(config.context_window, self.r._encoders.full_window) - config.window_margin
-        return self.r.window([context.fitted(utterance, room)])
+    def _cut(self, utterance: Utterance, cut: str) -> Utterance:
+        """The context cut at a word to fit the window `cut` (seconds, or `own`: the one
+        the utterance has alone), as `context.filled` cuts it."""
+        margin = self.r.config.window_margin
+        if cut.startswith("own"):  # ownX: X s of the window kept after the utterance
+            margin = float(cut[3:] or margin)
+            room = self.r.window([dataclasses.replace(utterance, left=None)]) - margin
+        else:
+            room = float(cut) - margin
+        return context.filled(utterance, room)
 
     def left_prompt(self, track: Track, segs: list[Segment]) -> list[str]:
         return self.left(track, segs, prompted=True)
@@ -218,6 +255,10 @@ class Variants:
         return str(r._tokenizer.decode(row.tokens, skip_special_tokens=True)).strip()
 
 
+def moved(word: WordTiming, seconds: float) -> WordTiming:
+    return dataclasses.replace(word, start=word.start + seconds, end=word.end + seconds)
+
+
 def wer(tracks: list[Track], texts: dict[str, list[str]]) -> ErrorCounts:
     total = ErrorCounts(0, 0, 0, 0)
     for track in tracks:
@@ -239,14 +280,37 @@ async def main() -> None:
         "--context-window", type=float, default=WhisperRecognizerConfig().context_window,
         help="longest window a left context may fill (seconds, margin included)",
     )  # fmt: skip
+    parser.add_argument(
+        "--own-window", action="store_true",
+        help="left context only in the room of the utterance's own window (cut at a word)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--encoder-dtype", choices=["float32", "bfloat16"], default="float32",
+        help="the encoder's dtype (the server's default on a CPU with bfloat16: bfloat16)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(2)
     model_path = resolve_model(args.model, MODELS)
     recognizer = WhisperRecognizer(
         model_path,
-        WhisperRecognizerConfig(word_timings=False, context_window=args.context_window),
+        WhisperRecognizerConfig(
+            context_window=args.context_window,
+            context_own_window=args.own_window,
+            encoder_dtype=args.encoder_dtype,
+        ),
     )
     variants = Variants(recognizer, Offline(model_path))
+    full_passes: list[int] = []  # rows decoded again on the full window (loops)
+    forward = recognizer._forward
+
+    def counted(
+        batch: list[Utterance], window: float, should_stop: Callable[[], bool] | None = None
+    ) -> list[Any]:
+        if window == recognizer._encoders.full_window:
+            full_passes.append(len(batch))
+        return forward(batch, window, should_stop)
+
+    recognizer._forward = counted  # type: ignore[method-assign,assignment]
     table: dict[str, Decode] = {
         "base": variants.base, "prompt": variants.prompt, "pad30": variants.pad30,
         "ts": variants.ts, "nots": variants.nots, "left": variants.left,
@@ -267,14 +331,17 @@ async def main() -> None:
             if variant.startswith("roll+"):
                 decode = variants.roll(float(variant[5:]))
             elif variant.startswith("ctx"):  # ctx, ctx@SECONDS, ctx+real, ctx@SECONDS+real
-                limit = float(variant.split("@")[1].split("+")[0]) if "@" in variant else 10.0
-                count = int(variant[3]) if variant[3:4].isdigit() else 1
+                name, _, fit = variant.partition("~")
+                limit = float(name.split("@")[1].split("+")[0]) if "@" in name else 10.0
+                count = int(name[3]) if name[3:4].isdigit() else 1
                 decode = variants.ctx(
-                    limit, variant.endswith("+real"), count, variant.endswith("+prompt")
+                    limit, name.endswith("+real"), count, name.endswith("+prompt"), fit
                 )
             else:
                 decode = table[variant]
             variants.windows.clear()
+            variants.kept.clear()
+            full_passes.clear()
             started = time.perf_counter()
             texts = {t.id: decode(t, cut[t.id]) for t in tracks}
             took = time.perf_counter() - started
@@ -286,7 +353,9 @@ async def main() -> None:
                 f"  {variant:12s} WER {counts.rate:.4f} (S{counts.substitutions} "
                 f"D{counts.deletions} I{counts.insertions} / {counts.reference_length}) "
                 f"{took:.0f} s, {took / len(lengths) * 1000:.0f} ms an utterance"
-                + (f", windows {windows}" if windows else ""),
+                + (f", windows {windows}" if windows else "")
+                + (f", context {np.mean(variants.kept):.1f} s mean" if variants.kept else "")
+                + f", {sum(full_passes)} full-window passes",
                 flush=True,
             )
             if variant in args.show:

@@ -41,11 +41,15 @@ class LeftContext:
     """The audio just before an utterance and what was said in it: its source's previous
     utterances (each with the gap after it) and their finals' text. `shorter` is the same
     context without its oldest utterance (None when it holds one), for a recognizer that
-    has room for less."""
+    has room for less; `words`, its text's words with their times, let it keep the last
+    words that fit instead."""
 
     audio: AudioArray
     text: str
     shorter: LeftContext | None = None
+    # The text's words, times in seconds from the start of `audio` (empty: not known):
+    # where a recognizer may cut the context short at a word (`engine.context.filled`).
+    words: tuple[WordTiming, ...] = ()
 
     @property
     def duration(self) -> float:

@@ -19,6 +19,11 @@ utterance's own time. A context never makes the window longer than the recognize
 `context_window` (20 s): its oldest utterances are dropped until it fits, and a window
 that the utterance alone fills gets none (a 30 s window costs four times a 10 s one on
 the CPU encoder, and one previous utterance did as well as two on the meeting set).
+With `context_own_window` the window is the one the utterance has alone: the context
+keeps only its last words that fit the room left there (`filled`, cut at the context's
+word timings), so the encoder's first pass costs what it costs without context
+(docs/performance.md, "Left context in the final's own window": a short utterance that
+then loops is still decoded again on the full window).
 
 Behind a context tiny.en sometimes says the utterance twice ("And it is worth mention in
 passing that as an example of fine typography, and it is worth mention in passing ...":
@@ -35,7 +40,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.api import AudioArray, Utterance, WordTiming
+from engine.api import SAMPLE_RATE, AudioArray, LeftContext, Utterance, WordTiming
 
 
 def fitted(utterance: Utterance, room: float) -> Utterance:
@@ -48,6 +53,44 @@ def fitted(utterance: Utterance, room: float) -> Utterance:
     if left is not None and not left.text.strip():
         left = None
     return utterance if left is utterance.left else dataclasses.replace(utterance, left=left)
+
+
+def filled(utterance: Utterance, room: float) -> Utterance:
+    """`utterance` with the last of its left context that fits `room` seconds with it: the
+    whole context if it fits; else, where its words are known, its audio and text from
+    the first word whose start leaves no more than fits (cut halfway between that word
+    and the one before, so the audio kept is the text kept); else `fitted`'s whole
+    utterances. Given the room the utterance's own window leaves, the context fills
+    padding the encoder runs over anyway: the window stays the one the utterance has
+    alone."""
+    left = utterance.left
+    if left is None:
+        return utterance
+    free = room - utterance.duration
+    if left.duration > free and left.words:
+        left = _tail(left, free)
+    elif left.duration > free:
+        return fitted(utterance, room)
+    if left is not None and not left.text.strip():
+        left = None
+    return utterance if left is utterance.left else dataclasses.replace(utterance, left=left)
+
+
+def _tail(left: LeftContext, seconds: float) -> LeftContext | None:
+    """The context's last words that, with the audio from halfway before the first of
+    them, last at most `seconds`; None if not even the last word does."""
+    words = left.words
+    for i, word in enumerate(words):
+        cut = (words[i - 1].end + word.start) / 2 if i else 0.0
+        if left.duration - cut <= seconds:
+            first = round(cut * SAMPLE_RATE)
+            kept = tuple(
+                dataclasses.replace(w, start=round(w.start - cut, 3), end=round(w.end - cut, 3))
+                for w in words[i:]
+            )
+            text = "".join(w.word for w in kept).strip()
+            return LeftContext(left.audio[first:], text, words=kept)
+    return None
 
 
 def window_audio(utterance: Utterance) -> AudioArray:

@@ -49,6 +49,7 @@ class ModelConfig:
     drafts: bool = True
     prompt_tokens: int = 0  # previous text kept as each utterance's prompt; 0: none
     context_window: float = 20.0  # longest window a left context may fill (seconds)
+    context_own_window: bool = False  # a left context only fills the utterance's own window
     word_timings: bool = True
     workers: int = 0
     torch_threads: int = 0
@@ -141,6 +142,7 @@ def load_whisper(config: ModelConfig) -> Recognizer:
         drafts=config.drafts,
         prompt_tokens=config.prompt_tokens,
         context_window=config.context_window,
+        context_own_window=config.context_own_window,
         word_timings=config.word_timings,
     )
     return load_recognizer(config.model, whisper, cache=config.cache)

@@ -271,9 +271,7 @@ class WhisperRecognizer:
     def _transcribe_batch(
         self, batch: Sequence[Utterance], should_stop: StopCheck | None
     ) -> list[Transcription]:
-        window_cap = min(self.config.context_window, self._encoders.full_window)
-        room = window_cap - self.config.window_margin
-        batch = [context.fitted(utterance, room) for utterance in batch]
+        batch = [self.fit_context(utterance) for utterance in batch]
         longest = max(context.span(utterance) for utterance in batch)
         window = self.window(batch)
         if longest > window:
@@ -300,6 +298,18 @@ class WhisperRecognizer:
             for i, item in zip(redo, self._decode_in(plain, window, should_stop), strict=True):
                 decoded[i] = item
         return [self._postprocess(item) for item in decoded]
+
+    def fit_context(self, utterance: Utterance) -> Utterance:
+        """The utterance with as much of its left context as its window has room for: the
+        window it has alone (`context_own_window`), else up to `context_window`."""
+        margin = self.config.window_margin
+        if utterance.left is None:
+            return utterance
+        if self.config.context_own_window:
+            alone = self._window_for(dataclasses.replace(utterance, left=None))
+            return context.filled(utterance, alone - margin)
+        window_cap = min(self.config.context_window, self._encoders.full_window)
+        return context.fitted(utterance, window_cap - margin)
 
     def window(self, batch: Sequence[Utterance]) -> float:
         """The encoder window `batch` is decoded in (before any retry): its rows' largest."""

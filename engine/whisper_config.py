@@ -66,6 +66,10 @@ class WhisperRecognizerConfig:
     `context_window` is the longest window an utterance's left context may fill (with
     the margin): the context's oldest utterances are dropped until it fits
     (`engine.context.fitted`); an utterance that needs a longer window alone gets none.
+    `context_own_window` keeps every context inside the window its utterance has alone
+    (`context_window` then unused): it fills the room the utterance leaves there, its
+    text's last words that fit (`engine.context.filled`), so the encoder's window and
+    cost are the utterance's own.
     """
 
     device: str = "cpu"
@@ -84,6 +88,7 @@ class WhisperRecognizerConfig:
     partial_margin: float = 2.0
     partial_tokens_per_second: float = 5.0
     context_window: float = 20.0
+    context_own_window: bool = False
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:

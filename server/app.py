@@ -59,6 +59,7 @@ def model_config(settings: Settings) -> ModelConfig:
         drafts=settings.drafts,
         prompt_tokens=settings.prompt_tokens,
         context_window=settings.context_window_s,
+        context_own_window=settings.context_own_window,
         word_timings=settings.word_timings,
         workers=settings.model_workers,
         torch_threads=settings.torch_threads,
@@ -110,7 +111,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         max_queue=settings.max_queue,
         partial_share=settings.partial_share,
         partial_wait=settings.partial_wait_ms / 1000,
-        context_below=settings.context_below_utilization or None,
+        context_below=settings.context_gate,
         worker_init=partial(set_torch_threads, threads),
     )
     scheduler.add_observer(state.metrics.observe_batch)

@@ -91,6 +91,17 @@ class Settings:
         'final short of 9 s in the window it has alone (docs/performance.md, "Cheaper left '
         'context").',
     )
+    context_own_window: bool = setting(
+        False,
+        "Keep a final's left context (LEFT_CONTEXT_S) inside the encoder window the final "
+        "has alone: the context fills only the room the final leaves there (10 s window "
+        "for finals up to 9 s), its last words that fit, cut at a word of its text "
+        "(CONTEXT_WINDOW_S and CONTEXT_BELOW_UTILIZATION then do not apply). Off by "
+        "default: it still cost capacity (8 rooms' final P95 1.68 vs 0.70 s: short finals "
+        "behind a context that fills their window loop and are decoded again on the full "
+        "window) and missed the dialogue target (docs/performance.md, section Left "
+        "context in the final's own window).",
+    )
     left_context_languages: str = setting(
         "en",
         "Languages (comma-separated codes, or `*` for all) whose sources get left context "
@@ -328,6 +339,15 @@ class Settings:
     )
     log_level: str = setting("info", "`debug`, `info`, `warning` or `error`.")
     log_format: str = setting("json", "`json` (one object per line) or `text`.")
+
+    @property
+    def context_gate(self) -> float | None:
+        """The scheduler's load gate for left context (None: none): off when a context
+        never widens its final's window (CONTEXT_OWN_WINDOW), where shedding saves
+        nothing."""
+        if self.context_own_window:
+            return None
+        return self.context_below_utilization or None
 
     @property
     def left_context_language_set(self) -> frozenset[str] | None:

@@ -275,8 +275,15 @@ class Committer:
         if committed.result is not None and not committed.records:
             self.context = ""  # the guard emptied it: the next final starts afresh
         if committed.records and committed.result is not None and self._left_limit() > 0:
-            text = committed.result.transcription.text.strip()
-            self._said.add(pending.index, pending.start, pending.end, pending.utterance.audio, text)
+            transcription = committed.result.transcription
+            self._said.add(
+                pending.index,
+                pending.start,
+                pending.end,
+                pending.utterance.audio,
+                transcription.text.strip(),
+                transcription.words,
+            )
         else:
             self._said.clear()
         if not self._in_order():  # the language pinned is one without left context

@@ -45,6 +45,41 @@ def test_fitted_drops_a_context_that_does_not_fit_or_says_nothing() -> None:
     assert context.window_audio(Utterance(_seconds(1.0))).shape == (SAMPLE_RATE,)
 
 
+def test_filled_keeps_the_last_words_that_fit_cut_between_words() -> None:
+    """A timed context too long for the room keeps its last words that fit, its audio
+    from halfway between the word before and the first kept, words on the cut's time; a
+    context that fits stays whole; an untimed one drops whole utterances (`fitted`); one
+    whose last word does not fit goes."""
+    audio = np.arange(6 * SAMPLE_RATE, dtype=np.float32)
+    words = (
+        WordTiming(" One", 0.2, 0.8, 0.9),
+        WordTiming(" two.", 1.0, 1.6, 0.9),
+        WordTiming(" Three", 3.4, 4.0, 0.9),  # the next utterance, after a gap
+        WordTiming(" four.", 4.2, 5.0, 0.9),
+    )
+    left = LeftContext(audio, "One two. Three four.", words=words)
+    utterance = Utterance(_seconds(3.0), left=left)
+    assert context.filled(utterance, 9.0) is utterance
+    cut = context.filled(utterance, 6.5).left  # 3.5 s of context: from 2.5 s ("Three")
+    assert cut is not None
+    assert cut.text == "Three four."
+    assert cut.audio[0] == 2.5 * SAMPLE_RATE and cut.duration == pytest.approx(3.5)
+    assert [(w.word, w.start, w.end) for w in cut.words] == [
+        (" Three", 0.9, 1.5),
+        (" four.", 1.7, 2.5),
+    ]
+    last = context.filled(utterance, 4.95).left  # 1.95 s: " four." from 4.1 s
+    assert last is not None and last.text == "four." and last.duration == pytest.approx(1.9)
+    assert context.filled(utterance, 4.8).left is None  # 1.8 s < 1.9 s
+    untimed = dataclasses.replace(utterance, left=LeftContext(audio, "One two. Three four."))
+    assert context.filled(untimed, 8.9).left is None
+    shorter = LeftContext(audio[: 2 * SAMPLE_RATE], "Three four.")
+    two = dataclasses.replace(
+        utterance, left=LeftContext(audio, "One two. Three four.", shorter=shorter)
+    )
+    assert context.filled(two, 5.0).left is shorter
+
+
 def test_lead_trimmed_counts_the_tokens_before_the_first_word() -> None:
     """Punctuation and spaces the context's text lacked are the context's; a word or a
     number starts the utterance."""
@@ -170,3 +205,39 @@ def test_a_context_never_widens_the_window_past_context_window(
     result = recognizer.transcribe([dataclasses.replace(utterance, left=two)])[0]
     assert windows == [15.0]
     assert error_rate(reference, result.text) == 0.0, result.text
+
+
+@pytest.mark.slow
+def test_a_context_in_its_own_window_keeps_the_window_and_the_words(
+    tiny_en: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`context_own_window`: the previous sentence (timed, as a committer passes it) is
+    cut to the room the utterance leaves in the window it has alone, and the encoder runs
+    that window first; the utterance says its own words. (This 1.9 s sentence behind 6.8 s
+    of context, 1 s of the window after it, loops there and is decoded again on the full
+    window, the cost docs/performance.md measures: "Left context in the final's own
+    window".)"""
+    own = WhisperRecognizer(tiny_en, WhisperRecognizerConfig(context_own_window=True))
+    first, second = clips((PAIRS[0][0],))[0], clips((PAIRS[0][1],))[0]
+    said = own.transcribe([Utterance(first.audio(), word_timings=True)])[0]
+    assert said.words
+    left = LeftContext(np.concatenate([first.audio(), GAP]), said.text, words=said.words)
+    utterance = Utterance(second.audio(), left=left, word_timings=True)
+    alone = own.window([dataclasses.replace(utterance, left=None)])
+    assert context.span(utterance) + own.config.window_margin > alone  # it would widen it
+    fitted = own.fit_context(utterance)
+    assert fitted.left is not None and fitted.left.text
+    assert left.text.endswith(fitted.left.text) and len(fitted.left.text) < len(left.text)
+    assert own.window([fitted]) == alone
+    windows: list[float] = []
+    encode = own._encoders.encode
+
+    def recorded(window: float, features: torch.Tensor) -> torch.Tensor:
+        windows.append(window)
+        return encode(window, features)
+
+    monkeypatch.setattr(own._encoders, "encode", recorded)
+    result = own.transcribe([utterance])[0]
+    assert windows[0] == alone
+    assert error_rate(second.reference, result.text) == 0.0, result.text
+    assert all(0.0 <= w.start <= w.end <= utterance.duration for w in result.words)

@@ -41,6 +41,19 @@ def test_the_context_window_reaches_the_recognizer_config() -> None:
     assert model_config(Settings.from_env({})).context_window == 20.0
 
 
+def test_a_context_in_its_own_window_reaches_the_recognizer_and_drops_the_gate() -> None:
+    """PARLEY_CONTEXT_OWN_WINDOW reaches the recognizer config; such a context never
+    widens a window, so the scheduler gets no load gate for it."""
+    from server.app import model_config
+
+    own = Settings.from_env({"PARLEY_CONTEXT_OWN_WINDOW": "true"})
+    assert model_config(own).context_own_window is True
+    assert own.context_gate is None
+    grows = Settings.from_env({"PARLEY_CONTEXT_OWN_WINDOW": "false"})
+    assert model_config(grows).context_own_window is False
+    assert grows.context_gate == grows.context_below_utilization == 0.3
+
+
 def test_configuration_doc_matches_settings() -> None:
     """docs/configuration.md lists exactly the settings the code reads."""
     doc = (REPO / "docs" / "configuration.md").read_text()

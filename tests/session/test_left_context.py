@@ -11,10 +11,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from engine.api import SAMPLE_RATE
+from engine.api import SAMPLE_RATE, WordTiming
 from engine.scheduler import BatchScheduler
 from session.committer import PendingFinal
-from session.said_before import LEFT_UTTERANCES, MAX_GAP
+from session.said_before import LEFT_UTTERANCES, MAX_GAP, SaidBefore
 from session.segmenter import UtteranceEnded
 from tests.fakes import FakeRecognizer
 from tests.session.test_prompts import committer
@@ -160,3 +160,31 @@ async def test_a_source_in_a_language_without_left_context_sends_its_finals_at_o
         await scheduler.stop()
     assert recognizer.lefts == []
     assert recognizer.asked == ["es"] * 3 + [None, "es", "es"]
+
+
+def test_the_context_carries_its_finals_words_on_its_own_audio() -> None:
+    """The finals' word timings move onto the context's audio (each utterance after the
+    ones before it and their gaps), so a recognizer can cut it at a word; a context with
+    an untimed utterance in it carries none (its words would not make its text)."""
+    said = SaidBefore()
+    one = (WordTiming(" One", 0.1, 0.5, 0.9), WordTiming(" two.", 0.6, 1.0, 0.9))
+    three = (WordTiming(" Three.", 0.2, 0.7, 0.9),)
+    said.add(0, 0, 2 * SAMPLE_RATE, np.zeros(2 * SAMPLE_RATE, np.float32), "One two.", one)
+    said.add(
+        1, 3 * SAMPLE_RATE, 4 * SAMPLE_RATE, np.zeros(SAMPLE_RATE, np.float32), "Three.", three
+    )
+    left = said.before(2, round(4.5 * SAMPLE_RATE), 10.0)
+    assert left is not None and left.text == "One two. Three."
+    assert "".join(w.word for w in left.words).strip() == left.text
+    assert [(w.start, w.end) for w in left.words] == [(0.1, 0.5), (0.6, 1.0), (3.2, 3.7)]
+    assert left.shorter is not None and left.shorter.words == (
+        (WordTiming(" Three.", 0.2, 0.7, 0.9)),
+    )
+    untimed = SaidBefore()
+    untimed.add(0, 0, 2 * SAMPLE_RATE, np.zeros(2 * SAMPLE_RATE, np.float32), "One two.")
+    untimed.add(
+        1, 3 * SAMPLE_RATE, 4 * SAMPLE_RATE, np.zeros(SAMPLE_RATE, np.float32), "Three.", three
+    )
+    mixed = untimed.before(2, round(4.5 * SAMPLE_RATE), 10.0)
+    assert mixed is not None and mixed.words == () and mixed.shorter is not None
+    assert mixed.shorter.words == three
