@@ -9,7 +9,8 @@ finals of a clip are joined and scored against its reference. Prints, per scope 
 `--min-silence-ms` (the segmenter's endpoint, `PARLEY_MIN_SILENCE_MS`): corpus WER
 (`loadgen.wer`, errors over reference words, all clips together), the number of finals,
 wall time, and how many clips' text differs from the first row's (`--show`: those clips'
-finals, ` | ` between finals). `--segmenter KEY=VALUE` sets any other `SegmenterConfig`
+finals, ` | ` between finals; `--errors`: each clip's words that differ from its reference).
+`--segmenter KEY=VALUE` sets any other `SegmenterConfig`
 field (seconds) for every row.
 
     python -m bench.file_wer
@@ -17,6 +18,8 @@ field (seconds) for every row.
     python -m bench.file_wer --quantize int8-shortlist --min-silence-ms 500 400 300 --show
     python -m bench.file_wer --quantize int8-shortlist --segmenter soft_max_utterance=4
     python -m bench.file_wer --quantize int8-shortlist --encoder-dtype float32 bfloat16
+    python -m bench.file_wer --quantize int8-shortlist --encoder-dtype bfloat16 \\
+        --min-silence-ms 400 --errors
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import difflib
 import itertools
 import logging
 import os
@@ -40,7 +44,7 @@ from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer, set_to
 from engine.scheduler import BatchScheduler
 from engine.whisper import Quantize, WhisperRecognizerConfig
 from engine.whisper_config import QUANTIZE_SCOPES, DType
-from loadgen.wer import ErrorCounts, error_counts
+from loadgen.wer import ErrorCounts, error_counts, normalize
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import offline_services
 from store.memory import MemoryStore
@@ -99,6 +103,19 @@ async def transcribe_clips(
     return finals, time.perf_counter() - started
 
 
+def differences(reference: str, hypothesis: str) -> list[tuple[str, str]]:
+    """The stretches of normalised words where `hypothesis` differs from `reference`, as
+    (reference words, hypothesis words), for reading (difflib's alignment, which may
+    group an error differently from the WER's)."""
+    want, got = normalize(reference), normalize(hypothesis)
+    matcher = difflib.SequenceMatcher(a=want, b=got, autojunk=False)
+    return [
+        (" ".join(want[i1:i2]), " ".join(got[j1:j2]))
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+        if tag != "equal"
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.file_wer", description=__doc__)
     parser.add_argument("--model", default=DEFAULT_MODEL)
@@ -138,6 +155,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--in-flight", type=int, default=8, help="file requests at once")
     parser.add_argument("--show", action="store_true", help="print the clips that differ")
+    parser.add_argument(
+        "--errors",
+        action="store_true",
+        help="print, per row, each clip's words that differ from its reference (normalised)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     selected = [clip for clip in clips() if clip.language == "en"]
@@ -182,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{result.errors.errors} / {result.errors.reference_length} | "
             f"{sum(map(len, result.finals.values()))} | {result.seconds:.1f} | {len(differ)} |"
         )
+        if args.errors:
+            for clip in selected:
+                if wrong := differences(clip.reference, result.text(clip.id)):
+                    print(f"    {clip.id}: " + "; ".join(f"{a!r} -> {b!r}" for a, b in wrong))
         if args.show:
             for clip_id in differ:
                 print(

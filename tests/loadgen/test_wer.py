@@ -1,5 +1,6 @@
 """Unit tests for the text normaliser and the error-rate alignment."""
 
+from bench.file_wer import differences
 from loadgen.wer import (
     ErrorCounts,
     error_counts,
@@ -97,3 +98,12 @@ def test_counts_add() -> None:
     """Counts over several utterances sum before the rate is taken."""
     total = error_counts("a b", "a c") + error_counts("d e f", "d e f")
     assert total.rate == 1 / 5
+
+
+def test_file_wer_lists_the_words_a_transcript_got_wrong() -> None:
+    """bench.file_wer --errors: the normalised stretches that differ, nothing for a match."""
+    assert differences("It is the 15th century.", "it is the fifteenth century") == []
+    assert differences("Hester Prynne, said he", "has to print said he") == [
+        ("hester prynne", "has to print")
+    ]
+    assert differences("a dark suit", "a suit") == [("dark", "")]
