@@ -35,15 +35,14 @@ when to look again. The rules:
    partials may take at most `partial_share` of the model's time (all workers
    together), averaged over a few seconds, and at most that share of the workers at
    once (at least one), so with two workers one is left for finals and preemption stays
-   rare. Among the queued partials
-   (one per session, the latest audio), those of utterances that have shown no partial
-   yet (`Queued.first`) go first, so a new utterance's first words do not wait a whole
-   round behind every session that waited longer; then, and among those, the one whose
-   session has waited longest since its last partial was taken, so under load every
-   session's later partials slow down alike (round robin) instead of some starving. A
-   partial batch holds at most `max_partial_batch` rows, and no more than are expected
-   to run within `partial_wait` (`PartialCost`), at least one; one until a partial batch
-   has run to its end.
+   rare. Among the queued partials (one per session, the latest audio), those of
+   utterances that have shown no partial yet (`Queued.first`) go first, so a new
+   utterance's first words do not wait a whole round behind every session that waited
+   longer; then, and among those, the one whose session has waited longest since its
+   last partial was taken, so under load every session's later partials slow down alike
+   (round robin) instead of some starving. A partial batch holds at most
+   `max_partial_batch` rows, and no more than are expected to run within `partial_wait`
+   (`PartialCost`), at least one; one until a partial batch has run to its end.
 """
 
 from __future__ import annotations
