@@ -166,7 +166,10 @@ class Settings:
     pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")
     max_utterance_s: float = setting(15.0, "Longer speech is cut at its quietest point.")
     partial_interval_s: float = setting(
-        0.8, "Seconds of new speech between partial transcripts; 0 turns partials off."
+        0.5,
+        "Seconds of new speech between partial transcripts; 0 turns partials off. Under "
+        "load a stream's newer partial replaces its queued one, so this bounds the "
+        "cadence at low load and sets how soon an utterance's first words can show.",
     )
     partial_share: float = setting(
         0.5,

@@ -54,7 +54,7 @@ class SegmenterConfig:
     soft_max_utterance: float = 8.0  # past this, a `soft_pause` is enough to end it
     soft_pause: float = 0.15
     cut_search: float = 3.0  # a hard cut falls within the last this-many seconds
-    partial_interval: float = 0.8  # seconds of new audio between partials; 0 disables
+    partial_interval: float = 0.5  # seconds of new audio between partials; 0 disables
     speculate_after: float = 0.0  # silence after which the final's audio is handed out; 0: off
 
     def __post_init__(self) -> None:
