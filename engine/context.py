@@ -22,8 +22,9 @@ the CPU encoder, and one previous utterance did as well as two on the meeting se
 With `context_own_window` the window is the one the utterance has alone: the context
 keeps only its last words that fit the room left there (`filled`, cut at the context's
 word timings), so the encoder's first pass costs what it costs without context
-(docs/performance.md, "Left context in the final's own window": a short utterance that
-then loops is still decoded again on the full window).
+(docs/performance.md, "Left context in the final's own window"): a short utterance that
+then loops (1 s of silence after it) is decoded again without its context in the same
+window, not on the full one.
 
 Behind a context tiny.en sometimes says the utterance twice ("And it is worth mention in
 passing that as an example of fine typography, and it is worth mention in passing ...":

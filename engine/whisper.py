@@ -340,7 +340,9 @@ class WhisperRecognizer:
         retry = [
             i
             for i, item in enumerate(decoded)
-            if not batch[i].partial and self._should_retry(item, window)
+            if not batch[i].partial
+            and not (batch[i].left and self.config.context_own_window)
+            and self._should_retry(item, window)
         ]
         if retry:
             logger.debug(

@@ -69,7 +69,9 @@ class WhisperRecognizerConfig:
     `context_own_window` keeps every context inside the window its utterance has alone
     (`context_window` then unused): it fills the room the utterance leaves there, its
     text's last words that fit (`engine.context.filled`), so the encoder's window and
-    cost are the utterance's own.
+    cost are the utterance's own; a row that loops behind such a context is decoded
+    again without it in the same window (the redo), not on the full window (a short
+    final with its window filled loops more often, and the full window costs 3-4x).
     """
 
     device: str = "cpu"
