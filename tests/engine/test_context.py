@@ -110,6 +110,19 @@ def recognizer(tiny_en: Path) -> WhisperRecognizer:
     return WhisperRecognizer(tiny_en)
 
 
+def _record_windows(recognizer: WhisperRecognizer, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The encoder windows `recognizer` runs from now on, in order (the encoder still runs)."""
+    windows: list[float] = []
+    encode = recognizer._encoders.encode
+
+    def recorded(window: float, features: torch.Tensor) -> torch.Tensor:
+        windows.append(window)
+        return encode(window, features)
+
+    monkeypatch.setattr(recognizer._encoders, "encode", recorded)
+    return windows
+
+
 def _after(recognizer: WhisperRecognizer, before: str, after: str) -> tuple[Utterance, str]:
     """The second clip as an utterance behind the first (its decoded text), its reference."""
     first, second = clips((before,))[0], clips((after,))[0]
@@ -194,14 +207,7 @@ def test_a_context_never_widens_the_window_past_context_window(
         shorter=utterance.left,
     )
     assert context.span(dataclasses.replace(utterance, left=two)) > 20.0
-    windows: list[float] = []
-    encode = recognizer._encoders.encode
-
-    def recorded(window: float, features: torch.Tensor) -> torch.Tensor:
-        windows.append(window)
-        return encode(window, features)
-
-    monkeypatch.setattr(recognizer._encoders, "encode", recorded)
+    windows = _record_windows(recognizer, monkeypatch)
     result = recognizer.transcribe([dataclasses.replace(utterance, left=two)])[0]
     assert windows == [15.0]
     assert error_rate(reference, result.text) == 0.0, result.text
@@ -229,14 +235,7 @@ def test_a_context_in_its_own_window_keeps_the_window_and_the_words(
     assert fitted.left is not None and fitted.left.text
     assert left.text.endswith(fitted.left.text) and len(fitted.left.text) < len(left.text)
     assert own.window([fitted]) == alone
-    windows: list[float] = []
-    encode = own._encoders.encode
-
-    def recorded(window: float, features: torch.Tensor) -> torch.Tensor:
-        windows.append(window)
-        return encode(window, features)
-
-    monkeypatch.setattr(own._encoders, "encode", recorded)
+    windows = _record_windows(own, monkeypatch)
     result = own.transcribe([utterance])[0]
     assert set(windows) == {alone}
     assert error_rate(second.reference, result.text) == 0.0, result.text
