@@ -157,43 +157,35 @@ class ServerProbe:
     def between(self, before: Snapshot, after: Snapshot) -> dict[str, float | None]:
         wall = after.when - before.when
         workers = after.metrics.get("parley_model_workers", 1.0)
+
+        def grew(prefix: str, label: str = "") -> float:
+            """How much the samples named `prefix` (with `label`) grew between the two."""
+            return _sum(after.metrics, prefix, label) - _sum(before.metrics, prefix, label)
+
         if any(k.startswith("parley_model_seconds_total") for k in after.metrics):
-            busy = _sum(after.metrics, "parley_model_seconds_total") - _sum(
-                before.metrics, "parley_model_seconds_total"
-            )
-            partial = _sum(after.metrics, "parley_model_seconds_total", 'kind="partial"') - _sum(
-                before.metrics, "parley_model_seconds_total", 'kind="partial"'
-            )
+            busy = grew("parley_model_seconds_total")
+            partial: float | None = grew("parley_model_seconds_total", 'kind="partial"')
         else:  # one worker, no split by kind
-            busy = _sum(after.metrics, "parley_inference_seconds_sum") - _sum(
-                before.metrics, "parley_inference_seconds_sum"
-            )
+            busy = grew("parley_inference_seconds_sum")
             partial = None
         speculative = {
-            f"speculative_{outcome}": _sum(
-                after.metrics, "parley_speculative_finals_total", f'outcome="{outcome}"'
+            f"speculative_{outcome}": grew(
+                "parley_speculative_finals_total", f'outcome="{outcome}"'
             )
-            - _sum(before.metrics, "parley_speculative_finals_total", f'outcome="{outcome}"')
             for outcome in ("used", "discarded", "cancelled")
         }
-        shed = _sum(after.metrics, "parley_contexts_shed_total") - _sum(
-            before.metrics, "parley_contexts_shed_total"
-        )
         partials = {  # where the partials went: sent, or dropped by reason
-            f"partials_{reason}": _sum(after.metrics, metric, label)
-            - _sum(before.metrics, metric, label)
-            for reason, metric, label in (
-                ("sent", "parley_partials_total", ""),
-                *(
-                    (r, "parley_partials_dropped_total", f'reason="{r}"')
-                    for r in PARTIAL_DROP_REASONS
-                ),
-            )
+            "partials_sent": grew("parley_partials_total"),
+            **{
+                f"partials_{reason}": grew("parley_partials_dropped_total", f'reason="{reason}"')
+                for reason in PARTIAL_DROP_REASONS
+            },
         }
         return {
             **speculative,
             **partials,
-            "contexts_shed": shed,  # live finals the load gate sent without left context
+            # live finals the load gate sent without left context
+            "contexts_shed": grew("parley_contexts_shed_total"),
             "server_cpu_cores": (after.cpu - before.cpu) / wall,
             "model_utilization": busy / wall / workers,
             "partial_share": None if partial is None or busy <= 0 else partial / busy,
