@@ -21,6 +21,13 @@ One batch decodes in two calls:
   with Whisper's suppressed tokens, until every row has its <|endoftext|> or has used its
   token budget. Returns the tokens and each one's log-probability.
 
+Where every row's prompt is known before the logits at <|startoftranscript|> are read (an
+English-only model, or languages pinned rather than detected), `start_and_decode` does
+both: the prefix, <|startoftranscript|>, the prompt and the draft go through the decoder in
+one pass, not three (the same tokens; 4-8 % less time per row on the 2-core CPU:
+docs/performance.md). Each pass reads every decoder weight once; for a few rows of a few
+tokens that read, more than the arithmetic, is what a pass costs on the CPU.
+
 Drafts (speculative decoding without a second model): a live utterance is transcribed
 again every fraction of a second as it grows, and each transcription mostly repeats the
 previous one's text. Given that text as a row's draft, one decoder pass over all drafts
@@ -180,14 +187,7 @@ class GreedyDecoder:
             raise ValueError(
                 f"positions must be in [{width + 1}, {self._max_positions}], got {positions}"
             )
-        cross = [
-            (
-                self._split(layer.encoder_attn.k_proj(hidden)),
-                self._split(layer.encoder_attn.v_proj(hidden)),
-            )
-            for layer in self._layers
-        ]
-        cache = _Cache(cross, positions, hidden)
+        cache = _Cache(self._cross(hidden), positions, hidden)
         padded = [row + [self._end] * (width - len(row)) for row in rows]
         ids = torch.tensor(padded, dtype=torch.long, device=hidden.device)
         states = self._step(cache, ids)
@@ -223,38 +223,120 @@ class GreedyDecoder:
         """
         cache = started.take_cache()
         batch = prompts.shape[0]
-        if batch != cache.keys.shape[1] or len(budgets) != batch or min(budgets) < 1:
-            raise ValueError("one prompt and one budget of at least 1 token per row")
+        if batch != cache.keys.shape[1]:
+            raise ValueError("one prompt per row")
+        room = cache.keys.shape[3] - int(cache.lengths.max()) - prompts.shape[1]
+        budgets, guesses = self._plan(batch, room, budgets, drafts)
+        _check(should_stop)
+        states = self._feed(cache, prompts, prompt_lengths)
+        first = self._choose(states, self._first_suppress)
+        if any(guesses):
+            _check(should_stop)
+            base = cache.lengths.clone()
+            width = max(len(guess) for guess in guesses)
+            padded = [guess + [self._end] * (width - len(guess)) for guess in guesses]
+            fed = self._step(cache, torch.tensor(padded, dtype=torch.long, device=prompts.device))
+            kept = self._keep(
+                first, [fed[i, : len(guess)] for i, guess in enumerate(guesses)], guesses
+            )
+            for i, row in enumerate(kept[0]):
+                cache.lengths[i] = base[i] + len(row) - 1
+        else:
+            kept = ([[t] for t in first.tokens.tolist()], [[p] for p in first.logprobs.tolist()])
+        return self._steps(cache, *kept, budgets, should_stop)
+
+    def start_and_decode(
+        self,
+        hidden: torch.Tensor,
+        positions: int | None,
+        prefixes: Sequence[Sequence[int]] | None,
+        prompts: Sequence[Sequence[int]],
+        budgets: list[int],
+        drafts: list[list[int]] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> tuple[Started, Greedy]:
+        """`start` then `decode`, for rows whose whole prompt is known before the logits at
+        <|startoftranscript|> are read (an English-only model, a pinned language): each
+        row's prefix, <|startoftranscript|>, prompt (`prompts[i]`, its own length) and
+        draft go through the decoder in one pass, not three. The same tokens; the
+        returned `Started` holds the logits at <|startoftranscript|> and the cross
+        keys/values (its cache is spent)."""
+        positions = self._max_positions if positions is None else positions
+        batch = hidden.shape[0]
+        heads = [[*prefix, self._start] for prefix in (prefixes or [()] * batch)]
+        if len(heads) != batch or len(prompts) != batch or min(map(len, prompts)) < 1:
+            raise ValueError("one prefix (maybe empty) and one prompt of 1+ tokens per row")
+        lead = [len(head) + len(prompt) for head, prompt in zip(heads, prompts, strict=True)]
+        budgets, guesses = self._plan(batch, positions - max(lead), budgets, drafts)
+        rows = [
+            [*head, *prompt, *guesses[i]]
+            for i, (head, prompt) in enumerate(zip(heads, prompts, strict=True))
+        ]
+        width = max(map(len, rows))
+        if not width + 1 <= positions <= self._max_positions:
+            raise ValueError(
+                f"positions must be in [{width + 1}, {self._max_positions}], got {positions}"
+            )
+        _check(should_stop)
+        cache = _Cache(self._cross(hidden), positions, hidden)
+        padded = [row + [self._end] * (width - len(row)) for row in rows]
+        states = self._step(cache, torch.tensor(padded, dtype=torch.long, device=hidden.device))
+        at = torch.arange(batch, device=hidden.device)
+        sot = torch.tensor([len(head) - 1 for head in heads], device=hidden.device)
+        last = torch.tensor([n - 1 for n in lead], device=hidden.device)
+        started = Started(self._project(states[at, sot]), cache)
+        cache = started.take_cache()
+        first = self._choose(states[at, last], self._first_suppress)
+        fed = [states[i, lead[i] : lead[i] + len(guess)] for i, guess in enumerate(guesses)]
+        tokens, logprobs = self._keep(first, fed, guesses)
+        # Each row's cache ends before its last kept token, which the next step feeds.
+        cache.lengths = torch.tensor(
+            [lead[i] + len(row) - 1 for i, row in enumerate(tokens)], device=hidden.device
+        )
+        return started, self._steps(cache, tokens, logprobs, budgets, should_stop)
+
+    def _plan(
+        self, batch: int, room: int, budgets: list[int], drafts: list[list[int]] | None
+    ) -> tuple[list[int], list[list[int]]]:
+        """Each row's budget, cut to the `room` the cache has left after the longest
+        prompt, and its draft's usable tokens (a draft token may only be kept where the
+        next would still fit the budget; special tokens are never guessed)."""
+        if len(budgets) != batch or min(budgets, default=0) < 1:
+            raise ValueError("one budget of at least 1 token per row")
         if drafts is not None and len(drafts) != batch:
             raise ValueError("one draft (maybe empty) per row")
         # Every row's tokens must fit, even padded to the longest prefix (a draft check).
-        room = cache.keys.shape[3] - int(cache.lengths.max()) - prompts.shape[1]
         budgets = [min(budget, room) for budget in budgets]
         if min(budgets) < 1:
             raise ValueError("the prompt leaves no room to decode")
-        _check(should_stop)
-        first = self._choose(self._feed(cache, prompts, prompt_lengths), self._first_suppress)
-        # A draft token may only be kept where the next would still fit the budget.
         guesses = [
             [t for t in (drafts[i] if drafts else [])[: budgets[i] - 1] if t < self._end]
             for i in range(batch)
         ]
-        if any(guesses):
-            _check(should_stop)
-            tokens, logprobs = self._check_drafts(cache, first, guesses)
-        else:
-            tokens = [[t] for t in first.tokens.tolist()]
-            logprobs = [[p] for p in first.logprobs.tolist()]
+        return budgets, guesses
+
+    def _steps(
+        self,
+        cache: _Cache,
+        tokens: list[list[int]],
+        logprobs: list[list[float]],
+        budgets: list[int],
+        should_stop: Callable[[], bool] | None,
+    ) -> Greedy:
+        """One greedy token per unfinished row per step, from each row's tokens so far
+        (the last of which the cache does not hold yet), until every row has its end
+        token or has used its budget."""
         done = [row[-1] == self._end or len(row) >= budgets[i] for i, row in enumerate(tokens)]
+        device = cache.lengths.device
         while not all(done):
             _check(should_stop)
             pending = [self._end if done[i] else row[-1] for i, row in enumerate(tokens)]
-            ids = torch.tensor(pending, dtype=torch.long, device=prompts.device)[:, None]
+            ids = torch.tensor(pending, dtype=torch.long, device=device)[:, None]
             before = cache.lengths.clone()
             choice = self._choose(self._step(cache, ids)[:, -1], self._suppress)
             # A finished row stays where it is (it only rewrites its next, unused slot), so
             # rows that finished far ahead, on a long draft, cannot outgrow the cache.
-            finished = torch.tensor(done, device=before.device)
+            finished = torch.tensor(done, device=device)
             cache.lengths = torch.where(finished, before, cache.lengths)
             for i, (token, logprob) in enumerate(
                 zip(choice.tokens.tolist(), choice.logprobs.tolist(), strict=True)
@@ -286,25 +368,23 @@ class GreedyDecoder:
         cache.lengths = base + own
         return states[torch.arange(prompts.shape[0], device=prompts.device), own - 1]
 
-    def _check_drafts(
-        self, cache: _Cache, first: Choice, drafts: list[list[int]]
+    def _keep(
+        self, first: Choice, fed: Sequence[torch.Tensor], drafts: list[list[int]]
     ) -> tuple[list[list[int]], list[list[float]]]:
-        """Feed every row's draft at once and keep each row's agreeing prefix (at least the
-        first token, which the prompt's logits pick). `first` is the choice at the first
-        generated position. Returns each row's tokens and log-probabilities; the
-        cache then holds, per row, the prompt and the kept tokens but the last, which the
-        next step feeds."""
-        width = max(len(draft) for draft in drafts)
-        padded = [draft + [self._end] * (width - len(draft)) for draft in drafts]
-        base = cache.lengths.clone()
-        ids = torch.tensor(padded, dtype=torch.long, device=first.tokens.device)
-        states = self._step(cache, ids)
+        """Each row's agreeing draft prefix (at least the first token, which the prompt's
+        logits pick). `first` is the choice at the first generated position; `fed[i]`
+        the decoder states at row i's draft tokens, fed after its prompt. Returns each
+        row's tokens and log-probabilities."""
         tokens: list[list[int]] = []
         logprobs: list[list[float]] = []
         for i, draft in enumerate(drafts):
+            if not draft:
+                tokens.append(first.tokens[i : i + 1].tolist())
+                logprobs.append(first.logprobs[i : i + 1].tolist())
+                continue
             # Position k's logits pick token k: the first from the prompt, then one per
             # draft token fed.
-            later = self._choose(states[i, : len(draft)], self._suppress)
+            later = self._choose(fed[i], self._suppress)
             picked = torch.cat([first.tokens[i : i + 1], later.tokens])
             chosen = torch.cat([first.logprobs[i : i + 1], later.logprobs])
             agree = picked[: len(draft)].eq(torch.tensor(draft, device=picked.device))
@@ -316,8 +396,17 @@ class GreedyDecoder:
             mine = max(kept, 1)
             tokens.append(picked[:mine].tolist())
             logprobs.append(chosen[:mine].tolist())
-            cache.lengths[i] = base[i] + mine - 1
         return tokens, logprobs
+
+    def _cross(self, hidden: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Cross-attention keys and values per layer, computed once per batch."""
+        return [
+            (
+                self._split(layer.encoder_attn.k_proj(hidden)),
+                self._split(layer.encoder_attn.v_proj(hidden)),
+            )
+            for layer in self._layers
+        ]
 
     def _project(self, states: torch.Tensor) -> torch.Tensor:
         """Float32 logits for every token, for decoder states (rows, d_model)."""

@@ -75,7 +75,7 @@ from engine.alignment import Aligner, AlignmentRequest
 from engine.api import SAMPLE_RATE, Transcription, Utterance, WordTiming
 from engine.decoding import read_row, token_budget
 from engine.first_step import FirstRead, FirstStep
-from engine.greedy import GreedyDecoder, Started
+from engine.greedy import Greedy, GreedyDecoder, Started
 from engine.guard import Verdict, first_cycle, judge, looped
 from engine.int8 import quantize_linears
 from engine.recognizer import Interrupted, StopCheck
@@ -407,10 +407,44 @@ class WhisperRecognizer:
         positions = (
             max(map(len, prefixes)) + 2 + len(self._prompt_tail) + max(map(len, forced))
         ) + max(budgets)
-        started = self._greedy.start(hidden, min(positions, self._greedy.max_positions), prefixes)
-        first = self._first_step.read(started.logits, batch)
-        decoded = self._decode(started, batch, budgets, forced, first, should_stop)
+        positions = min(positions, self._greedy.max_positions)
+        drafts = [
+            self._draft_tokens(utterance.draft) if self.config.drafts else [] for utterance in batch
+        ]
+        known = self._pinned_languages(batch)
+        if known is not None:
+            # Every prompt is known before the logits at <|startoftranscript|> are read:
+            # one decoder pass for all of it and the drafts (`GreedyDecoder.start_and_decode`).
+            rows = [[*self._prompt_row(language), *forced[i]] for i, language in enumerate(known)]
+            started, greedy = self._greedy.start_and_decode(
+                hidden, positions, prefixes, rows, budgets, drafts, should_stop
+            )
+            first = self._first_step.read(started.logits, batch)
+        else:
+            started = self._greedy.start(hidden, positions, prefixes)
+            first = self._first_step.read(started.logits, batch)
+            rows = [
+                [*self._prompt_row(language), *forced[i]]
+                for i, language in enumerate(first.languages)
+            ]
+            width = max(map(len, rows))
+            padded = [row + [self._eot] * (width - len(row)) for row in rows]
+            prompts = torch.tensor(padded, dtype=torch.long, device=self._device)
+            lengths = [len(row) for row in rows] if any(forced) else None
+            greedy = self._greedy.decode(started, prompts, budgets, drafts, should_stop, lengths)
+        decoded = self._read(greedy, budgets, forced, first)
         return self._with_words(decoded, batch, started, window, should_stop)
+
+    def _pinned_languages(self, batch: Sequence[Utterance]) -> list[str] | None:
+        """Each row's language where every one is known before decoding (an English-only
+        model, or pinned ones), else None (some row's is to be detected)."""
+        if not self._multilingual:
+            return [ENGLISH] * len(batch)
+        languages = [utterance.language for utterance in batch]
+        for language in languages:
+            if language is not None and language not in self._lang_to_id:
+                raise ValueError(f"{self._name} does not know language {language!r}")
+        return None if None in languages else cast(list[str], languages)
 
     def _tokens_per_second(self, utterance: Utterance) -> float:
         if utterance.partial:
@@ -495,28 +529,10 @@ class WhisperRecognizer:
             raise RuntimeError(f"{features.shape[-1]} mel frames for a {window} s window")
         return features.to(self._device, self.config.torch_dtype)
 
-    def _decode(
-        self,
-        started: Started,
-        batch: Sequence[Utterance],
-        budgets: list[int],
-        forced: list[list[int]],
-        first: FirstRead,
-        should_stop: StopCheck | None = None,
+    def _read(
+        self, greedy: Greedy, budgets: list[int], forced: list[list[int]], first: FirstRead
     ) -> list[_Decoded]:
-        """Greedy decoding after each row's prompt and forced tokens (its left context's
-        text), which rows of other lengths pad after theirs."""
-        rows = [
-            [*self._prompt_row(language), *forced[i]] for i, language in enumerate(first.languages)
-        ]
-        width = max(map(len, rows))
-        padded = [row + [self._eot] * (width - len(row)) for row in rows]
-        prompts = torch.tensor(padded, dtype=torch.long, device=self._device)
-        drafts = [
-            self._draft_tokens(utterance.draft) if self.config.drafts else [] for utterance in batch
-        ]
-        lengths = [len(row) for row in rows] if any(forced) else None
-        greedy = self._greedy.decode(started, prompts, budgets, drafts, should_stop, lengths)
+        """Each row's decoding after its prompt and forced tokens (its left context's text)."""
         decoded = []
         for i, tokens in enumerate(greedy.tokens.tolist()):
             row = read_row(tokens, greedy.logprobs[i], end_token=self._eot, budget=budgets[i])

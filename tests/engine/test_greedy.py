@@ -11,6 +11,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from bench.corpus import clips
 from engine.api import Utterance
 from engine.decoding import read_row
+from engine.greedy import Greedy
 from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
 
 pytestmark = pytest.mark.slow
@@ -229,3 +230,66 @@ def test_int8_drafts_change_nothing_but_the_work(int8_decoder: WhisperRecognizer
         checked = greedy.decode(greedy.start(hidden), prompts, budgets, drafts)
     for i, clip in enumerate(selected):
         assert [t for t in checked.tokens[i].tolist() if t < 50256] == truth[i], clip.id
+
+
+def test_one_pass_start_decodes_as_start_then_decode(recognizer: WhisperRecognizer) -> None:
+    """`start_and_decode` (prefix, <|startoftranscript|>, prompt and draft in one decoder
+    pass) against `start` then `decode` (three passes), on rows with and without a prefix
+    of previous text, forced text of their own lengths after the prompt, and right,
+    half-right, wrong and no drafts: the same tokens, log-probabilities and logits at
+    <|startoftranscript|>, and a right draft takes two passes (this one and the step after
+    the kept prefix) instead of four."""
+    selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:5]
+    greedy = recognizer._greedy
+    tail = recognizer._prompt_tail
+    words = recognizer._draft_tokens
+    prefixes = [[], [recognizer._prev, *words("We met on Monday.")], [], [], [recognizer._prev]]
+    prompts = [[*tail], [*tail], [*tail, *words("And then")], [*tail], [*tail, *words("So")]]
+    budgets = [60] * len(selected)
+    with torch.inference_mode():
+        hidden = recognizer._encoders.encode(
+            30.0, recognizer._preprocess([Utterance(c.audio()) for c in selected], 30.0)
+        )
+
+        def three_passes(drafts: list[list[int]] | None) -> tuple[torch.Tensor, Greedy]:
+            started = greedy.start(hidden, 120, prefixes)
+            width = max(map(len, prompts))
+            padded = torch.tensor([p + [50256] * (width - len(p)) for p in prompts])
+            lengths = [len(p) for p in prompts]
+            return started.logits, greedy.decode(
+                started, padded, budgets, drafts, prompt_lengths=lengths
+            )
+
+        logits, plain = three_passes(None)
+        truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
+        drafts = [
+            truth[0],
+            [*truth[1][: len(truth[1]) // 2], 11, 11],
+            [400, 401, 402],
+            [],
+            truth[4][:3],
+        ]
+        _, drafted = three_passes(drafts)
+        for guesses in (None, drafts):
+            started, fused = greedy.start_and_decode(
+                hidden, 120, prefixes, prompts, budgets, guesses
+            )
+            assert torch.allclose(started.logits, logits, atol=1e-4)
+            width = fused.tokens.shape[1]
+            assert fused.tokens.tolist() == plain.tokens[:, :width].tolist()
+            assert torch.allclose(fused.logprobs, plain.logprobs[:, :width], atol=1e-4)
+        assert drafted.tokens.tolist() == fused.tokens.tolist()
+        calls = 0
+        step = greedy._step
+
+        def counted(*args: object) -> torch.Tensor:
+            nonlocal calls
+            calls += 1
+            return step(*args)  # type: ignore[arg-type]
+
+        greedy._step = counted  # type: ignore[method-assign,assignment]
+        try:
+            greedy.start_and_decode(hidden[:1], 120, None, [tail], [60], [truth[0]])
+        finally:
+            del greedy._step
+    assert calls == 2
