@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from bench.corpus import clips
 from engine.api import Utterance
 from engine.decoding import read_row
-from engine.greedy import Greedy
+from engine.greedy import Greedy, GreedyDecoder
 from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
 
 pytestmark = pytest.mark.slow
@@ -20,6 +22,23 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def recognizer(tiny_en: Path) -> WhisperRecognizer:
     return WhisperRecognizer(tiny_en)
+
+
+@contextmanager
+def decoder_passes(greedy: GreedyDecoder) -> Iterator[list[int]]:
+    """Counts the decoder passes `greedy` runs inside the block (the list's one item)."""
+    passes = [0]
+    step = greedy._step
+
+    def counted(*args: object) -> torch.Tensor:
+        passes[0] += 1
+        return step(*args)  # type: ignore[arg-type]
+
+    greedy._step = counted  # type: ignore[method-assign,assignment]
+    try:
+        yield passes
+    finally:
+        del greedy._step
 
 
 def test_greedy_tokens_equal_generate_on_a_mixed_batch(recognizer: WhisperRecognizer) -> None:
@@ -77,19 +96,8 @@ def test_drafts_change_nothing_but_the_work(recognizer: WhisperRecognizer) -> No
             [],  # none
             truth[4] + [13, 13, 13, 13],  # right, then more than there is
         ]
-        calls = 0
-        step = greedy._step
-
-        def counted(*args: object) -> torch.Tensor:
-            nonlocal calls
-            calls += 1
-            return step(*args)  # type: ignore[arg-type]
-
-        greedy._step = counted  # type: ignore[method-assign,assignment]
-        try:
+        with decoder_passes(greedy) as passes:
             checked = greedy.decode(greedy.start(hidden), prompts, budgets, drafts)
-        finally:
-            del greedy._step
     for i in range(len(batch)):
         assert [t for t in checked.tokens[i].tolist() if t < 50256] == truth[i], selected[i].id
         n = len(truth[i]) + 1
@@ -97,16 +105,11 @@ def test_drafts_change_nothing_but_the_work(recognizer: WhisperRecognizer) -> No
     # start, prompt, drafts, then one step per token the worst row (the draftless one,
     # or the wrong one) still needs; far fewer than without drafts only if every row had
     # a good draft, so check a batch of right drafts alone too.
-    assert calls <= 3 + max(len(row) for row in truth)
-    with torch.inference_mode():
-        calls = 0
-        greedy._step = counted  # type: ignore[method-assign,assignment]
-        try:
-            again = greedy.decode(greedy.start(hidden), prompts, budgets, truth)
-        finally:
-            del greedy._step
+    assert passes[0] <= 3 + max(len(row) for row in truth)
+    with torch.inference_mode(), decoder_passes(greedy) as passes:
+        again = greedy.decode(greedy.start(hidden), prompts, budgets, truth)
     assert again.tokens.tolist() == plain.tokens[:, : again.tokens.shape[1]].tolist()
-    assert calls == 4  # start, prompt, drafts, and the step after the kept prefix
+    assert passes[0] == 4  # start, prompt, drafts, and the step after the kept prefix
 
 
 def test_a_started_batch_decodes_once(recognizer: WhisperRecognizer) -> None:
@@ -279,17 +282,6 @@ def test_one_pass_start_decodes_as_start_then_decode(recognizer: WhisperRecogniz
             assert fused.tokens.tolist() == plain.tokens[:, :width].tolist()
             assert torch.allclose(fused.logprobs, plain.logprobs[:, :width], atol=1e-4)
         assert drafted.tokens.tolist() == fused.tokens.tolist()
-        calls = 0
-        step = greedy._step
-
-        def counted(*args: object) -> torch.Tensor:
-            nonlocal calls
-            calls += 1
-            return step(*args)  # type: ignore[arg-type]
-
-        greedy._step = counted  # type: ignore[method-assign,assignment]
-        try:
+        with decoder_passes(greedy) as passes:
             greedy.start_and_decode(hidden[:1], 120, None, [tail], [60], [truth[0]])
-        finally:
-            del greedy._step
-    assert calls == 2
+    assert passes[0] == 2
