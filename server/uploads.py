@@ -144,7 +144,7 @@ def _check_diarize(diarize: bool, services: SessionServices) -> None:
         )
 
 
-# Body bytes read and dropped before an early refusal (bad options, no model, no job
+# Body bytes read and dropped before an early refusal (no key, bad options, no model, no job
 # slot): a server that closes with unread bytes makes the kernel reset the connection, and
 # the client may lose the answer to a "connection reset". Bigger bodies are cut off.
 DRAIN_BEFORE_REFUSAL = 1 << 20
@@ -171,9 +171,10 @@ async def create_transcription(request: Request) -> Response:
     """POST /v1/transcriptions — upload a recording; 202 + Location, or 200 with `wait=true`."""
     state = app_state(request)
     settings = state.settings
-    tenant = _tenant(request)
-    if isinstance(tenant, Response):
-        return tenant
+    try:
+        tenant = _tenant_of(request)
+    except ProtocolError as exc:
+        return await _refuse(request, 401, exc.code.value, exc.message)
     query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
     unknown = set(request.query_params) - OPTION_FIELDS
     if unknown:
@@ -277,12 +278,17 @@ async def _answer_when_done(job: Job, timeout: float) -> Response:
     return _problem(status, error["code"], error["message"], headers)
 
 
-def _tenant(request: Request) -> str | Response | None:
+def _tenant_of(request: Request) -> str | None:
     """With authentication on, uploads take an API key (`Authorization: Bearer`); its
-    tenant owns the job. None while authentication is off."""
+    tenant owns the job. None while authentication is off. Raises ProtocolError (401)."""
     auth = app_state(request).auth
+    return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
+
+
+def _tenant(request: Request) -> str | Response | None:
+    """`_tenant_of`, with the refusal as a 401 response (requests without a body)."""
     try:
-        return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
+        return _tenant_of(request)
     except ProtocolError as exc:
         return _problem(401, exc.code.value, exc.message)
 

@@ -49,3 +49,23 @@ async def test_upload_needs_a_key_and_jobs_stay_with_their_tenant() -> None:
         assert status == 403, body
     finally:
         server.stop()
+
+
+async def test_an_upload_without_a_key_hears_its_401_whatever_the_body() -> None:
+    """A keyless upload of a body bigger than the socket buffers still reads its 401: the
+    server drains the body before refusing, so closing does not reset the connection
+    under the answer (CI once lost the 401 to a broken pipe)."""
+    server = await asyncio.to_thread(start_server, {"PARLEY_API_KEYS": f"a:{KEY_A}"})
+    try:
+        content_type, pieces = multipart(bytes(900 << 10), "silence.wav")
+        for _ in range(8):
+            response = await request(
+                "POST",
+                f"{server.http_url}/v1/transcriptions",
+                body=pieces,
+                headers={"Content-Type": content_type},
+            )
+            assert response.status == 401, response.body
+            assert response.json()["error"]["code"] == "unauthorized"
+    finally:
+        server.stop()
