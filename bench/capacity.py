@@ -23,7 +23,9 @@ one row:
   the share of it spent on partials;
 - speculative finals by outcome (`parley_speculative_finals_total`): used by their final,
   discarded after the model started on them (wasted model time), cancelled while queued;
-- server CPU in cores (the server process and its children, from /proc).
+- server CPU in cores (the server process and its children, from /proc), and of it the
+  main thread's (the event loop: sockets, sessions, VAD), and the VAD's mean windows per
+  model call (`parley_vad_windows_total` / `parley_vad_calls_total`).
 
 Rows go to stdout as a markdown table and to `REPORT_DIR/capacity.json`; each run's
 loadgen report lands beside it. Run it on an otherwise idle machine (`flock -x
@@ -109,6 +111,16 @@ def cpu_seconds(root: int) -> float:
     return total / ticks
 
 
+def thread_cpu_seconds(pid: int, tid: int) -> float:
+    """User + system CPU seconds of one thread (the main thread: `tid` = `pid`)."""
+    try:
+        stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def scrape(url: str) -> dict[str, float]:
     """`/metrics` as {'name{labels}': value} (comments dropped)."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
@@ -141,6 +153,7 @@ PARTIAL_DROP_REASONS = (
 class Snapshot:
     when: float
     cpu: float
+    loop_cpu: float  # the server's main thread: the event loop, VAD and the sessions
     metrics: dict[str, float]
 
 
@@ -152,7 +165,12 @@ class ServerProbe:
         self._pid = pid
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(time.monotonic(), cpu_seconds(self._pid), scrape(self._url))
+        return Snapshot(
+            time.monotonic(),
+            cpu_seconds(self._pid),
+            thread_cpu_seconds(self._pid, self._pid),
+            scrape(self._url),
+        )
 
     def between(self, before: Snapshot, after: Snapshot) -> dict[str, float | None]:
         wall = after.when - before.when
@@ -187,6 +205,12 @@ class ServerProbe:
             # live finals the load gate sent without left context
             "contexts_shed": grew("parley_contexts_shed_total"),
             "server_cpu_cores": (after.cpu - before.cpu) / wall,
+            "loop_cpu_cores": (after.loop_cpu - before.loop_cpu) / wall,
+            "vad_windows_per_call": (
+                grew("parley_vad_windows_total") / calls
+                if (calls := grew("parley_vad_calls_total")) > 0
+                else None
+            ),
             "model_utilization": busy / wall / workers,
             "partial_share": None if partial is None or busy <= 0 else partial / busy,
             "workers": workers,
@@ -244,6 +268,8 @@ COLUMNS = (
         "{:.0f}",
     ),
     ("server CPU (cores)", "server_cpu_cores", "{:.2f}"),
+    ("event loop CPU (cores)", "loop_cpu_cores", "{:.2f}"),
+    ("VAD windows per call", "vad_windows_per_call", "{:.1f}"),
     ("result", "result", "{}"),
 )
 

@@ -99,7 +99,11 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         state.model_state = ModelState.FAILED
         state.model_error = f"{type(exc).__name__}: {exc}"
         return
-    vad: VadScorer = VadBatcher(vad_model) if settings.vad_batch else DirectScorer(vad_model)
+    vad: VadScorer = (
+        VadBatcher(vad_model, max_delay=settings.vad_batch_ms / 1000)
+        if settings.vad_batch
+        else DirectScorer(vad_model)
+    )
     state.file_vad = DirectScorer(vad_model)  # uploads score runs of windows, unbatched
     workers, threads = worker_plan(model_config(settings))
     scheduler = BatchScheduler(
@@ -203,6 +207,7 @@ def create_app(
             lambda: len(state.registry),
             lambda: state.registry.meetings,
             lambda: state.store.failures,
+            lambda: state.services.vad if state.services else None,
         )
         app.state.parley = state  # for the CLI's graceful shutdown hook
         state.loader = asyncio.create_task(_load_model(state, recognizer_factory))

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult
 from engine.scheduler import BatchScheduler
+from session.vad import VadScorer
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -117,6 +118,7 @@ class Metrics:
         sessions: Callable[[], int],
         meetings: Callable[[], int],
         store_failures: Callable[[], int],
+        vad: Callable[[], VadScorer | None] = lambda: None,
     ) -> None:
         """Register the live gauges, read from their owners at scrape time."""
 
@@ -157,7 +159,19 @@ class Metrics:
                 "parley_store_errors", "Store calls that failed to reach the store"
             )
             store.add_metric([], store_failures())
-            return [active, rooms, depth, workers, busy, preempted, shed, tasks, store]
+            scorer = vad()
+            vad_calls = CounterMetricFamily(
+                "parley_vad_calls", "VAD model calls for live streams (batched: many windows each)"
+            )
+            vad_calls.add_metric([], scorer.calls if scorer else 0)
+            vad_windows = CounterMetricFamily(
+                "parley_vad_windows", "VAD windows (32 ms) scored for live streams"
+            )
+            vad_windows.add_metric([], scorer.windows if scorer else 0)
+            return [
+                active, rooms, depth, workers, busy, preempted, shed, tasks, store,
+                vad_calls, vad_windows,
+            ]  # fmt: skip
 
         self.registry.register(_LiveCollector(read))
 

@@ -148,6 +148,12 @@ class Settings:
     vad_batch: bool = setting(
         True, "Score every stream's VAD windows in one model call per tick (else one by one)."
     )
+    vad_batch_ms: float = setting(
+        0.0,
+        "How long the VAD batcher (VAD_BATCH) waits to gather more streams' windows into one "
+        "model call; 0 = until the event loop's next turn. A longer wait means fewer, larger "
+        "calls (less CPU) and each stream's audio scored that much later.",
+    )
     min_silence_ms: float = setting(
         400.0,
         "Silence that ends an utterance (counted in 32 ms VAD windows: 400 is 12, 384 ms). "
@@ -391,6 +397,8 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}CONTEXT_WAIT_MS must be >= 0")
         if self.prompt_tokens < 0:
             raise ValueError(f"{ENV_PREFIX}PROMPT_TOKENS must be >= 0 (0: off)")
+        if not 0 <= self.vad_batch_ms <= 100:
+            raise ValueError(f"{ENV_PREFIX}VAD_BATCH_MS must lie in [0, 100] ms")
         if self.model_workers < 0 or self.torch_threads < 0:
             raise ValueError("MODEL_WORKERS and TORCH_THREADS must be >= 0 (0: automatic)")
         if not 0.05 <= self.partial_share <= 1:

@@ -117,6 +117,12 @@ async def test_rooms_share_the_models_batches(parley_server: ServerProcess) -> N
     batches = after[key_all] - before.get(key_all, 0)
     single = after[key_single] - before.get(key_single, 0)
     assert batches > single, "no batch held requests from two rooms"
+    # /metrics counts the live streams' VAD: every 32 ms window of the four clips, in as
+    # many model calls or fewer (several streams' windows in one call).
+    windows = after["parley_vad_windows_total"] - before.get("parley_vad_windows_total", 0)
+    calls = after["parley_vad_calls_total"] - before.get("parley_vad_calls_total", 0)
+    audio = sum(len(clip(c).samples()) // 512 for c in ids)
+    assert audio <= windows <= audio + 4 * 64 and 0 < calls <= windows, (audio, windows, calls)
 
 
 async def test_listener_receives_both_participants_in_seq_order(

@@ -84,3 +84,49 @@ async def test_cancelled_request_does_not_disturb_the_others() -> None:
     assert result.shape == (8,) and doomed.cancelled()
     direct = await DirectScorer(model).score(VadState(), audio)
     np.testing.assert_allclose(result, direct, atol=1e-4)
+
+
+async def paced(recorder: Recorder, period: float, offset: float) -> None:
+    """One real-time stream: a frame every `period` seconds, starting `offset` in."""
+    loop = asyncio.get_running_loop()
+    start = loop.time() + offset
+    for tick in range(len(recorder.frames)):
+        await asyncio.sleep(max(0.0, start + tick * period - loop.time()))
+        await recorder.feed(tick)
+
+
+async def test_a_batching_wait_gathers_real_time_streams_that_arrive_apart() -> None:
+    """Four real-time streams whose frames come 5 ms apart each land in their own loop turn:
+    without a wait nearly every model call scores one window; with a 15 ms wait the calls
+    hold several streams' windows, and every probability is the per-stream path's."""
+    model = SileroVad()
+    audio = clip("en_jfk").samples()[: FRAME * 40]  # 40 frames of 20 ms per stream
+    direct = Recorder(DirectScorer(model), audio, 0)
+    await run_together([direct])
+    per_call = {}
+    for delay in (0.0, 0.015):
+        batcher = VadBatcher(model, max_delay=delay)
+        streams = [Recorder(batcher, audio, 0) for _ in range(4)]
+        await asyncio.gather(*(paced(r, 0.02, 0.005 * i) for i, r in enumerate(streams)))
+        for stream in streams:
+            np.testing.assert_allclose(stream.probabilities, direct.probabilities, atol=1e-4)
+        per_call[delay] = batcher.windows / batcher.calls
+    assert per_call[0.015] >= 1.5 * per_call[0.0], per_call
+
+
+async def test_a_batching_wait_does_not_pace_a_stream_that_runs_ahead() -> None:
+    """A stream sent as fast as it is read (a replay, a burst after a stall) is back before
+    any other stream was scored, so it does not wait: 200 frames take far less than
+    200 waits of 50 ms."""
+    model = SileroVad()
+    audio = clip("en_jfk").samples()[: FRAME * 200]
+    batcher = VadBatcher(model, max_delay=0.05)
+    fast = Recorder(batcher, audio, 0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await run_together([fast])
+    elapsed = loop.time() - started
+    assert elapsed < 200 * 0.05 / 4, elapsed
+    direct = Recorder(DirectScorer(model), audio, 0)
+    await run_together([direct])
+    np.testing.assert_allclose(fast.probabilities, direct.probabilities, atol=1e-4)
