@@ -149,10 +149,11 @@ class Settings:
         True, "Score every stream's VAD windows in one model call per tick (else one by one)."
     )
     vad_batch_ms: float = setting(
-        0.0,
+        10.0,
         "How long the VAD batcher (VAD_BATCH) waits to gather more streams' windows into one "
-        "model call; 0 = until the event loop's next turn. A longer wait means fewer, larger "
-        "calls (less CPU) and each stream's audio scored that much later.",
+        "model call; 0 = until the event loop's next turn. Longer: fewer, larger calls (at 16 "
+        "rooms 10 ms took the event loop from 0.32 to 0.24 cores), each frame scored up to "
+        "that much later. A stream sent faster than real time is not held back.",
     )
     min_silence_ms: float = setting(
         400.0,
