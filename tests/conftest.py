@@ -83,12 +83,24 @@ class ServerProcess:
         return self.process.returncode
 
 
+# Where the servers' logs go: a folder under pytest's own temporary directory (which keeps
+# the last three runs' and deletes the older), set for the test session; outside one, /tmp.
+SERVER_LOGS: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server_log_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    SERVER_LOGS["folder"] = folder = tmp_path_factory.mktemp("server-logs")
+    yield folder
+    SERVER_LOGS.clear()
+
+
 def start_server(
     env: dict[str, str] | None = None, *, wait: bool = True, port: int | None = None
 ) -> ServerProcess:
     port = port or free_port()
     log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the server
-        prefix=f"parley-{port}-", suffix=".log", delete=False
+        prefix=f"parley-{port}-", suffix=".log", delete=False, dir=SERVER_LOGS.get("folder")
     )
     full_env = {
         **os.environ,
