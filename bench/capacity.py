@@ -98,27 +98,23 @@ def _process_tree(root: int) -> list[int]:
     return tree
 
 
+def _stat_cpu_seconds(stat: Path) -> float:
+    """User + system CPU seconds in a /proc `stat` file (0 if it is gone)."""
+    try:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def cpu_seconds(root: int) -> float:
     """User + system CPU seconds of `root` and its live descendants."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in _process_tree(root):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
+    return sum(_stat_cpu_seconds(Path(f"/proc/{pid}/stat")) for pid in _process_tree(root))
 
 
 def thread_cpu_seconds(pid: int, tid: int) -> float:
     """User + system CPU seconds of one thread (the main thread: `tid` = `pid`)."""
-    try:
-        stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/task/{tid}/stat"))
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -118,7 +118,7 @@ class Metrics:
         sessions: Callable[[], int],
         meetings: Callable[[], int],
         store_failures: Callable[[], int],
-        vad: Callable[[], VadScorer | None] = lambda: None,
+        vad: Callable[[], VadScorer | None],
     ) -> None:
         """Register the live gauges, read from their owners at scrape time."""
 
@@ -168,10 +168,8 @@ class Metrics:
                 "parley_vad_windows", "VAD windows (32 ms) scored for live streams"
             )
             vad_windows.add_metric([], scorer.windows if scorer else 0)
-            return [
-                active, rooms, depth, workers, busy, preempted, shed, tasks, store,
-                vad_calls, vad_windows,
-            ]  # fmt: skip
+            families = [active, rooms, depth, workers, busy, preempted, shed, tasks, store]
+            return [*families, vad_calls, vad_windows]
 
         self.registry.register(_LiveCollector(read))
 
