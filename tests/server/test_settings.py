@@ -30,6 +30,9 @@ def test_bad_values_are_refused_with_the_variable_name() -> None:
         Settings.from_env({"PARLEY_DEVICE": "tpu"})
     with pytest.raises(ValueError, match="PARLEY_CONTEXT_WINDOW_S"):
         Settings.from_env({"PARLEY_CONTEXT_WINDOW_S": "5"})
+    for wait in ("-1", "250"):
+        with pytest.raises(ValueError, match="PARLEY_VAD_BATCH_MS"):
+            Settings.from_env({"PARLEY_VAD_BATCH_MS": wait})
 
 
 def test_the_context_window_reaches_the_recognizer_config() -> None:
