@@ -23,6 +23,7 @@ from engine.loading import ModelConfig, load_whisper, set_torch_threads, worker_
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
+from engine.worker_processes import ProcessRecognizer, in_processes
 from server import rest, stream, uploads
 from server.auth import build_authenticator
 from server.compat import routes as compat_routes
@@ -68,8 +69,12 @@ def model_config(settings: Settings) -> ModelConfig:
 
 
 def whisper_recognizer(settings: Settings) -> Recognizer:
-    """The default recognizer (blocking): Whisper, as the settings say."""
-    return load_whisper(model_config(settings))
+    """The default recognizer (blocking): Whisper, as the settings say, in worker
+    processes (`PARLEY_MODEL_PROCESSES`) or in this one."""
+    config = model_config(settings)
+    if in_processes(settings.model_processes, config):  # type: ignore[arg-type]  # checked
+        return ProcessRecognizer(config, *worker_plan(config))
+    return load_whisper(config)
 
 
 def segmenter_config(settings: Settings) -> SegmenterConfig:
@@ -86,7 +91,7 @@ def segmenter_config(settings: Settings) -> SegmenterConfig:
 async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
     settings = state.settings
     try:
-        recognizer = await asyncio.to_thread(factory, settings)
+        recognizer = state.recognizer = await asyncio.to_thread(factory, settings)
         await asyncio.to_thread(recognizer.warmup)
         vad_model = await asyncio.to_thread(SileroVad)
         speakers = (
@@ -140,7 +145,13 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         diarizer=DiarizerConfig(max_speakers=settings.diarization_max_speakers),
     )
     state.model_state = ModelState.READY
-    logger.info("model %s ready: %d workers, %d threads each", recognizer.name, workers, threads)
+    logger.info(
+        "model %s ready: %d workers (%s), %d torch threads each",
+        recognizer.name,
+        workers,
+        "processes" if isinstance(recognizer, ProcessRecognizer) else "threads",
+        threads,
+    )
 
 
 async def drain(state: AppState) -> None:
@@ -230,6 +241,8 @@ def create_app(
                 if not drained:
                     logger.warning("scheduler still busy at shutdown; failing what is left")
                 await state.scheduler.stop()
+            if isinstance(state.recognizer, ProcessRecognizer):
+                await asyncio.to_thread(state.recognizer.close)
             if state.services is not None and isinstance(state.services.speakers, SpeakerEmbedder):
                 await state.services.speakers.close()
             await state.store.close()

@@ -134,7 +134,9 @@ class Metrics:
             counts = current.depth_by_priority() if current else dict.fromkeys(Priority, 0)
             for priority, count in counts.items():
                 depth.add_metric([priority.name.lower()], count)
-            workers = GaugeMetricFamily("parley_model_workers", "Model worker threads")
+            workers = GaugeMetricFamily(
+                "parley_model_workers", "Model workers (threads or processes)"
+            )
             workers.add_metric([], current.workers if current else 0)
             busy = CounterMetricFamily(
                 "parley_model_seconds",

@@ -126,6 +126,14 @@ class Settings:
     torch_threads: int = setting(
         0, "Threads for each model worker's CPU kernels; 0 = the cores shared out among them."
     )
+    model_processes: str = setting(
+        "auto",
+        "Where the model workers run: `on`, each in a child process of its own with a GIL of "
+        "its own (the event loop and the other workers do not hold up its decoder steps; a "
+        "copy of the model each); `off`, as threads of the server's process sharing one "
+        "model; `auto`, processes on the CPU, threads on CUDA. On the 2-core CPU two "
+        "processes ran ~1.3x the audio of two threads (docs/performance.md).",
+    )
     max_batch_size: int = setting(16, "Most utterances the model runs in one batch.")
     max_partial_batch: int = setting(
         16,
@@ -408,6 +416,8 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}UPLOAD_LIVE_SHARE must lie in [0.05, 1]")
         if self.upload_decode_memory_mb < 256:  # the decoder itself needs ~150 MiB to start
             raise ValueError(f"{ENV_PREFIX}UPLOAD_DECODE_MEMORY_MB must be at least 256")
+        if self.model_processes not in {"auto", "on", "off"}:
+            raise ValueError(f"{ENV_PREFIX}MODEL_PROCESSES must be auto, on or off")
         if self.upload_sandbox not in {"auto", "bwrap", "none"}:
             raise ValueError(f"{ENV_PREFIX}UPLOAD_SANDBOX must be auto, bwrap or none")
         if self.log_format not in {"json", "text"}:

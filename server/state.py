@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import HTTPConnection
 
+from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
 from server.auth import Authenticator
 from server.jobs import JobRegistry
@@ -45,6 +46,7 @@ class AppState:
     scheduler: BatchScheduler | None = None
     services: SessionServices | None = None
     file_vad: VadScorer | None = None  # uploads' VAD: unbatched, over the same model
+    recognizer: Recognizer | None = None
     recognizer_name: str = ""
     loader: asyncio.Task[None] | None = field(default=None, repr=False)
 

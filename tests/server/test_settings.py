@@ -33,6 +33,23 @@ def test_bad_values_are_refused_with_the_variable_name() -> None:
     for wait in ("-1", "250"):
         with pytest.raises(ValueError, match="PARLEY_VAD_BATCH_MS"):
             Settings.from_env({"PARLEY_VAD_BATCH_MS": wait})
+    with pytest.raises(ValueError, match="PARLEY_MODEL_PROCESSES"):
+        Settings.from_env({"PARLEY_MODEL_PROCESSES": "true"})
+
+
+def test_model_workers_run_as_processes_on_the_cpu_unless_told_otherwise() -> None:
+    """PARLEY_MODEL_PROCESSES: `auto` means processes on the CPU and threads on CUDA;
+    `on` and `off` say so everywhere."""
+    from engine.worker_processes import in_processes
+    from server.app import model_config
+
+    def decide(mode: str, device: str) -> bool:
+        settings = Settings.from_env({"PARLEY_MODEL_PROCESSES": mode, "PARLEY_DEVICE": device})
+        return in_processes(settings.model_processes, model_config(settings))  # type: ignore[arg-type]
+
+    assert Settings.from_env({}).model_processes == "auto"
+    assert decide("auto", "cpu") and not decide("auto", "cuda")
+    assert decide("on", "cuda") and not decide("off", "cpu")
 
 
 def test_the_context_window_reaches_the_recognizer_config() -> None:
