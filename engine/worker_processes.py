@@ -37,6 +37,7 @@ import multiprocessing
 import queue
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from typing import Any, Literal
 
 from engine.api import Transcription, Utterance
 from engine.loading import ModelConfig, load_whisper, resolve_device, set_torch_threads
+from engine.memory import malloc_trim
 from engine.recognizer import Interrupted, StopCheck
 
 logger = logging.getLogger(__name__)
@@ -94,8 +96,12 @@ class Failed:
 
 
 # ------------------------------------------------------------------------------- child
-def _child_main(config: ModelConfig, threads: int, conn: Connection, stop: Any) -> None:
-    """A child's whole life: load, say Ready, then run batches until Close or EOF."""
+def _child_main(
+    config: ModelConfig, threads: int, trim_interval: float, conn: Connection, stop: Any
+) -> None:
+    """A child's whole life: load, say Ready, then run batches until Close or EOF; after
+    a batch, give the heap's free pages back once `trim_interval` seconds have passed
+    since the last time (0: never)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="model worker %(process)d: %(message)s")
     try:
@@ -106,6 +112,8 @@ def _child_main(config: ModelConfig, threads: int, conn: Connection, stop: Any) 
         conn.send(Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
     conn.send(Ready(recognizer.name, recognizer.languages, recognizer.max_batch_size))
+    trim = malloc_trim() if trim_interval > 0 else None
+    trimmed = time.monotonic()
 
     def should_stop() -> bool:
         return bool(stop.value)
@@ -129,20 +137,23 @@ def _child_main(config: ModelConfig, threads: int, conn: Connection, stop: Any) 
         except Exception as exc:
             reply = Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
         conn.send(reply)
+        if trim is not None and time.monotonic() - trimmed >= trim_interval:
+            trim()
+            trimmed = time.monotonic()
 
 
 # ------------------------------------------------------------------------------ parent
 class _Child:
     """One child process, its end of the pipe and its stop flag."""
 
-    def __init__(self, index: int, config: ModelConfig, threads: int) -> None:
+    def __init__(self, index: int, config: ModelConfig, threads: int, trim_interval: float) -> None:
         context = multiprocessing.get_context("spawn")
         self.index = index
         self.stop = context.RawValue(ctypes.c_bool, False)
         self.conn, child_conn = context.Pipe()
         self.process: SpawnProcess = context.Process(
             target=_child_main,
-            args=(config, threads, child_conn, self.stop),
+            args=(config, threads, trim_interval, child_conn, self.stop),
             name=f"parley-model-{index}",
             daemon=True,
         )
@@ -208,20 +219,23 @@ class _Child:
 
 class ProcessRecognizer:
     """The Whisper recognizer `config` describes, run in `processes` child processes of
-    `threads` torch threads each (see the module doc). Blocks in `__init__` until every
-    child has loaded and warmed up its model; `close()` ends them."""
+    `threads` torch threads each (see the module doc), each trimming its heap every
+    `trim_interval` seconds between batches (`engine.memory`; 0: never). Blocks in
+    `__init__` until every child has loaded and warmed up its model; `close()` ends them."""
 
-    def __init__(self, config: ModelConfig, processes: int, threads: int) -> None:
+    def __init__(
+        self, config: ModelConfig, processes: int, threads: int, trim_interval: float = 60.0
+    ) -> None:
         if processes < 1 or threads < 1:
             raise ValueError("need at least one process of at least one thread")
         # Convert a packaged model once, here, not in every child at the same time.
         from engine.weights import resolve_model
 
         resolve_model(config.model, config.cache)
-        self._config, self._threads = config, threads
+        self._config, self._threads, self._trim_interval = config, threads, trim_interval
         self._lock = threading.Lock()
         self._closed = False
-        self._children = [_Child(i, config, threads) for i in range(processes)]
+        self._children = [_Child(i, config, threads, trim_interval) for i in range(processes)]
         try:
             ready = [child.wait_ready(READY_TIMEOUT_S) for child in self._children]
         except BaseException:
@@ -275,7 +289,7 @@ class ProcessRecognizer:
         """A new child in a dead one's place (blocking while it loads its model)."""
         logger.error("model worker process %d died; starting another", dead.index)
         dead.close()
-        child = _Child(dead.index, self._config, self._threads)
+        child = _Child(dead.index, self._config, self._threads, self._trim_interval)
         with self._lock:
             self._children[dead.index] = child
         child.wait_ready(READY_TIMEOUT_S)

@@ -73,7 +73,8 @@ def whisper_recognizer(settings: Settings) -> Recognizer:
     processes (`PARLEY_MODEL_PROCESSES`) or in this one."""
     config = model_config(settings)
     if in_processes(settings.model_processes, config):  # type: ignore[arg-type]  # checked
-        return ProcessRecognizer(config, *worker_plan(config))
+        workers, threads = worker_plan(config)
+        return ProcessRecognizer(config, workers, threads, settings.malloc_trim_interval_s)
     return load_whisper(config)
 
 

@@ -12,33 +12,20 @@ each pass took ~30 % longer (every large buffer mmapped, page-faulted and unmapp
 
 `trim_memory_forever` calls `malloc_trim(0)` every `interval` seconds in a worker thread
 (ctypes releases the GIL for the call; it takes a few milliseconds and never blocks the
-event loop). On a C library without `malloc_trim` (musl, macOS) it does nothing.
+event loop). On a C library without `malloc_trim` (musl, macOS) it does nothing. Model
+workers that run as processes (`engine.worker_processes`) trim their own heaps, where
+the activations live, on the same interval.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
 import time
-from collections.abc import Callable
+
+from engine.memory import malloc_trim
 
 logger = logging.getLogger("parley.memory")
-
-
-def malloc_trim() -> Callable[[], int] | None:
-    """glibc's `malloc_trim(0)` as a function, or None where the C library has none."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        function = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_size_t]
-    function.restype = ctypes.c_int
-    return lambda: int(function(0))
 
 
 async def trim_memory_forever(interval: float) -> None:

@@ -26,7 +26,7 @@ def config(tiny_en: Path, model_cache: Path) -> ModelConfig:
 
 @pytest.fixture(scope="module")
 def pool(config: ModelConfig) -> Iterator[ProcessRecognizer]:
-    recognizer = ProcessRecognizer(config, processes=2, threads=1)
+    recognizer = ProcessRecognizer(config, processes=2, threads=1, trim_interval=0.001)
     yield recognizer
     recognizer.close()
 

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from server.memory_trim import malloc_trim, trim_memory_forever
+from engine.memory import malloc_trim
+from server.memory_trim import trim_memory_forever
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 
