@@ -25,7 +25,10 @@ one row:
   discarded after the model started on them (wasted model time), cancelled while queued;
 - server CPU in cores (the server process and its children, from /proc), and of it the
   main thread's (the event loop: sockets, sessions, VAD), and the VAD's mean windows per
-  model call (`parley_vad_windows_total` / `parley_vad_calls_total`).
+  model call (`parley_vad_windows_total` / `parley_vad_calls_total`);
+- the whole machine's idle and steal shares of its CPU time during the run (/proc/stat):
+  on a shared VM, steal is time the hypervisor gave to others, and a run with much of it
+  measures less than the machine can do.
 
 Rows go to stdout as a markdown table and to `REPORT_DIR/capacity.json`; each run's
 loadgen report lands beside it. Run it on an otherwise idle machine (`flock -x
@@ -112,6 +115,22 @@ def cpu_seconds(root: int) -> float:
     return sum(_stat_cpu_seconds(Path(f"/proc/{pid}/stat")) for pid in _process_tree(root))
 
 
+def machine_ticks() -> tuple[int, ...]:
+    """The machine's CPU time in clock ticks from /proc/stat's first line: user, nice,
+    system, idle, iowait, irq, softirq, steal."""
+    return tuple(int(field) for field in Path("/proc/stat").read_text().split()[1:9])
+
+
+def machine_shares(before: tuple[int, ...], after: tuple[int, ...]) -> dict[str, float | None]:
+    """The shares of the machine's CPU time that were idle and stolen (by the hypervisor)
+    between two `machine_ticks`: on a shared VM a run with much steal measures less."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(spent)
+    if total <= 0:
+        return {"machine_idle": None, "machine_steal": None}
+    return {"machine_idle": spent[3] / total, "machine_steal": spent[7] / total}
+
+
 def thread_cpu_seconds(pid: int, tid: int) -> float:
     """User + system CPU seconds of one thread (the main thread: `tid` = `pid`)."""
     return _stat_cpu_seconds(Path(f"/proc/{pid}/task/{tid}/stat"))
@@ -151,6 +170,7 @@ class Snapshot:
     cpu: float
     loop_cpu: float  # the server's main thread: the event loop, VAD and the sessions
     metrics: dict[str, float]
+    machine: tuple[int, ...]  # `machine_ticks`
 
 
 class ServerProbe:
@@ -166,6 +186,7 @@ class ServerProbe:
             cpu_seconds(self._pid),
             thread_cpu_seconds(self._pid, self._pid),
             scrape(self._url),
+            machine_ticks(),
         )
 
     def between(self, before: Snapshot, after: Snapshot) -> dict[str, float | None]:
@@ -207,6 +228,7 @@ class ServerProbe:
                 if (calls := grew("parley_vad_calls_total")) > 0
                 else None
             ),
+            **machine_shares(before.machine, after.machine),
             "model_utilization": busy / wall / workers,
             "partial_share": None if partial is None or busy <= 0 else partial / busy,
             "workers": workers,
@@ -266,6 +288,7 @@ COLUMNS = (
     ("server CPU (cores)", "server_cpu_cores", "{:.2f}"),
     ("event loop CPU (cores)", "loop_cpu_cores", "{:.2f}"),
     ("VAD windows per call", "vad_windows_per_call", "{:.1f}"),
+    ("machine idle/steal", ("machine_idle", "machine_steal"), "{:.0%}"),
     ("result", "result", "{}"),
 )
 
