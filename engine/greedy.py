@@ -129,13 +129,16 @@ class Started:
 
 class GreedyDecoder:
     """Greedy decoding through a `WhisperDecoder` and its output projection (`head`: every
-    logit, or an int8 shortlist rescored in float32, `engine.vocabulary`)."""
+    logit, or an int8 shortlist rescored in float32, `engine.vocabulary`). `layers`, if
+    given, run in place of the decoder's own (copies of them, e.g. in int8, sharing its
+    embeddings and final layer norm)."""
 
     def __init__(
         self,
         decoder: WhisperDecoder,
         head: VocabularyHead,
         *,
+        layers: Sequence[WhisperDecoderLayer] | None = None,
         start_token: int,
         end_token: int,
         suppress_tokens: list[int],
@@ -143,7 +146,10 @@ class GreedyDecoder:
     ) -> None:
         self._decoder = decoder
         self._head = head
-        self._layers: list[WhisperDecoderLayer] = list(decoder.layers)  # type: ignore[arg-type]
+        own: list[WhisperDecoderLayer] = list(decoder.layers)  # type: ignore[arg-type]
+        self._layers = own if layers is None else list(layers)
+        if len(self._layers) != len(own):
+            raise ValueError(f"need {len(own)} decoder layers, got {len(self._layers)}")
         first: WhisperAttention = self._layers[0].self_attn
         self._heads = int(first.num_heads)
         self._head_dim = int(first.head_dim)

@@ -54,7 +54,9 @@ The recognizer never sets torch's thread count; the process that owns it decides
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -77,7 +79,7 @@ from engine.decoding import read_row, token_budget
 from engine.first_step import FirstRead, FirstStep
 from engine.greedy import Greedy, GreedyDecoder, Started
 from engine.guard import Verdict, first_cycle, judge, looped
-from engine.int8 import quantize_linears
+from engine.int8 import Int8Linear, quantize_linears
 from engine.recognizer import Interrupted, StopCheck
 from engine.vocabulary import FullHead, ShortlistHead, VocabularyHead
 from engine.whisper_config import (
@@ -187,14 +189,24 @@ class WhisperRecognizer:
         head: VocabularyHead = FullHead(self._model.proj_out)
         if self.config.quantize == "int8-shortlist":
             head = ShortlistHead(self._model.proj_out)
-        self._greedy = GreedyDecoder(
-            self._model.model.decoder,
-            head,
+        decoder = self._model.model.decoder
+        greedy = functools.partial(
+            GreedyDecoder,
+            decoder,
             start_token=self._sot,
             end_token=self._eot,
             suppress_tokens=list(generation.suppress_tokens or []),
             begin_suppress_tokens=list(generation.begin_suppress_tokens or []),
         )
+        self._greedy = greedy(head)
+        # Partials only: int8 copies of the decoder's layers and projection (the config doc).
+        self._partial_greedy = self._greedy
+        if self.config.int8_partials:
+            layers = [copy.deepcopy(layer) for layer in decoder.layers]
+            replaced = sum(quantize_linears(layer) for layer in layers)
+            int8_head = FullHead(Int8Linear(self._model.proj_out))
+            self._partial_greedy = greedy(int8_head, layers=layers)
+            logger.info("%s: partials decode through %d int8 layers", self._name, replaced + 1)
         self._max_new_tokens_cap = self._model.config.max_target_positions // 2
         self._prev = _token_setting(generation, "prev_sot_token_id")
         # <|startofprev|>, the prompt, <|startoftranscript|>, [language,] the tail, the
@@ -394,6 +406,8 @@ class WhisperRecognizer:
         self, batch: Sequence[Utterance], window: float, should_stop: StopCheck | None = None
     ) -> list[_Decoded]:
         """Features, encoder and greedy decoding for one window; no guard."""
+        # A batch of partials only decodes through the partials' weights (`partial_quantize`).
+        decoder = self._partial_greedy if all(u.partial for u in batch) else self._greedy
         features = self._preprocess(batch, window)
         hidden = self._encode(window, features, should_stop)
         budgets = [
@@ -407,7 +421,7 @@ class WhisperRecognizer:
         positions = (
             max(map(len, prefixes)) + 2 + len(self._prompt_tail) + max(map(len, forced))
         ) + max(budgets)
-        positions = min(positions, self._greedy.max_positions)
+        positions = min(positions, decoder.max_positions)
         drafts = [
             self._draft_tokens(utterance.draft) if self.config.drafts else [] for utterance in batch
         ]
@@ -416,12 +430,12 @@ class WhisperRecognizer:
             # Every prompt is known before the logits at <|startoftranscript|> are read:
             # one decoder pass for all of it and the drafts (`GreedyDecoder.start_and_decode`).
             rows = [[*self._prompt_row(language), *forced[i]] for i, language in enumerate(known)]
-            started, greedy = self._greedy.start_and_decode(
+            started, greedy = decoder.start_and_decode(
                 hidden, positions, prefixes, rows, budgets, drafts, should_stop
             )
             first = self._first_step.read(started.logits, batch)
         else:
-            started = self._greedy.start(hidden, positions, prefixes)
+            started = decoder.start(hidden, positions, prefixes)
             first = self._first_step.read(started.logits, batch)
             rows = [
                 [*self._prompt_row(language), *forced[i]]
@@ -431,7 +445,7 @@ class WhisperRecognizer:
             padded = [row + [self._eot] * (width - len(row)) for row in rows]
             prompts = torch.tensor(padded, dtype=torch.long, device=self._device)
             lengths = [len(row) for row in rows] if any(forced) else None
-            greedy = self._greedy.decode(started, prompts, budgets, drafts, should_stop, lengths)
+            greedy = decoder.decode(started, prompts, budgets, drafts, should_stop, lengths)
         decoded = self._read(greedy, budgets, forced, first)
         return self._with_words(decoded, batch, started, window, should_stop)
 

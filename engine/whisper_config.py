@@ -59,6 +59,13 @@ class WhisperRecognizerConfig:
     partial that loops is not decoded again on the full window: it keeps the first cycle
     of what it repeats, or gives empty text (docs/performance.md, "Cheaper partials":
     loops, words and cost per grid).
+    `partial_quantize` decodes batches of partials only through cheaper weights than
+    finals: `int8-decoder` gives them the decoder's layers and vocabulary projection in
+    int8 (copies beside the finals' weights), ~20 % less time per partial on the 2-core
+    CPU, where a decoder step is bound by reading its weights; a partial is shown for a
+    moment and is only a draft to its final, whose text does not depend on it
+    (docs/performance.md, "Partials in int8"). None (or where finals' decoder is int8
+    already): the same weights as finals.
     `encoder_dtype` runs the encoder in another dtype than the rest (None: `dtype`):
     bfloat16 halves a CPU encoder pass where the CPU multiplies bfloat16 natively
     (`engine.loading.resolve_encoder_dtype`; docs/performance.md, "The encoder in
@@ -89,6 +96,7 @@ class WhisperRecognizerConfig:
     partial_windows: tuple[float, ...] = (4.0, 6.0, 8.0)
     partial_margin: float = 2.0
     partial_tokens_per_second: float = 5.0
+    partial_quantize: Quantize | None = None
     context_window: float = 20.0
     context_own_window: bool = False
     guard: GuardConfig = field(default_factory=GuardConfig)
@@ -114,8 +122,20 @@ class WhisperRecognizerConfig:
                 raise ValueError("int8 runs on the CPU in float32 only")
             if not int8_available():
                 raise ValueError("this torch build has no fbgemm/x86 kernels for int8")
+        if self.partial_quantize not in (None, self.quantize, "int8-decoder"):
+            raise ValueError("partial_quantize must be None, quantize's scope or int8-decoder")
+        if self.int8_partials and (
+            device.type != "cpu" or self.torch_dtype != torch.float32 or not int8_available()
+        ):
+            raise ValueError("int8 partials run on the CPU in float32 only, with fbgemm")
         if self.quantize == "int8" and self.encoder_torch_dtype != torch.float32:
             raise ValueError("quantize int8 quantizes the encoder: its dtype must be float32")
+
+    @property
+    def int8_partials(self) -> bool:
+        """Whether partials decode through int8 copies of float32 decoder weights."""
+        cheaper = self.quantize in ("none", "int8-shortlist")
+        return cheaper and self.partial_quantize == "int8-decoder"
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -57,6 +57,7 @@ def model_config(settings: Settings) -> ModelConfig:
         dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
         encoder_dtype=settings.encoder_dtype,  # type: ignore[arg-type]  # Settings checked it
         quantize=settings.quantize,  # type: ignore[arg-type]  # Settings checked the value
+        partial_quantize=settings.partial_quantize,  # type: ignore[arg-type]  # checked too
         drafts=settings.drafts,
         prompt_tokens=settings.prompt_tokens,
         context_window=settings.context_window_s,

@@ -91,3 +91,24 @@ def test_cli_help_lists_every_setting() -> None:
     ).stdout
     for name, _, _ in Settings.describe():
         assert name in out
+
+
+def test_partials_decode_in_int8_where_finals_use_the_shortlist() -> None:
+    """PARLEY_PARTIAL_QUANTIZE: `auto` is `int8-decoder` where QUANTIZE resolves to
+    `int8-shortlist` (the CPU in float32), the finals' weights elsewhere."""
+    from engine.loading import resolve_partial_quantize
+    from server.app import model_config
+
+    def resolved(env: dict[str, str], device: str = "cpu") -> str | None:
+        return resolve_partial_quantize(model_config(Settings.from_env(env)), device)
+
+    assert Settings.from_env({}).partial_quantize == "auto"
+    assert resolved({}) == "int8-decoder"
+    assert resolved({}, "cuda") is None
+    assert resolved({"PARLEY_QUANTIZE": "none"}) is None
+    assert resolved({"PARLEY_PARTIAL_QUANTIZE": "same"}) is None
+    assert resolved({"PARLEY_QUANTIZE": "none", "PARLEY_PARTIAL_QUANTIZE": "int8-decoder"}) == (
+        "int8-decoder"
+    )
+    with pytest.raises(ValueError, match="PARLEY_PARTIAL_QUANTIZE"):
+        Settings.from_env({"PARLEY_PARTIAL_QUANTIZE": "int4"})
