@@ -153,6 +153,11 @@ class WhisperRecognizer:
             logger.info("%s: %d linear layers in int8", self._name, replaced)
         if self.config.encoder_torch_dtype != self.config.torch_dtype:
             torch.nn.Module.to(model.model.encoder, self.config.encoder_torch_dtype)
+        if self.config.encoder_torch_dtype == torch.bfloat16 and self._device.type == "cpu":
+            # The encoder is the only part transformers runs; torch's CPU flash attention
+            # in bfloat16 is slower than plain matrix products (a 10 s window: 87 against
+            # 73 ms, docs/performance.md "Partials in int8").
+            model.set_attn_implementation("eager")
         self._model = model
         self._encoders = WindowedEncoders(
             self._model.model.encoder, (*self.config.windows, *self.config.partial_windows)
