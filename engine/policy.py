@@ -34,8 +34,10 @@ when to look again. The rules:
    a worker no final or file request needs, and only while `PartialBudget` has credit:
    partials may take at most `partial_share` of the model's time (all workers
    together), averaged over a few seconds, and at most that share of the workers at
-   once (at least one), so with two workers one is left for finals and preemption stays
-   rare. Among the queued partials (one per session, the latest audio), those of
+   once (at least one): below 1.0, with two workers one is left for finals and
+   preemption stays rare; at 1.0 (the server's default, `PARLEY_PARTIAL_SHARE`) partials
+   take whatever finals leave, on every worker, and rule 2 bounds a final's wait.
+   Among the queued partials (one per session, the latest audio), those of
    utterances that have shown no partial yet (`Queued.first`) go first, so a new
    utterance's first words do not wait a whole round behind every session that waited
    longer; then, and among those, the one whose session has waited longest since its

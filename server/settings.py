@@ -194,10 +194,13 @@ class Settings:
         "cadence at low load and sets how soon an utterance's first words can show.",
     )
     partial_share: float = setting(
-        0.5,
-        "Most of the model's time partials may take (all workers together); under load "
-        "they slow down alike for every stream: an utterance's first partial first, then "
-        "the stalest stream. Finals never wait for them.",
+        1.0,
+        "Most of the model's time, and of its workers at once (at least one), partials may "
+        "take; finals go first on any free worker, waiting at most PARTIAL_WAIT_MS for a "
+        "partial batch about to end, else stopping it. Under load partials slow down alike "
+        "for every stream: an utterance's first partial first, then the stalest stream. "
+        "1.0 (default): partials use whatever finals leave, on every worker (16 rooms on "
+        "the 2-core CPU: more partials and cheaper finals than 0.5, docs/performance.md).",
     )
     diarization: bool = setting(
         True,
