@@ -83,8 +83,8 @@ def resolve_quantize(
 
 def resolve_partial_quantize(config: ModelConfig, device: str) -> Literal["int8-decoder"] | None:
     """The int8 scope partials decode with (None: the finals'): the configured one, or for
-    `auto` `int8-decoder` where finals use `int8-shortlist` (partials ~20 % cheaper, as
-    a step reads a quarter of the weights: docs/performance.md, "Partials in int8")."""
+    `auto` `int8-decoder` where finals use `int8-shortlist` (partials ~15 % cheaper: a
+    step reads a quarter of the layers' bytes: docs/performance.md, "Partials in int8")."""
     if config.partial_quantize == "same":
         return None
     if config.partial_quantize == "int8-decoder":

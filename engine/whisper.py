@@ -156,7 +156,7 @@ class WhisperRecognizer:
         if self.config.encoder_torch_dtype == torch.bfloat16 and self._device.type == "cpu":
             # The encoder is the only part transformers runs; torch's CPU flash attention
             # in bfloat16 is slower than plain matrix products (a 10 s window: 87 against
-            # 73 ms, docs/performance.md "Partials in int8").
+            # 73 ms: docs/performance.md, "The bfloat16 encoder's attention as plain products").
             model.set_attn_implementation("eager")
         self._model = model
         self._encoders = WindowedEncoders(

@@ -61,7 +61,7 @@ class WhisperRecognizerConfig:
     loops, words and cost per grid).
     `partial_quantize` decodes batches of partials only through cheaper weights than
     finals: `int8-decoder` gives them the decoder's layers and vocabulary projection in
-    int8 (copies beside the finals' weights), ~20 % less time per partial on the 2-core
+    int8 (copies beside the finals' weights), ~15 % less time per partial on the 2-core
     CPU, where a decoder step is bound by reading its weights; a partial is shown for a
     moment and is only a draft to its final, whose text does not depend on it
     (docs/performance.md, "Partials in int8"). None (or where finals' decoder is int8

@@ -55,7 +55,7 @@ class Settings:
     partial_quantize: str = setting(
         "auto",
         "The weights partials decode through: `int8-decoder` (the decoder's layers and "
-        "vocabulary projection in int8, copies beside the finals': ~20 % less model time "
+        "vocabulary projection in int8, copies beside the finals': ~15 % less model time "
         "per partial on the CPU; finals are unchanged), `same` (the finals' weights), or "
         "`auto` (`int8-decoder` where `QUANTIZE` resolves to `int8-shortlist`, else "
         "`same`). docs/performance.md has the figures.",
