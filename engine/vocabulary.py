@@ -121,6 +121,12 @@ class ShortlistHead:
         self._size: int = size
         self._margin: float = margin
 
+    @property
+    def int8(self) -> Int8Linear:
+        """The int8 projection the shortlist is drawn from (shareable: it holds no state
+        between calls)."""
+        return self._int8
+
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         return functional.linear(states.float(), self._weight)
 

@@ -209,7 +209,11 @@ class WhisperRecognizer:
         if self.config.int8_partials:
             layers = [copy.deepcopy(layer) for layer in decoder.layers]
             replaced = sum(quantize_linears(layer) for layer in layers)
-            int8_head = FullHead(Int8Linear(self._model.proj_out))
+            # The shortlist's int8 projection where there is one (one copy, not two).
+            int8 = (
+                head.int8 if isinstance(head, ShortlistHead) else Int8Linear(self._model.proj_out)
+            )
+            int8_head = FullHead(int8)
             self._partial_greedy = greedy(int8_head, layers=layers)
             logger.info("%s: partials decode through %d int8 layers", self._name, replaced + 1)
         self._max_new_tokens_cap = self._model.config.max_target_positions // 2
