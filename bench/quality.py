@@ -45,6 +45,7 @@ import numpy as np
 import soxr
 import torch
 
+from bench.capacity import scrape
 from bench.corpus import clips
 from engine.api import SAMPLE_RATE, AudioArray, LeftContext, Utterance
 from engine.weights import resolve_model
@@ -204,6 +205,8 @@ class Paths:
     streamed: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     uploaded: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     inference: list[float] = dataclasses.field(default_factory=list)  # streamed finals'
+    total: list[float] = dataclasses.field(default_factory=list)  # their close → sent
+    contexts_shed: float = 0.0  # live finals the load gate decoded without their context
     upload_seconds: float = 0.0  # wall time of all uploads, one after another
 
 
@@ -214,6 +217,7 @@ async def _stream(base: str, track: Track, speed: float, paths: Paths) -> None:
     )  # fmt: skip
     paths.streamed[track.id] = [f["text"] for f in result.finals]
     paths.inference += [f["timing"]["inference"] for f in result.finals if "timing" in f]
+    paths.total += [f["timing"]["total"] for f in result.finals if "timing" in f]
 
 
 async def _upload(base: str, track: Track, paths: Paths) -> None:
@@ -246,6 +250,8 @@ async def serve(
                 await _stream(server.http_url, track, speed, paths)
 
         await asyncio.gather(*(one(track) for track in tracks))
+        shed = (await asyncio.to_thread(scrape, server.http_url)).get("parley_contexts_shed_total")
+        paths.contexts_shed = shed or 0.0
         started = time.perf_counter()
         for track in tracks:
             await _upload(server.http_url, track, paths)
@@ -352,8 +358,10 @@ async def main() -> None:
                 for track_id, said in paths.streamed.items():
                     print(f"    {track_id}:", *(f"      {text}" for text in said), sep="\n")
             inference = statistics.mean(paths.inference) if paths.inference else 0.0
+            total = np.percentile(paths.total, 95) if paths.total else 0.0
             print(
-                f"    streamed finals' mean inference {inference:.3f} s; "
+                f"    streamed finals' mean inference {inference:.3f} s, close → sent P95 "
+                f"{total:.2f} s, {paths.contexts_shed:g} contexts shed; "
                 f"uploads took {paths.upload_seconds:.1f} s",
                 flush=True,
             )

@@ -141,6 +141,9 @@ class RecognitionRequest:
     session_id: str  # the key `cancel` drops by; a session has at most one queued partial
     priority: Priority
     utterance: Utterance
+    # When a final's utterance was cut (time.monotonic, the scheduler's clock): a live
+    # final's latency budget for its left context counts from it. None: from its submit.
+    closed_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,10 @@ from dataclasses import dataclass, field
 
 from engine.api import Priority
 
+# A final behind its left context took 1.6-1.9x its model time alone in our runs (the
+# longer encoder window; docs/performance.md, "Cheaper left context").
+CONTEXT_RATIO = 1.7
+
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
@@ -143,6 +147,36 @@ class PartialCost:
     def expected_end(self, started: float, rows: int) -> float | None:
         """When a partial batch of `rows` started at `started` should end (None: unknown)."""
         return None if self.per_row is None else started + rows * self.per_row
+
+
+class ContextCost:
+    """What a batch of finals is expected to cost behind its left context: the moving
+    average of the model seconds of final batches decoded without context, times the
+    moving average of how much longer a batch with context took than that (`ratio`,
+    starting at `CONTEXT_RATIO`). Both keep learning while contexts are shed: batches
+    without context go on feeding the first, so a slow spell ends with the load.
+    None until a final batch without context has ended."""
+
+    def __init__(self, weight: float = 0.2, ratio: float = CONTEXT_RATIO) -> None:
+        if not 0 < weight <= 1 or ratio <= 0:
+            raise ValueError("weight must lie in (0, 1] and ratio be positive")
+        self._weight = weight
+        self.alone: float | None = None
+        self.ratio = ratio
+
+    def record(self, seconds: float, *, behind_context: bool) -> None:
+        if seconds < 0:
+            raise ValueError("a batch takes non-negative time")
+        if not behind_context:
+            self.alone = self._average(self.alone, seconds)
+        elif self.alone:
+            self.ratio = self._average(self.ratio, seconds / self.alone)
+
+    def expected(self) -> float | None:
+        return None if self.alone is None else self.alone * self.ratio
+
+    def _average(self, previous: float | None, sample: float) -> float:
+        return sample if previous is None else previous + self._weight * (sample - previous)
 
 
 @dataclass(frozen=True, slots=True)

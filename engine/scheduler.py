@@ -18,10 +18,14 @@ Rules:
   SchedulerFull at once (they thin out first); a final or file request waits for room
   instead, so finals are never dropped — the wait pushes back on the session that
   submitted it.
-- Left context is shed under load (`context_below`): a live final's left context
-  (`Utterance.left`) goes to the model only while no final waits in the queue and the
-  model's recent utilization is below `context_below`; otherwise it is decoded alone
-  (`stats.contexts_shed`). File requests keep theirs. None: no gate.
+- Left context is shed under load: a live final's left context (`Utterance.left`) goes
+  to the model only while no final waits in the queue, the share of the model's recent
+  time that finals and files took is below `context_below`, and the batch's oldest final
+  is expected back within `context_budget` of its cut (`RecognitionRequest.closed_at`,
+  else its submit; `ContextCost`); otherwise it is decoded alone (`stats.contexts_shed`).
+  Partials do not count in the share: they fill whatever time finals leave, so the model
+  looks busy as soon as one room speaks. File requests keep their context. None: that
+  rule is off.
 - A batch's results come back as a list the same length as its input; a recognizer
   error (or a length mismatch) fails every future of that batch, and the workers go on.
 - If the scheduler itself fails (a bug, an observer that raises), it is DEAD: every
@@ -55,7 +59,7 @@ from engine.api import (
     SchedulerStopped,
     Utterance,
 )
-from engine.policy import PartialBudget, PartialCost, PolicyConfig, plan
+from engine.policy import ContextCost, PartialBudget, PartialCost, PolicyConfig, plan
 from engine.recognizer import Interrupted, Recognizer
 from engine.scheduler_records import BusyTime, Entry, SchedulerStats, Worker
 
@@ -87,6 +91,7 @@ class BatchScheduler:
         partial_share: float = 0.5,
         partial_wait: float = 0.25,
         context_below: float | None = None,
+        context_budget: float | None = None,
         worker_init: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -96,6 +101,8 @@ class BatchScheduler:
             raise ValueError("max_queue must be >= max_batch_size")
         if context_below is not None and not 0 < context_below <= 1:
             raise ValueError("context_below must lie in (0, 1] (None: no load gate)")
+        if context_budget is not None and context_budget <= 0:
+            raise ValueError("context_budget must be positive (None: no budget)")
         self._recognizer = recognizer
         batch = min(max_batch_size, recognizer.max_batch_size)
         self._policy = PolicyConfig(
@@ -108,6 +115,8 @@ class BatchScheduler:
         )
         self._max_queue = max_queue
         self._context_below = context_below
+        self._context_budget = context_budget
+        self._context_cost = ContextCost()
         self._clock = clock
         self._budget = PartialBudget(self._policy, clock())
         self._partial_cost = PartialCost()
@@ -128,6 +137,7 @@ class BatchScheduler:
         ]
         self._task: asyncio.Task[None] | None = None
         self._busy = BusyTime()  # recent (start, end) of batches
+        self._busy_finals = BusyTime()  # of the batches that held a final or a file request
         self._observers: list[BatchObserver] = []
         self.state = SchedulerState.CREATED
         self.death: EngineDead | None = None  # why it died (state DEAD)
@@ -191,6 +201,13 @@ class BatchScheduler:
         """Fraction of the last `BusyTime.window` seconds the workers spent on batches."""
         running = (w.started for w in self._workers if w.batch)
         return self._busy.utilization(self._clock(), running, len(self._workers))
+
+    @property
+    def finals_utilization(self) -> float:
+        """Fraction of the last `BusyTime.window` seconds the workers spent on batches that
+        held a final or a file request (partial and speculative batches left out)."""
+        running = (w.started for w in self._workers if w.batch and holds_finals(w))
+        return self._busy_finals.utilization(self._clock(), running, len(self._workers))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._queue or any(w.batch for w in self._workers))
@@ -353,6 +370,10 @@ class BatchScheduler:
         finally:
             ended = self._clock()
             self._busy.add(started, ended)
+            if holds_finals(worker):
+                self._busy_finals.add(started, ended)
+                if results is not None and any(e.request.priority is Priority.FINAL for e in live):
+                    self._context_cost.record(ended - started, behind_context=worker.behind_context)
             kind = Priority.PARTIAL if worker.partial else min(e.request.priority for e in live)
             self.stats.model_seconds[kind] += ended - started
             if worker.partial:
@@ -372,7 +393,7 @@ class BatchScheduler:
             transcriptions = await loop.run_in_executor(
                 worker.executor,
                 self._recognizer.transcribe,
-                self._utterances(live),
+                self._utterances(worker, live),
                 worker.stop.is_set,
             )
             if len(transcriptions) != len(live):
@@ -414,13 +435,19 @@ class BatchScheduler:
                     queued.drafted = True  # its utterance has a partial now: not a first one
         return results
 
-    def _utterances(self, live: Sequence[Entry]) -> list[Utterance]:
+    def _utterances(self, worker: Worker, live: Sequence[Entry]) -> list[Utterance]:
         """The batch's utterances, live finals without their left context unless the
-        model has slack (`has_context_slack`): a loaded server sheds the context's cost
-        (a longer encoder window, docs/performance.md) before it sheds rooms. A file's
-        utterances keep theirs (no listener waits on each final)."""
+        model has room for it (`has_context_slack`): a loaded server sheds the context's
+        cost (a longer encoder window, docs/performance.md) before it sheds rooms or makes
+        a final late. A file's utterances keep theirs (no listener waits on each final)."""
         utterances = [e.request.utterance for e in live]
-        if all(u.left is None for u in utterances) or self.has_context_slack():
+        live_finals = [
+            e.submitted_at if e.request.closed_at is None else e.request.closed_at
+            for e, u in zip(live, utterances, strict=True)
+            if u.left is not None and e.request.priority is not Priority.FILE
+        ]
+        if not live_finals or self.has_context_slack(oldest=min(live_finals)):
+            worker.behind_context = any(u.left is not None for u in utterances)
             return utterances
         kept = []
         for entry, utterance in zip(live, utterances, strict=True):
@@ -428,17 +455,25 @@ class BatchScheduler:
                 utterance = replace(utterance, left=None)
                 self.stats.contexts_shed += 1
             kept.append(utterance)
+        worker.behind_context = any(u.left is not None for u in kept)
         return kept
 
-    def has_context_slack(self) -> bool:
-        """Whether live finals may be decoded behind their left context now: no load gate
-        (`context_below` None), or no final waiting in the queue and the model's
-        utilization over the last `LOAD_WINDOW` seconds below `context_below`."""
-        if self._context_below is None:
+    def has_context_slack(self, oldest: float | None = None) -> bool:
+        """Whether live finals may be decoded behind their left context now: no final
+        waiting in the queue, the finals' share of the model over the last `LOAD_WINDOW`
+        seconds (`finals_utilization`) below `context_below`, and a batch whose oldest
+        final was cut (or submitted) at `oldest` expected back within `context_budget`. A
+        rule whose setting is None does not apply; with both None there is no gate."""
+        if self._context_below is None and self._context_budget is None:
             return True
         if any(e.request.priority is Priority.FINAL for e in self._queue.values()):
             return False
-        return self.utilization < self._context_below
+        if self._context_below is not None and self.finals_utilization >= self._context_below:
+            return False
+        expected = self._context_cost.expected()
+        if self._context_budget is None or oldest is None or expected is None:
+            return True
+        return self._clock() - oldest + expected <= self._context_budget
 
     def _requeue(self, stopped: list[Entry]) -> None:
         """Put a stopped batch's requests back (partial and speculative batches are
@@ -475,3 +510,9 @@ class BatchScheduler:
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()  # died in a batch task: the loop has nothing left to plan
         self._room.set()  # finals waiting for room see the state and raise
+
+
+def holds_finals(worker: Worker) -> bool:
+    """Whether the worker's batch holds a final or a file request (not only partials or
+    speculative finals, which run on time finals leave)."""
+    return not worker.partial and any(e.request.priority <= Priority.FILE for e in worker.batch)

@@ -60,6 +60,7 @@ class Worker:
     partial: bool = False
     started: float = 0.0
     expected_end: float | None = None  # a partial batch's, if its cost is known
+    behind_context: bool = False  # some row of the batch went with its left context
     task: asyncio.Task[None] | None = None
 
     def view(self) -> Running:

@@ -123,6 +123,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         partial_share=settings.partial_share,
         partial_wait=settings.partial_wait_ms / 1000,
         context_below=settings.context_gate,
+        context_budget=settings.context_budget,
         worker_init=partial(set_torch_threads, threads),
     )
     scheduler.add_observer(state.metrics.observe_batch)

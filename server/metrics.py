@@ -152,7 +152,7 @@ class Metrics:
             preempted.add_metric([], current.stats.preempted_batches if current else 0)
             shed = CounterMetricFamily(
                 "parley_contexts_shed",
-                "Live finals decoded without their left context: the model had no slack",
+                "Live finals decoded without their left context (no room, or it would be late)",
             )
             shed.add_metric([], current.stats.contexts_shed if current else 0)
             tasks = GaugeMetricFamily("parley_event_loop_tasks", "asyncio tasks alive")

@@ -73,23 +73,33 @@ class Settings:
         "WER in our runs (docs/performance.md).",
     )
     left_context_s: float = setting(
-        0.0,
+        20.0,
         "Decode each final behind its source's previous utterances (up to two: their audio "
-        "and final text, at most this many seconds; 20 is what we measured), so the model "
-        "hears what led up to it; 0 = off: each utterance on its own. It closes the gap to "
-        "offline decoding on English dialogue (shorter caps did not), for ~1.6-1.8x a "
-        "final's inference on the CPU (the window it fills, CONTEXT_WINDOW_S). Live finals "
-        "get it only while the model has slack (CONTEXT_BELOW_UTILIZATION), files always, "
-        "one utterance at a time (uploads ~4x slower). Off by default: even behind the gate "
-        "it took 4 and 8 rooms past the 1.2 s final P95 (docs/performance.md).",
+        "and final text, at most this many seconds), so the model hears what led up to it; "
+        "0 = off: each utterance on its own. It closes the gap to offline decoding on "
+        "English dialogue (shorter caps did not), for ~1.6-1.9x a final's inference on the "
+        "CPU (the window it fills, CONTEXT_WINDOW_S). Files always get it (uploads 2-3x "
+        "slower: one utterance at a time); live finals only while the model has room for "
+        "it (CONTEXT_BELOW_UTILIZATION) and the final stays on time (CONTEXT_BUDGET_MS), "
+        "so it costs rooms nothing; a slow machine sheds it at any load "
+        "(docs/performance.md).",
     )
     context_below_utilization: float = setting(
         0.3,
         "Load gate for left context (LEFT_CONTEXT_S): a live final is decoded behind its "
-        "context only while no final waits for the model and the model's utilization over "
-        "the last 2 s (partials included) is below this fraction; otherwise alone, so a "
-        "loaded server sheds the context's cost before it sheds rooms (files keep theirs). "
-        "0.3: one room at real time keeps it, 4 rooms on 2 cores shed most; 0 = no gate.",
+        "context only while no final waits for the model and the share of the last 2 s "
+        "of model time that finals and uploads took (partials left out: they fill any "
+        "time finals leave) is below this fraction; otherwise alone, so a loaded server "
+        "sheds the context's cost before it sheds rooms (files keep theirs). 0 = no gate.",
+    )
+    context_budget_ms: float = setting(
+        700.0,
+        "Latency budget for left context (LEFT_CONTEXT_S): a live final is decoded behind "
+        "its context only if, by the model time recent finals took (alone, and how much "
+        "longer behind a context), it is expected back within this many ms of its "
+        "endpoint; otherwise alone. The context never makes a final late: with ~0.3 s "
+        "from the end of speech to the endpoint, 700 ms keeps such finals under the "
+        "1.2 s final P95 with room for error. 0 = no budget.",
     )
     context_window_s: float = setting(
         20.0,
@@ -378,6 +388,14 @@ class Settings:
         return self.context_below_utilization or None
 
     @property
+    def context_budget(self) -> float | None:
+        """CONTEXT_BUDGET_MS in seconds for the scheduler (None: no budget); none with
+        CONTEXT_OWN_WINDOW either (the context never widens the final's window)."""
+        if self.context_own_window or not self.context_budget_ms:
+            return None
+        return self.context_budget_ms / 1000
+
+    @property
     def left_context_language_set(self) -> frozenset[str] | None:
         """LEFT_CONTEXT_LANGUAGES as a set of codes; None: every language."""
         codes = {code.strip() for code in self.left_context_languages.split(",") if code.strip()}
@@ -413,6 +431,8 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}LEFT_CONTEXT_S must lie in [0, 25] seconds")
         if not 0 <= self.context_below_utilization <= 1:
             raise ValueError(f"{ENV_PREFIX}CONTEXT_BELOW_UTILIZATION must lie in [0, 1]")
+        if self.context_budget_ms < 0:
+            raise ValueError(f"{ENV_PREFIX}CONTEXT_BUDGET_MS must be >= 0")
         if not 10 <= self.context_window_s <= 30:
             raise ValueError(f"{ENV_PREFIX}CONTEXT_WINDOW_S must lie in [10, 30] seconds")
         if self.context_wait_ms < 0:

@@ -331,7 +331,8 @@ class Committer:
         """Queue the final's request; an engine that stopped or died fails its future (the
         final is then lost in `commit`, which says why) instead of the caller."""
         try:
-            pending.future = await self._recognition.submit(self._request(pending.utterance))
+            request = self._request(pending.utterance, closed_at=pending.closed_at)
+            pending.future = await self._recognition.submit(request)
         except SchedulerError as exc:
             failed: asyncio.Future[RecognitionResult] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
@@ -358,8 +359,10 @@ class Committer:
                 await self._admit(self._waiting.popleft(), alone=True)
         return await future
 
-    def _request(self, utterance: Utterance) -> RecognitionRequest:
-        return RecognitionRequest(self.config.engine_key, self.config.priority, utterance)
+    def _request(self, utterance: Utterance, closed_at: float | None = None) -> RecognitionRequest:
+        return RecognitionRequest(
+            self.config.engine_key, self.config.priority, utterance, closed_at=closed_at
+        )
 
     async def _result(
         self, pending: PendingFinal

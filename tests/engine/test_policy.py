@@ -7,6 +7,8 @@ import pytest
 
 from engine.api import Priority
 from engine.policy import (
+    CONTEXT_RATIO,
+    ContextCost,
     PartialBudget,
     PartialCost,
     PolicyConfig,
@@ -218,3 +220,23 @@ def test_config_is_validated() -> None:
     ):
         with pytest.raises(ValueError):
             config(**bad)
+
+
+def test_context_cost_is_the_finals_cost_alone_times_what_context_adds() -> None:
+    """Unknown until a final batch without context ends; then that times the ratio, which
+    batches behind a context correct; batches alone keep moving the estimate while
+    contexts are shed (a slow spell is not remembered for ever)."""
+    cost = ContextCost(weight=0.5)
+    assert cost.expected() is None
+    cost.record(1.0, behind_context=True)  # no batch alone yet: nothing to compare with
+    assert cost.expected() is None and cost.ratio == CONTEXT_RATIO
+    cost.record(0.2, behind_context=False)
+    assert cost.expected() == pytest.approx(0.2 * CONTEXT_RATIO)
+    cost.record(0.5, behind_context=True)  # 2.5x the batches alone
+    assert cost.ratio == pytest.approx((CONTEXT_RATIO + 2.5) / 2)
+    cost.record(0.1, behind_context=False)
+    assert cost.expected() == pytest.approx(0.15 * cost.ratio)
+    with pytest.raises(ValueError):
+        cost.record(-1.0, behind_context=False)
+    with pytest.raises(ValueError):
+        ContextCost(weight=0.0)

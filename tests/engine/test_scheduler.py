@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -558,6 +560,76 @@ async def test_a_busy_model_sheds_live_contexts_but_not_a_files() -> None:
     assert scheduler.stats.contexts_shed == 1
 
 
+async def test_partials_alone_leave_a_final_its_left_context() -> None:
+    """The gate reads the finals' share of the model, not partials': a worker busy with a
+    partial (the model's utilization well above the gate) leaves a final its context."""
+    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    scheduler = BatchScheduler(
+        fake, workers=2, max_batch_size=1, max_wait=0.0, partial_share=1.0, context_below=0.001
+    )
+    async with started(scheduler):
+        partial = await scheduler.submit(request("p", 1, Priority.PARTIAL))
+        await wait_entered(fake)
+        await asyncio.sleep(0.05)
+        assert scheduler.utilization > 0.001 and scheduler.finals_utilization == 0.0
+        assert scheduler.has_context_slack()
+        final = await scheduler.submit(with_left("f", 100))
+        await wait_entered(fake)
+        await asyncio.sleep(0.05)
+        assert scheduler.finals_utilization > 0.001  # a final's batch counts while it runs
+        fake.release(2)
+        await asyncio.wait_for(asyncio.gather(partial, final), TIMEOUT)
+    assert sorted(fake.batches) == [[1], [100]]
+    assert [len(u.audio) for u in fake.lefts] == [100]
+    assert scheduler.stats.contexts_shed == 0
+    assert not scheduler.has_context_slack()  # the final's own time counts now
+
+
+async def finals_alone_then_one_behind_context(
+    budget: float,
+) -> tuple[BatchScheduler, FakeRecognizer]:
+    """A final alone that holds the model ~0.1 s, then a final with a left context, under a
+    latency budget of `budget` seconds (no load gate): the scheduler and recognizer after."""
+    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    scheduler = BatchScheduler(fake, max_batch_size=1, max_wait=0.0, context_budget=budget)
+    async with started(scheduler):
+        busy = await occupy(scheduler, fake)
+        await asyncio.sleep(0.1)
+        fake.release()
+        await asyncio.wait_for(busy, TIMEOUT)
+        final = await scheduler.submit(with_left("a", 100))
+        fake.release()
+        await asyncio.wait_for(final, TIMEOUT)
+    assert fake.batches == [[1], [100]]
+    return scheduler, fake
+
+
+async def test_a_final_expected_late_behind_its_context_goes_alone() -> None:
+    """Finals alone take ~0.1 s, so behind a context ~0.17 s: over a 50 ms budget the
+    final goes without its context; under a 5 s budget it keeps it."""
+    tight, alone = await finals_alone_then_one_behind_context(0.05)
+    assert tight.stats.contexts_shed == 1 and alone.lefts == []
+    loose, behind = await finals_alone_then_one_behind_context(5.0)
+    assert loose.stats.contexts_shed == 0 and [len(u.audio) for u in behind.lefts] == [100]
+
+
+async def test_the_budget_counts_from_the_finals_cut_not_its_submit() -> None:
+    """A final cut 10 s ago (it waited for the one before it) is already late: it goes
+    without its context under a 5 s budget, though it was submitted just now."""
+    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    scheduler = BatchScheduler(fake, max_batch_size=1, max_wait=0.0, context_budget=5.0)
+    async with started(scheduler):
+        busy = await occupy(scheduler, fake)
+        fake.release()
+        await asyncio.wait_for(busy, TIMEOUT)
+        late = replace(with_left("a", 100), closed_at=time.monotonic() - 10.0)
+        fake.release()
+        await asyncio.wait_for(await scheduler.submit(late), TIMEOUT)
+    assert scheduler.stats.contexts_shed == 1 and fake.lefts == []
+
+
 def test_the_load_gate_must_be_a_fraction() -> None:
     with pytest.raises(ValueError, match="context_below"):
         BatchScheduler(FakeRecognizer(), context_below=0.0)
+    with pytest.raises(ValueError, match="context_budget"):
+        BatchScheduler(FakeRecognizer(), context_budget=0.0)

@@ -68,10 +68,14 @@ def test_a_context_in_its_own_window_reaches_the_recognizer_and_drops_the_gate()
 
     own = Settings.from_env({"PARLEY_CONTEXT_OWN_WINDOW": "true"})
     assert model_config(own).context_own_window is True
-    assert own.context_gate is None
+    assert own.context_gate is None and own.context_budget is None
     grows = Settings.from_env({"PARLEY_CONTEXT_OWN_WINDOW": "false"})
     assert model_config(grows).context_own_window is False
     assert grows.context_gate == grows.context_below_utilization == 0.3
+    assert grows.context_budget == grows.context_budget_ms / 1000 == 0.7
+    assert Settings.from_env({"PARLEY_CONTEXT_BUDGET_MS": "0"}).context_budget is None
+    with pytest.raises(ValueError, match="CONTEXT_BUDGET_MS"):
+        Settings.from_env({"PARLEY_CONTEXT_BUDGET_MS": "-1"})
 
 
 def test_configuration_doc_matches_settings() -> None:
