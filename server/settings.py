@@ -80,8 +80,8 @@ class Settings:
         "English dialogue (shorter caps did not), for ~1.6-1.9x a final's inference on the "
         "CPU (the window it fills, CONTEXT_WINDOW_S). Files always get it (uploads 2-3x "
         "slower: one utterance at a time); live finals only while the model has room for "
-        "it (CONTEXT_BELOW_UTILIZATION) and the final stays on time (CONTEXT_BUDGET_MS), "
-        "so it costs rooms nothing; a slow machine sheds it at any load "
+        "it (CONTEXT_BELOW_UTILIZATION) and the final stays on time (CONTEXT_BUDGET_MS): "
+        "a machine whose finals alone take ~0.4 s or more sheds it at any load "
         "(docs/performance.md).",
     )
     context_below_utilization: float = setting(
