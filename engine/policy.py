@@ -140,9 +140,7 @@ class PartialCost:
     def record(self, seconds: float, rows: int) -> None:
         if rows < 1 or seconds < 0:
             raise ValueError("a batch of at least one row, in non-negative time")
-        sample = seconds / rows
-        previous = self.per_row
-        self.per_row = sample if previous is None else previous + self._weight * (sample - previous)
+        self.per_row = moving_average(self.per_row, seconds / rows, self._weight)
 
     def expected_end(self, started: float, rows: int) -> float | None:
         """When a partial batch of `rows` started at `started` should end (None: unknown)."""
@@ -168,15 +166,17 @@ class ContextCost:
         if seconds < 0:
             raise ValueError("a batch takes non-negative time")
         if not behind_context:
-            self.alone = self._average(self.alone, seconds)
+            self.alone = moving_average(self.alone, seconds, self._weight)
         elif self.alone:
-            self.ratio = self._average(self.ratio, seconds / self.alone)
+            self.ratio = moving_average(self.ratio, seconds / self.alone, self._weight)
 
     def expected(self) -> float | None:
         return None if self.alone is None else self.alone * self.ratio
 
-    def _average(self, previous: float | None, sample: float) -> float:
-        return sample if previous is None else previous + self._weight * (sample - previous)
+
+def moving_average(previous: float | None, sample: float, weight: float) -> float:
+    """An exponential moving average's next value (the sample itself when there is none)."""
+    return sample if previous is None else previous + weight * (sample - previous)
 
 
 @dataclass(frozen=True, slots=True)

@@ -206,7 +206,7 @@ class BatchScheduler:
     def finals_utilization(self) -> float:
         """Fraction of the last `BusyTime.window` seconds the workers spent on batches that
         held a final or a file request (partial and speculative batches left out)."""
-        running = (w.started for w in self._workers if w.batch and holds_finals(w))
+        running = (w.started for w in self._workers if holds_finals(w))
         return self._busy_finals.utilization(self._clock(), running, len(self._workers))
 
     def has_unfinished_requests(self) -> bool:
@@ -441,22 +441,23 @@ class BatchScheduler:
         cost (a longer encoder window, docs/performance.md) before it sheds rooms or makes
         a final late. A file's utterances keep theirs (no listener waits on each final)."""
         utterances = [e.request.utterance for e in live]
-        live_finals = [
-            e.submitted_at if e.request.closed_at is None else e.request.closed_at
+        sheddable = [
+            u.left is not None and e.request.priority is not Priority.FILE
             for e, u in zip(live, utterances, strict=True)
-            if u.left is not None and e.request.priority is not Priority.FILE
         ]
-        if not live_finals or self.has_context_slack(oldest=min(live_finals)):
-            worker.behind_context = any(u.left is not None for u in utterances)
-            return utterances
-        kept = []
-        for entry, utterance in zip(live, utterances, strict=True):
-            if utterance.left is not None and entry.request.priority is not Priority.FILE:
-                utterance = replace(utterance, left=None)
-                self.stats.contexts_shed += 1
-            kept.append(utterance)
-        worker.behind_context = any(u.left is not None for u in kept)
-        return kept
+        cut = [
+            e.submitted_at if e.request.closed_at is None else e.request.closed_at
+            for e, shed in zip(live, sheddable, strict=True)
+            if shed
+        ]
+        if cut and not self.has_context_slack(oldest=min(cut)):
+            self.stats.contexts_shed += len(cut)
+            utterances = [
+                replace(u, left=None) if shed else u
+                for u, shed in zip(utterances, sheddable, strict=True)
+            ]
+        worker.behind_context = any(u.left is not None for u in utterances)
+        return utterances
 
     def has_context_slack(self, oldest: float | None = None) -> bool:
         """Whether live finals may be decoded behind their left context now: no final
