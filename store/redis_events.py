@@ -207,7 +207,8 @@ class RedisEvents:
     async def _close_pubsub(self, pubsub: PubSub) -> None:
         connection = pubsub.connection
         with contextlib.suppress(*UNREACHABLE):
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            # redis-py before 8.2 leaves aclose untyped; 8.2 types it
+            await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
         if connection is not None and self._pool_retry is not None:
             connection.retry = self._pool_retry  # back in the pool: the pool's policy
 
