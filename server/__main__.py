@@ -59,9 +59,10 @@ class ParleyServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
-        # uvicorn re-raises a captured SIGTERM after shutdown, so the process would report
-        # "killed by SIGTERM". A drained shutdown is an orderly exit: status 0.
-        if sig == signal.SIGTERM:
+        # uvicorn re-raises a captured signal after shutdown, so the process would report
+        # "killed by SIGTERM", or print a KeyboardInterrupt traceback after Ctrl-C. A
+        # drained shutdown is an orderly exit, however it was asked for: status 0.
+        if sig in (signal.SIGTERM, signal.SIGINT):
             self._captured_signals.remove(sig)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

@@ -85,6 +85,19 @@ async def test_sigterm_flushes_the_utterance_in_progress() -> None:
     assert exit_code == 0, server.log()
 
 
+def test_ctrl_c_is_an_orderly_shutdown() -> None:
+    """SIGINT (Ctrl-C under `make run`) drains like SIGTERM: exit 0, no traceback."""
+    server = start_server()
+    try:
+        server.process.send_signal(signal.SIGINT)
+        exit_code = server.process.wait(30)
+    finally:
+        server.stop()
+    log = server.log()
+    assert exit_code == 0, log
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+
+
 async def test_metrics_match_what_clients_received(parley_server: ServerProcess) -> None:
     """After two rooms stream, /metrics counts exactly the finals and sessions they saw,
     and every exposed family parses."""
