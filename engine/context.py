@@ -30,7 +30,11 @@ Behind a context tiny.en sometimes says the utterance twice ("And it is worth me
 passing that as an example of fine typography, and it is worth mention in passing ...":
 once in 39 utterances of the meeting set), too few repeats for the guard's compression
 ratio to call it a loop; `repeats_itself` spots it, and the recognizer then decodes that
-utterance again without its context.
+utterance again without its context. It may also read the context again, or make up
+words, where the utterance is only the breath after a sentence: the context's speech in
+the window keeps the no-speech probability low (0.23 where alone the guard drops it).
+`repeats_context` spots the first; a low average log-probability the second (the
+recognizer, `_conditioning_failed`).
 """
 
 from __future__ import annotations
@@ -127,6 +131,16 @@ def repeats_itself(text: str) -> bool:
     if len(head) < REPEAT_WORDS:
         return False
     return any(words[i : i + REPEAT_WORDS] == head for i in range(1, len(words) - REPEAT_WORDS + 1))
+
+
+def repeats_context(text: str, said: str) -> bool:
+    """Whether `text` holds REPEAT_WORDS words in a row (case and punctuation aside) that
+    its context's text `said` holds too: the context read again."""
+    words, before = (re.findall(r"[\w']+", t.casefold()) for t in (text, said))
+    runs = {tuple(before[i : i + REPEAT_WORDS]) for i in range(len(before) - REPEAT_WORDS + 1)}
+    return any(
+        tuple(words[i : i + REPEAT_WORDS]) in runs for i in range(len(words) - REPEAT_WORDS + 1)
+    )
 
 
 def shifted(

@@ -303,16 +303,12 @@ class WhisperRecognizer:
                 window,
             )
         decoded = self._decode_in(batch, window, should_stop)
-        # A row with a prompt or a left context that the guard would drop is decoded once
-        # more without them: the previous text can lead tiny.en astray (a loop, a repeat),
-        # as Whisper's fallback drops the prompt, and a context's text may seem to say it
-        # all already (nothing written: it ends at once) or lead it to say the utterance
-        # twice (`_context_failed`).
+        # A row with a prompt or a left context that failed (`_conditioning_failed`) is
+        # decoded once more without them, as Whisper's fallback drops the prompt.
         redo = [
             i
             for i, item in enumerate(decoded)
-            if (batch[i].prompt or batch[i].left)
-            and (self._verdict(item) is not Verdict.SPEECH or self._context_failed(batch[i], item))
+            if (batch[i].prompt or batch[i].left) and self._conditioning_failed(batch[i], item)
         ]
         if redo:
             plain = [dataclasses.replace(batch[i], prompt="", left=None) for i in redo]
@@ -397,9 +393,23 @@ class WhisperRecognizer:
             exhausted=False,
         )
 
-    def _context_failed(self, utterance: Utterance, item: _Decoded) -> bool:
-        """A row decoded behind its left context that said itself twice."""
-        return utterance.left is not None and context.repeats_itself(item.text)
+    def _conditioning_failed(self, utterance: Utterance, item: _Decoded) -> bool:
+        """A row decoded after a prompt or behind a left context that went astray: the
+        guard would drop it (a loop; or the context's text seemed to say it all, so
+        nothing was written); the model was unsure of it (average log-probability under
+        the guard's threshold, Whisper's own trigger for its fallback); or it said itself
+        twice, or its context again. The last two are how tiny.en hallucinates behind a
+        context: the breath after a sentence, heard after that sentence, became "I don't
+        know." (log-probability -1.3) or "I will ask what you can do for your country."
+        (the context re-read), where alone it is no speech (docs/performance.md)."""
+        if self._verdict(item) is not Verdict.SPEECH:
+            return True
+        if item.avg_logprob < self.config.guard.logprob_threshold:
+            return True
+        left = utterance.left
+        return left is not None and (
+            context.repeats_itself(item.text) or context.repeats_context(item.text, left.text)
+        )
 
     def _should_retry(self, item: _Decoded, window: float) -> bool:
         """A loop in a short window, on what the model still takes for speech."""

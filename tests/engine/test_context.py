@@ -191,6 +191,36 @@ def test_repeats_itself_spots_an_utterance_said_twice() -> None:
     assert not context.repeats_itself("The billing page is ready, but the designers want it.")
 
 
+def test_repeats_context_spots_the_context_read_again() -> None:
+    """Four words in a row of the context's text again (case and punctuation aside): the
+    context re-read; fewer, or words in another order, are not."""
+    said = "Ask what you can do for your country."
+    assert context.repeats_context("I will ask what you can do for your country.", said)
+    assert context.repeats_context("You can do for your country.", said)
+    assert not context.repeats_context("What your country can do for you.", said)
+    assert not context.repeats_context("Your country, ask.", said)
+    assert not context.repeats_context("", said)
+
+
+@pytest.mark.slow
+def test_the_breath_after_a_sentence_behind_it_gives_empty_text(
+    recognizer: WhisperRecognizer,
+) -> None:
+    """The JFK clip's last quarter second (the breath after "country") and silence, cut
+    as an utterance behind the sentence before it, as the browser's dropped-stream test
+    streamed it: behind that context tiny.en wrote "I don't know." (log-probability -1.3)
+    or re-read the context; decoded again without it, it is no speech."""
+    audio = clips(("en_jfk",))[0].audio()
+    sentence = audio[round(7.968 * SAMPLE_RATE) : round(10.56 * SAMPLE_RATE)]
+    gap = _seconds(0.192)
+    said = "Ask what you can do for your country."
+    for start in (10.752, 10.8):  # "I don't know.", "I will ask what you can do for ..."
+        breath = np.concatenate([audio[round(start * SAMPLE_RATE) :], _seconds(0.328)])
+        left = LeftContext(np.concatenate([sentence, gap]), said)
+        result = recognizer.transcribe([Utterance(breath, left=left, word_timings=True)])[0]
+        assert result.text == "", (start, result.text)
+
+
 @pytest.mark.slow
 def test_a_context_never_widens_the_window_past_context_window(
     recognizer: WhisperRecognizer, monkeypatch: pytest.MonkeyPatch
