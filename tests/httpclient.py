@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import socket
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,48 +81,96 @@ async def request(
     params: dict[str, str] | None = None,
     timeout: float = 120.0,
 ) -> HttpResponse:
-    """Send one request on a fresh connection and read the whole response."""
+    """Send one request on a fresh connection and read the whole response.
+
+    On a bare socket, not asyncio's streams: a server that answers early and closes with
+    the upload unread resets the connection, and a send that meets the reset would make
+    a stream transport drop the response already received; here the sender just stops,
+    and the response is read from the socket's queue, which the reset leaves in place."""
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if params:
         target += ("&" if "?" in target else "?") + urlencode(params)
-    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    loop = asyncio.get_running_loop()
+    family, kind, proto, _, address = (
+        await loop.getaddrinfo(parts.hostname, parts.port, type=socket.SOCK_STREAM)
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setblocking(False)
     pieces = body if isinstance(body, AsyncIterator) else _aiter(list(body))
     head = {"Host": parts.netloc, "Connection": "close", **(headers or {})}
     if chunked:
         head["Transfer-Encoding"] = "chunked"
     elif not isinstance(body, AsyncIterator):
         head["Content-Length"] = str(sum(len(p) for p in body))
-    writer.write(
-        (
-            f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in head.items())
-        ).encode("latin-1")
-        + b"\r\n"
-    )
     sent = 0
 
     async def send() -> None:
         nonlocal sent
+        await loop.sock_sendall(
+            sock,
+            (
+                f"{method} {target} HTTP/1.1\r\n"
+                + "".join(f"{k}: {v}\r\n" for k, v in head.items())
+                + "\r\n"
+            ).encode("latin-1"),
+        )
         async for piece in pieces:
-            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
-            await writer.drain()
+            await loop.sock_sendall(
+                sock, b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
+            )
             sent += len(piece)
         if chunked:
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
+            await loop.sock_sendall(sock, b"0\r\n\r\n")
 
-    sender = asyncio.create_task(send())
-    try:
-        response = await asyncio.wait_for(_read_response(reader), timeout)
-    finally:
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-            await sender
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+    with sock:
+        await loop.sock_connect(sock, address)
+        sender = asyncio.create_task(send())
+        try:
+            response = await asyncio.wait_for(_read_response(_SocketReader(sock)), timeout)
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await sender
     response.sent_bytes = sent
     return response
+
+
+class _SocketReader:
+    """Lines and counted bytes from a non-blocking socket, buffered."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray()
+        self._eof = False
+
+    async def _fill(self) -> None:
+        data = await asyncio.get_running_loop().sock_recv(self._sock, 1 << 16)
+        self._buffer += data
+        self._eof = not data
+
+    async def readline(self) -> bytes:
+        while (end := self._buffer.find(b"\n")) < 0 and not self._eof:
+            await self._fill()
+        return self._take(len(self._buffer) if end < 0 else end + 1)
+
+    async def readexactly(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            if self._eof:
+                raise ConnectionError(f"the response ended {size - len(self._buffer)} bytes short")
+            await self._fill()
+        return self._take(size)
+
+    async def read(self) -> bytes:
+        """Everything up to the end of the stream."""
+        while not self._eof:
+            await self._fill()
+        return self._take(len(self._buffer))
+
+    def _take(self, size: int) -> bytes:
+        taken = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return taken
 
 
 async def _aiter(pieces: list[bytes]) -> AsyncIterator[bytes]:
@@ -129,7 +178,7 @@ async def _aiter(pieces: list[bytes]) -> AsyncIterator[bytes]:
         yield piece
 
 
-async def _read_response(reader: asyncio.StreamReader) -> HttpResponse:
+async def _read_response(reader: _SocketReader) -> HttpResponse:
     status_line = await reader.readline()
     if not status_line:
         raise ConnectionError("the server closed the connection without a response")
