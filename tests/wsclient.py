@@ -149,24 +149,33 @@ class ResumableStream:
             if resuming:
                 params = {"resume_token": self.token, "last_seq": self.last_seq}
             asked = time.monotonic()
-            async with connect(stream_url(self.base, self.meeting, **params), max_size=None) as ws:
-                receiver = asyncio.create_task(receive_all(ws, result))
-                await result.wait_for(lambda r: bool(r.messages) or r.close_code is not None)
-                started = result.messages[0]
-                assert started["type"] == "session.started", started
-                if resuming:
-                    self.resume_times.append(time.monotonic() - asked)
-                offset = round(started["resume_from"] * 16_000) * 2
-                drop = next((d for d in drops if d > offset), None)
-                await self._send(ws, offset, len(self.pcm) if drop is None else drop)
-                if drop is None:
-                    await ws.send(orjson.dumps({"type": "stop"}).decode())
-                    await asyncio.wait_for(receiver, 120)
-                    return
-                drops.remove(drop)
-                ws.transport.abort()  # a dropped connection, not a close handshake
-                await asyncio.wait_for(receiver, 10)
-                resuming = True
+            receiver: asyncio.Task[None] | None = None
+            try:
+                async with connect(
+                    stream_url(self.base, self.meeting, **params), max_size=None
+                ) as ws:
+                    receiver = asyncio.create_task(receive_all(ws, result))
+                    await result.wait_for(lambda r: bool(r.messages) or r.close_code is not None)
+                    started = result.messages[0]
+                    assert started["type"] == "session.started", started
+                    if resuming:
+                        self.resume_times.append(time.monotonic() - asked)
+                    offset = round(started["resume_from"] * 16_000) * 2
+                    drop = next((d for d in drops if d > offset), None)
+                    await self._send(ws, offset, len(self.pcm) if drop is None else drop)
+                    if drop is None:
+                        await ws.send(orjson.dumps({"type": "stop"}).decode())
+                        await asyncio.wait_for(receiver, 120)
+                        return
+                    drops.remove(drop)
+                    ws.transport.abort()  # a dropped connection, not a close handshake
+                    await asyncio.wait_for(receiver, 10)
+                    resuming = True
+            finally:
+                # A send that finds the connection gone (a killed server) raises before the
+                # receiver has seen the end: let it record how it closed (`close_code`).
+                if receiver is not None:
+                    await asyncio.wait_for(receiver, 10)
 
     async def _send(self, ws: ClientConnection, start: int, end: int) -> None:
         frame = BYTES_PER_SECOND // 50
