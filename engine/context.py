@@ -120,13 +120,18 @@ def lead_trimmed(tokens: list[int], spell: Callable[[int], str]) -> int:
     return count
 
 
-REPEAT_WORDS = 4  # a text whose first this-many words come again repeats itself
+REPEAT_WORDS = 4  # this many words in a row said again make a repeat
+
+
+def _words(text: str) -> list[str]:
+    """The text's words, case and punctuation aside."""
+    return re.findall(r"[\w']+", text.casefold())
 
 
 def repeats_itself(text: str) -> bool:
     """Whether the text's first REPEAT_WORDS words (case and punctuation aside) come again
     later in it: the utterance said twice."""
-    words = re.findall(r"[\w']+", text.casefold())
+    words = _words(text)
     head = words[:REPEAT_WORDS]
     if len(head) < REPEAT_WORDS:
         return False
@@ -136,7 +141,7 @@ def repeats_itself(text: str) -> bool:
 def repeats_context(text: str, said: str) -> bool:
     """Whether `text` holds REPEAT_WORDS words in a row (case and punctuation aside) that
     its context's text `said` holds too: the context read again."""
-    words, before = (re.findall(r"[\w']+", t.casefold()) for t in (text, said))
+    words, before = _words(text), _words(said)
     runs = {tuple(before[i : i + REPEAT_WORDS]) for i in range(len(before) - REPEAT_WORDS + 1)}
     return any(
         tuple(words[i : i + REPEAT_WORDS]) in runs for i in range(len(words) - REPEAT_WORDS + 1)
