@@ -169,20 +169,20 @@ def decoder_rows(recognizer: WhisperRecognizer, hidden: torch.Tensor, count: int
     every choice), in the order decoded."""
     greedy = recognizer._greedy
     seen: list[torch.Tensor] = []
-    choose = greedy._choose
+    choose = greedy._decoder.choose
 
     def capture(states: torch.Tensor, suppress: torch.Tensor) -> object:
         if suppress is greedy._suppress:  # not the first position's suppression
             seen.append(states)
         return choose(states, suppress)
 
-    greedy._choose = capture  # type: ignore[method-assign,assignment]
+    greedy._decoder.choose = capture  # type: ignore[method-assign,assignment]
     try:
         batch = hidden.shape[0]
         prompts = torch.tensor([recognizer._prompt_tail] * batch)
         greedy.decode(greedy.start(hidden), prompts, [40] * batch)
     finally:
-        del greedy._choose
+        del greedy._decoder.choose
     rows = torch.cat(seen)
     if rows.shape[0] < count:
         raise RuntimeError(f"{rows.shape[0]} decoder states, {count} wanted")
@@ -196,7 +196,7 @@ def projection_table(
     if not isinstance(projection, torch.nn.Linear):
         raise SystemExit("the projection table needs the float32 model (--quantize none first)")
     count = max(8, *settings.batch_sizes)
-    rows = recognizer._greedy._decoder.layer_norm(decoder_rows(recognizer, hidden, count))
+    rows = recognizer._model.model.decoder.layer_norm(decoder_rows(recognizer, hidden, count))
     lines = [
         "| kernel | " + " | ".join(f"batch {b}" for b in settings.batch_sizes) + " | same alone |",
         "|---|" + "---|" * (len(settings.batch_sizes) + 1),
@@ -238,8 +238,8 @@ def step_cells(
 
         def step(cache: object = cache, ids: torch.Tensor = ids, size: int = size) -> object:
             cache.lengths[:] = CACHED  # type: ignore[attr-defined]
-            greedy._step(cache, ids)  # type: ignore[arg-type]
-            return greedy._choose(real[:size], greedy._suppress)
+            greedy._decoder.feed(cache, ids)  # type: ignore[arg-type]
+            return greedy._decoder.choose(real[:size], greedy._suppress)
 
         cells.append(f"{timed(step, settings.repeats):.2f} ms")
     return cells
@@ -263,7 +263,7 @@ def rows_cell(recognizer: WhisperRecognizer, hidden: torch.Tensor) -> str:
     greedy = recognizer._greedy
     prompt = recognizer._prompt_tail
     choices = [0, 0]
-    choose = greedy._choose
+    choose = greedy._decoder.choose
 
     def counted(states: torch.Tensor, suppress: torch.Tensor) -> Choice:
         choice = choose(states, suppress)
@@ -271,13 +271,13 @@ def rows_cell(recognizer: WhisperRecognizer, hidden: torch.Tensor) -> str:
         choices[1] += int(choice.rescued.sum())
         return choice
 
-    greedy._choose = counted  # type: ignore[method-assign]
+    greedy._decoder.choose = counted  # type: ignore[method-assign]
     try:
         return rows_compared(greedy, prompt, hidden) + (
             f"; {choices[1]} of {choices[0]} choices rescued in full"
         )
     finally:
-        del greedy._choose
+        del greedy._decoder.choose
 
 
 def rows_compared(greedy: GreedyDecoder, prompt: list[int], hidden: torch.Tensor) -> str:

@@ -28,17 +28,18 @@ def recognizer(tiny_en: Path) -> WhisperRecognizer:
 def decoder_passes(greedy: GreedyDecoder) -> Iterator[list[int]]:
     """Counts the decoder passes `greedy` runs inside the block (the list's one item)."""
     passes = [0]
-    step = greedy._step
+    decoder = greedy._decoder
+    feed = decoder.feed
 
     def counted(*args: object) -> torch.Tensor:
         passes[0] += 1
-        return step(*args)  # type: ignore[arg-type]
+        return feed(*args)  # type: ignore[arg-type]
 
-    greedy._step = counted  # type: ignore[method-assign,assignment]
+    decoder.feed = counted  # type: ignore[method-assign,assignment]
     try:
         yield passes
     finally:
-        del greedy._step
+        del decoder.feed
 
 
 def test_greedy_tokens_equal_generate_on_a_mixed_batch(recognizer: WhisperRecognizer) -> None:
