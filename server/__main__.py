@@ -36,7 +36,8 @@ WS_IMPLEMENTATION = "websockets-sansio"
 
 def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """uvicorn's configuration for `settings`: WebSocket implementation, frame size,
-    keepalive pings (a half-open peer is dropped after ping interval + timeout)."""
+    keepalive pings (a half-open peer is dropped after ping interval + timeout), the
+    proxies trusted to name the client."""
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
@@ -45,6 +46,10 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
         "ws_per_message_deflate": False,
         "ws_ping_interval": settings.ws_ping_interval_s,
         "ws_ping_timeout": settings.ws_ping_timeout_s,
+        # The client address protected mode and uploads judge: X-Forwarded-For counts only
+        # from these peers (uvicorn's proxy-headers middleware; server/access.py).
+        "proxy_headers": True,
+        "forwarded_allow_ips": settings.trusted_proxies,
         "lifespan": "on",
         "log_config": None,
         "timeout_graceful_shutdown": int(settings.drain_timeout_s) + 5,

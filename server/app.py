@@ -25,6 +25,7 @@ from engine.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from engine.worker_processes import ProcessRecognizer, in_processes
 from server import rest, stream, uploads
+from server.access import start_line
 from server.auth import build_authenticator
 from server.compat import routes as compat_routes
 from server.jobs import JobRegistry
@@ -182,9 +183,9 @@ def create_app(
         allowed_origins=settings.allowed_origins,
         fast_replay_tenants=settings.fast_replay_tenants,
         token_ttl_s=settings.token_ttl_s,
+        protected_mode=settings.protected_mode,
     )
-    if not auth.enabled:
-        logger.warning("no API keys configured: authentication is OFF (development mode)")
+    logger.log(*start_line(auth.access, settings.host, settings.port))
     # Fails here (SandboxUnavailable) when PARLEY_UPLOAD_SANDBOX=bwrap cannot be honoured.
     sandbox = open_sandbox(
         SandboxMode(settings.upload_sandbox),

@@ -7,6 +7,7 @@ generated from the same metadata, so they cannot drift from the code.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import types
 from collections.abc import Mapping
@@ -289,6 +290,19 @@ class Settings:
         "on loopback hosts (`localhost`, `127.0.0.1`), and the own origin only by IP or "
         "`localhost`.",
     )
+    protected_mode: bool = setting(
+        True,
+        "While no API key is configured, serve meetings (streams, listeners, transcripts, "
+        "uploads, tokens, the compat sockets) to loopback clients only; others get 403 / "
+        "close 4403 `protected_mode`. `off`: serve anyone anonymously, on purpose. "
+        "`/healthz`, `/readyz` and `/metrics` are open either way.",
+    )
+    trusted_proxies: str = setting(
+        "127.0.0.1,::1",
+        "Proxies (IP addresses or CIDRs, comma separated) whose `X-Forwarded-For` names the "
+        "client: the address protected mode and uploads judge. List only the proxies "
+        "themselves; from anyone else the header is ignored. Empty: trust none.",
+    )
     token_ttl_s: float = setting(
         60.0, "Lifetime of a meeting token (single use) minted by POST /v1/meetings/{id}/tokens."
     )
@@ -332,7 +346,9 @@ class Settings:
         "auto",
         "Sandbox of the upload decoder: `bwrap` (bubblewrap: no network, none of the host's "
         "files; the server refuses to start without it), `auto` (bubblewrap when it works "
-        "here, else unconfined with a warning) or `none`.",
+        "here; else unconfined for loopback clients only, and remote uploads are refused "
+        "with 503 `sandbox_unavailable`), or `off` (unconfined for every client, on "
+        "purpose; `none` is the same).",
     )
     upload_max_jobs: int = setting(
         16,
@@ -451,8 +467,11 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}UPLOAD_DECODE_MEMORY_MB must be at least 256")
         if self.model_processes not in {"auto", "on", "off"}:
             raise ValueError(f"{ENV_PREFIX}MODEL_PROCESSES must be auto, on or off")
-        if self.upload_sandbox not in {"auto", "bwrap", "none"}:
-            raise ValueError(f"{ENV_PREFIX}UPLOAD_SANDBOX must be auto, bwrap or none")
+        if self.upload_sandbox not in {"auto", "bwrap", "off", "none"}:
+            raise ValueError(f"{ENV_PREFIX}UPLOAD_SANDBOX must be auto, bwrap, off or none")
+        proxies_problem = proxy_list_problem(self.trusted_proxies)
+        if proxies_problem:
+            raise ValueError(f"{ENV_PREFIX}TRUSTED_PROXIES: {proxies_problem}")
         if self.log_format not in {"json", "text"}:
             raise ValueError(f"{ENV_PREFIX}LOG_FORMAT must be json or text")
         if self.malloc_trim_interval_s < 0:
@@ -530,6 +549,19 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
         return kind(raw)
     except ValueError as exc:
         raise ValueError(f"{name}={raw!r}: {exc}") from None
+
+
+def proxy_list_problem(raw: str) -> str:
+    """What is wrong with a TRUSTED_PROXIES value ('' if nothing): each item must be an IP
+    address or network (uvicorn would take a typo, or `*`, silently)."""
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            return f"{item!r} is not an IP address or network (CIDR)"
+    return ""
 
 
 def markdown_table() -> str:

@@ -24,14 +24,17 @@ import time
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from server.access import client_host, is_loopback
 from server.auth import ANONYMOUS, Principal, bearer, create_owned_source
 from server.decode_worker import Refusal
 from server.jobs import Job, JobOptions, JobsFull, JobStatus
+from server.sandbox import unsandboxed
 from server.settings import Settings
 from server.state import app_state
 from server.upload_form import FORM_OVERHEAD, receive_form, too_large
 from session.services import SessionServices
 from store.errors import StoreError
+from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 from wire.query import is_language, parse_flag, validate_id
 from wire.transcript import TranscriptFormat
@@ -174,7 +177,11 @@ async def create_transcription(request: Request) -> Response:
     try:
         tenant = _tenant_of(request)
     except ProtocolError as exc:
-        return await _refuse(request, 401, exc.code.value, exc.message)
+        return await _refuse(request, _auth_status(exc), exc.code.value, exc.message)
+    missing = state.jobs.sandbox.missing
+    if missing is not None and not is_loopback(client_host(request)):
+        refused = ErrorCode.SANDBOX_UNAVAILABLE.value
+        return await _refuse(request, 503, refused, unsandboxed(missing))
     query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
     unknown = set(request.query_params) - OPTION_FIELDS
     if unknown:
@@ -280,8 +287,10 @@ async def _answer_when_done(job: Job, timeout: float) -> Response:
 
 def _tenant_of(request: Request) -> str | None:
     """With authentication on, uploads take an API key (`Authorization: Bearer`); its
-    tenant owns the job. None while authentication is off. Raises ProtocolError (401)."""
+    tenant owns the job. None while authentication is off. Raises ProtocolError (401; 403
+    `protected_mode` for a client that protected mode keeps out)."""
     auth = app_state(request).auth
+    auth.admit(client_host(request))
     return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
 
 
@@ -290,7 +299,11 @@ def _tenant(request: Request) -> str | Response | None:
     try:
         return _tenant_of(request)
     except ProtocolError as exc:
-        return _problem(401, exc.code.value, exc.message)
+        return _problem(_auth_status(exc), exc.code.value, exc.message)
+
+
+def _auth_status(error: ProtocolError) -> int:
+    return 403 if error.close_code == CloseCode.FORBIDDEN else 401
 
 
 def _job(request: Request) -> Job | Response:
