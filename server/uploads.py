@@ -180,8 +180,8 @@ async def create_transcription(request: Request) -> Response:
         return await _refuse(request, _auth_status(exc), exc.code.value, exc.message)
     missing = state.jobs.sandbox.missing
     if missing is not None and not is_loopback(client_host(request)):
-        refused = ErrorCode.SANDBOX_UNAVAILABLE.value
-        return await _refuse(request, 503, refused, unsandboxed(missing))
+        code = ErrorCode.SANDBOX_UNAVAILABLE.value
+        return await _refuse(request, 503, code, unsandboxed(missing))
     query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
     unknown = set(request.query_params) - OPTION_FIELDS
     if unknown:
