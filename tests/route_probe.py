@@ -55,6 +55,42 @@ class Answer:
     message: str | None = None  # the error's message
 
 
+# What each meeting route answers a client it serves.
+SERVED: dict[str, dict[str, Any]] = {
+    "stream": {"status": 101, "first": "session.started", "close": 1000},
+    "events": {"status": 101, "code": "unsupported_data", "close": 1003},  # audio refused
+    "listen": {"status": 101},
+    "realtime": {"status": 101, "first": "session.created"},
+    "transcript": {"status": 404, "code": "not_found"},  # the stream above logged no final
+    "upload": {"status": 202},
+    "job": {"status": 200},
+    "delete_job": {"status": 204},
+    "token": {"status": 201},
+}
+REFUSED_SOCKET = {"status": 101, "code": "protected_mode", "close": 4403}
+REFUSED_HTTP = {"status": 403, "code": "protected_mode"}  # the compat sockets' too
+
+
+def mismatches(answers: dict[str, Answer], expected: dict[str, dict[str, Any]]) -> list[str]:
+    """Routes whose answer differs from `expected` in a field it names."""
+    return [
+        f"{route}: {answers[route]} (expected {want})"
+        for route, want in expected.items()
+        if any(getattr(answers[route], key) != value for key, value in want.items())
+    ]
+
+
+def refused_everywhere() -> dict[str, dict[str, Any]]:
+    return {
+        route: REFUSED_SOCKET if route in ("stream", "events") else REFUSED_HTTP
+        for route in MEETING_ROUTES
+    }
+
+
+def served_everywhere(**changes: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {**SERVED, **changes}
+
+
 def _refusal(status: int, body: bytes) -> Answer:
     """An HTTP answer, with the error of its JSON body in any of the three formats the
     server speaks (Parley's and OpenAI's `{"error": {"code", "message"}}`, Deepgram's

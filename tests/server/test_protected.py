@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 from starlette.routing import Route, WebSocketRoute
@@ -16,45 +15,18 @@ from server.access import Access, is_loopback, start_line
 from server.app import create_app
 from server.settings import Settings
 from tests.appserver import serve_app
-from tests.route_probe import MEETING_ROUTES, OPEN_ROUTES, Answer, probe
+from tests.route_probe import (
+    MEETING_ROUTES,
+    OPEN_ROUTES,
+    SERVED,
+    mismatches,
+    probe,
+    refused_everywhere,
+    served_everywhere,
+)
 
 REMOTE = {"X-Forwarded-For": "10.9.8.7"}  # a remote client, as a proxy on loopback names it
 KEY = "protected-test-key-0123456789"
-
-# What each meeting route answers a client it serves (tests/route_probe.py tries them).
-SERVED: dict[str, dict[str, Any]] = {
-    "stream": {"status": 101, "first": "session.started", "close": 1000},
-    "events": {"status": 101, "code": "unsupported_data", "close": 1003},  # audio refused
-    "listen": {"status": 101},
-    "realtime": {"status": 101, "first": "session.created"},
-    "transcript": {"status": 404, "code": "not_found"},  # the stream above logged no final
-    "upload": {"status": 202},
-    "job": {"status": 200},
-    "delete_job": {"status": 204},
-    "token": {"status": 201},
-}
-REFUSED_SOCKET = {"status": 101, "code": "protected_mode", "close": 4403}
-REFUSED_HTTP = {"status": 403, "code": "protected_mode"}  # the compat sockets' too
-
-
-def mismatches(answers: dict[str, Answer], expected: dict[str, dict[str, Any]]) -> list[str]:
-    """Routes whose answer differs from `expected` in a field it names."""
-    return [
-        f"{route}: {answers[route]} (expected {want})"
-        for route, want in expected.items()
-        if any(getattr(answers[route], key) != value for key, value in want.items())
-    ]
-
-
-def refused_everywhere() -> dict[str, dict[str, Any]]:
-    return {
-        route: REFUSED_SOCKET if route in ("stream", "events") else REFUSED_HTTP
-        for route in MEETING_ROUTES
-    }
-
-
-def served_everywhere(**changes: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {**SERVED, **changes}
 
 
 def test_the_probe_tries_every_route_of_the_app() -> None:
