@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from server.access import trusted_proxies
 from server.app import RecognizerFactory, create_app, drain, whisper_recognizer
 from server.logs import configure
 from server.sandbox import SandboxUnavailable
@@ -49,7 +50,7 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
         # The client address protected mode and uploads judge: X-Forwarded-For counts only
         # from these peers (uvicorn's proxy-headers middleware; server/access.py).
         "proxy_headers": True,
-        "forwarded_allow_ips": settings.trusted_proxies,
+        "forwarded_allow_ips": trusted_proxies(settings.trusted_proxies),
         "lifespan": "on",
         "log_config": None,
         "timeout_graceful_shutdown": int(settings.drain_timeout_s) + 5,

@@ -63,6 +63,23 @@ def is_loopback(host: str | None) -> bool:
     return address.is_loopback
 
 
+def trusted_proxies(raw: str) -> list[str]:
+    """PARLEY_TRUSTED_PROXIES as uvicorn's `forwarded_allow_ips`: each address or network,
+    and for an IPv4 one its IPv4-mapped IPv6 form too. A server bound to `::` sees an IPv4
+    peer as ::ffff:a.b.c.d, which uvicorn would not match to a.b.c.d: a proxy on 127.0.0.1
+    would then go untrusted, and every client it forwards would look like loopback."""
+    found: list[str] = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        network = ipaddress.ip_network(item, strict=False)
+        found.append(str(network))
+        if isinstance(network, ipaddress.IPv4Network):
+            mapped = ipaddress.IPv6Address(f"::ffff:{network.network_address}")
+            found.append(f"{mapped}/{96 + network.prefixlen}")
+    return found
+
+
 def client_host(connection: HTTPConnection) -> str | None:
     """The client's address as the app sees it (after a trusted proxy's X-Forwarded-For)."""
     return connection.client.host if connection.client is not None else None

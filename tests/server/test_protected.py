@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.routing import Route, WebSocketRoute
 
+from server.__main__ import uvicorn_config
 from server.access import Access, is_loopback, start_line
 from server.app import create_app
 from server.settings import Settings
@@ -82,6 +84,35 @@ def test_trusted_proxies_and_sandbox_settings_are_checked() -> None:
             Settings.from_env({"PARLEY_TRUSTED_PROXIES": bad})
     assert Settings.from_env({"PARLEY_UPLOAD_SANDBOX": "off"}).upload_sandbox == "off"
     assert Settings.from_env({"PARLEY_PROTECTED_MODE": "off"}).protected_mode is False
+
+
+async def test_forwarded_for_is_read_from_trusted_proxies_in_either_address_family() -> None:
+    """Through the uvicorn configuration the server runs: a trusted proxy's
+    X-Forwarded-For names the client, also when a dual-stack socket shows the proxy as
+    ::ffff:127.0.0.1; an untrusted peer's header (127.0.0.1, a spoof) changes nothing."""
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["client"][0])
+
+    settings = Settings.from_env({}, trusted_proxies="127.0.0.1, 10.1.0.0/16")
+    config = uvicorn_config(app, settings)  # type: ignore[arg-type]  # a bare ASGI app
+    config.load()
+    for peer, forwarded in (
+        ("127.0.0.1", "10.9.8.7"),
+        ("::ffff:127.0.0.1", "10.9.8.7"),
+        ("::ffff:10.1.2.3", "10.9.8.7"),
+        ("10.2.0.1", "127.0.0.1"),
+        ("::ffff:10.2.0.1", "127.0.0.1"),
+    ):
+        scope = {
+            "type": "http",
+            "client": (peer, 4321),
+            "headers": [(b"x-forwarded-for", forwarded.encode())],
+        }
+        await config.loaded_app(scope, None, None)
+    assert seen == ["10.9.8.7", "10.9.8.7", "10.9.8.7", "10.2.0.1", "::ffff:10.2.0.1"]
+    assert not is_loopback(seen[-1])
 
 
 async def test_protected_mode_refuses_every_meeting_route_to_a_remote_client() -> None:
