@@ -13,7 +13,7 @@ import pytest
 
 from engine.api import SAMPLE_RATE, WordTiming
 from engine.scheduler import BatchScheduler
-from session.committer import PendingFinal
+from session.final_order import PendingFinal
 from session.said_before import LEFT_UTTERANCES, MAX_GAP, SaidBefore
 from session.segmenter import UtteranceEnded
 from tests.fakes import FakeRecognizer
