@@ -112,6 +112,7 @@ class BatchScheduler:
         self._partial_cost = PartialCost()
         self._queue = RequestQueue(max_queue)
         self._wakeup = asyncio.Event()
+        self._planned = asyncio.Event()  # the loop has planned with every change so far
         self._room = asyncio.Event()  # set whenever the queue drops below its bound
         self._workers = [
             Worker(
@@ -232,7 +233,7 @@ class BatchScheduler:
             # room, so latency and admission control see the backpressure.
         future = asyncio.get_running_loop().create_future()
         entry = self._queue.add(request, future, now, since)
-        self._wakeup.set()
+        self._wake()
         return entry.future
 
     def cancel(self, session_id: str, *, only: Priority | None = None) -> int:
@@ -251,13 +252,24 @@ class BatchScheduler:
     def promote(self, request: RecognitionRequest) -> bool:
         """The SPECULATIVE `request` (the object submitted) is a final from now on."""
         if self._queue.promote(request, self._clock()):  # its wait as a final starts now
-            self._wakeup.set()
+            self._wake()
             return True
         for entry in (e for w in self._workers for e in w.batch):
             if entry.request is request:
                 entry.request = replace(request, priority=Priority.FINAL)
                 return True
         return False
+
+    async def planned(self) -> None:
+        """Wait until the loop has planned with every change so far (requests submitted
+        or promoted, batches ended): by then the batches it chose are launched and those
+        it chose to stop are told to. What it does later on a timer is not waited for."""
+        await self._planned.wait()
+
+    def _wake(self) -> None:
+        """Something changed: the loop plans again."""
+        self._planned.clear()
+        self._wakeup.set()
 
     def _refusal(self) -> SchedulerStopped | EngineDead:
         return self.death or SchedulerStopped(f"scheduler is {self.state.value}")
@@ -295,6 +307,7 @@ class BatchScheduler:
             for start in decision.starts:
                 self._launch(self._workers[start.worker], start.keys, start.partial)
             self._wakeup.clear()
+            self._planned.set()
             timeout = None if decision.wake_at is None else max(0.0, decision.wake_at - now)
             try:
                 async with asyncio.timeout(timeout):
@@ -339,7 +352,7 @@ class BatchScheduler:
                 if results is not None:  # ran to its end: what a partial row costs
                     self._partial_cost.record(ended - started, len(live))
             worker.batch, worker.task = [], None
-            self._wakeup.set()
+            self._wake()
 
     async def _transcribe(
         self, worker: Worker, live: list[Entry]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import replace
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from engine.scheduler import BatchScheduler, SchedulerState
 from tests.fakes import FakeRecognizer
 
 TIMEOUT = 5.0
+T = TypeVar("T")
 
 
 def request(session: str, n: int, priority: Priority = Priority.FINAL) -> RecognitionRequest:
@@ -45,6 +47,28 @@ async def occupy(
     busy = await scheduler.submit(request("busy", 1))
     await wait_entered(fake)
     return busy
+
+
+async def checked_after_plan(scheduler: BatchScheduler, fake: FakeRecognizer) -> None:
+    """Wait until the scheduler has planned with what was submitted, then until the running
+    gated batch has asked `should_stop` since: had the plan stopped it, it is in
+    `fake.stopped` by then."""
+    await asyncio.wait_for(scheduler.planned(), TIMEOUT)
+    fake.checked.clear()
+    await asyncio.wait_for(asyncio.to_thread(fake.checked.wait, TIMEOUT), TIMEOUT)
+
+
+async def blocked(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """`coro` in a task that has run up to its first wait (or to its end)."""
+    entered = asyncio.Event()
+
+    async def run() -> T:
+        entered.set()
+        return await coro
+
+    task = asyncio.create_task(run())
+    await entered.wait()  # the task's first step, up to where it waits, is done by now
+    return task
 
 
 @contextlib.asynccontextmanager
@@ -184,8 +208,7 @@ async def test_full_queue_rejects_partials_and_holds_finals(
     queued = [await scheduler.submit(request(f"s{i}", 10 + i)) for i in range(8)]
     with pytest.raises(SchedulerFull):
         await scheduler.submit(request("p", 99, Priority.PARTIAL))
-    waiting = asyncio.create_task(scheduler.submit(request("late", 50)))
-    await asyncio.sleep(0.05)
+    waiting = await blocked(scheduler.submit(request("late", 50)))
     assert not waiting.done()
     fake.release(4)
     late = await asyncio.wait_for(waiting, TIMEOUT)
@@ -227,8 +250,7 @@ async def test_a_dead_loop_fails_waiting_and_later_requests_at_once(
     busy = await occupy(scheduler, fake)
     queued = [await scheduler.submit(request(f"s{i}", 10 + i)) for i in range(7)]
     queued.append(await scheduler.submit(request("p", 20, Priority.PARTIAL)))
-    waiting = asyncio.create_task(scheduler.submit(request("late", 50)))  # queue is full
-    await asyncio.sleep(0.05)
+    waiting = await blocked(scheduler.submit(request("late", 50)))  # queue is full
     assert not waiting.done()
     fake.release()
     assert (await asyncio.wait_for(busy, TIMEOUT)).transcription.text == "n=1"
@@ -319,7 +341,7 @@ async def test_a_final_waits_for_a_partial_batch_about_to_end() -> None:
         await wait_entered(fake)
         assert fake.batches[-1] == [11, 12]  # two rows of 0.1 s fit 0.25 s
         final = await scheduler.submit(request("f", 20))
-        await asyncio.sleep(0.05)  # the gated batch polls should_stop meanwhile
+        await checked_after_plan(scheduler, fake)
         assert fake.stopped == [] and scheduler.stats.preempted_batches == 0
         fake.release()
         await wait_entered(fake)
@@ -498,7 +520,7 @@ async def test_a_running_speculation_once_promoted_is_not_stopped(
     await wait_entered(fake)
     assert scheduler.promote(speculated)
     final = await scheduler.submit(request("f", 20))
-    await asyncio.sleep(0.05)
+    await checked_after_plan(scheduler, fake)
     assert fake.stopped == []
     fake.release(2)
     await asyncio.wait_for(asyncio.gather(early, final), TIMEOUT)
