@@ -566,11 +566,14 @@ async def test_a_final_with_another_queued_behind_it_sheds_its_left_context() ->
 async def test_a_busy_model_sheds_live_contexts_but_not_a_files() -> None:
     """With the model busy over the last seconds (utilization above the gate), a live
     final goes without its left context; a file's utterance keeps it."""
+    now = [0.0]
     fake = FakeRecognizer(max_batch_size=4, gated=True)
-    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0, context_below=0.001)
+    scheduler = BatchScheduler(
+        fake, max_batch_size=4, max_wait=0.0, context_below=0.001, clock=lambda: now[0]
+    )
     async with started(scheduler):
         busy = await occupy(scheduler, fake)
-        await asyncio.sleep(0.05)  # the model is busy: utilization well above 0.1 %
+        now[0] += 0.05  # the model is busy: utilization well above 0.1 %
         live = await scheduler.submit(with_left("live", 100))
         upload = await scheduler.submit(with_left("file", 200, Priority.FILE))
         assert not scheduler.has_context_slack()
@@ -585,19 +588,26 @@ async def test_a_busy_model_sheds_live_contexts_but_not_a_files() -> None:
 async def test_partials_alone_leave_a_final_its_left_context() -> None:
     """The gate reads the finals' share of the model, not partials': a worker busy with a
     partial (the model's utilization well above the gate) leaves a final its context."""
+    now = [0.0]
     fake = FakeRecognizer(max_batch_size=1, gated=True)
     scheduler = BatchScheduler(
-        fake, workers=2, max_batch_size=1, max_wait=0.0, partial_share=1.0, context_below=0.001
+        fake,
+        workers=2,
+        max_batch_size=1,
+        max_wait=0.0,
+        partial_share=1.0,
+        context_below=0.001,
+        clock=lambda: now[0],
     )
     async with started(scheduler):
         partial = await scheduler.submit(request("p", 1, Priority.PARTIAL))
         await wait_entered(fake)
-        await asyncio.sleep(0.05)
+        now[0] += 0.05
         assert scheduler.utilization > 0.001 and scheduler.finals_utilization == 0.0
         assert scheduler.has_context_slack()
         final = await scheduler.submit(with_left("f", 100))
         await wait_entered(fake)
-        await asyncio.sleep(0.05)
+        now[0] += 0.05
         assert scheduler.finals_utilization > 0.001  # a final's batch counts while it runs
         fake.release(2)
         await asyncio.wait_for(asyncio.gather(partial, final), TIMEOUT)
@@ -612,11 +622,14 @@ async def finals_alone_then_one_behind_context(
 ) -> tuple[BatchScheduler, FakeRecognizer]:
     """A final alone that holds the model ~0.1 s, then a final with a left context, under a
     latency budget of `budget` seconds (no load gate): the scheduler and recognizer after."""
+    now = [0.0]
     fake = FakeRecognizer(max_batch_size=1, gated=True)
-    scheduler = BatchScheduler(fake, max_batch_size=1, max_wait=0.0, context_budget=budget)
+    scheduler = BatchScheduler(
+        fake, max_batch_size=1, max_wait=0.0, context_budget=budget, clock=lambda: now[0]
+    )
     async with started(scheduler):
         busy = await occupy(scheduler, fake)
-        await asyncio.sleep(0.1)
+        now[0] += 0.1
         fake.release()
         await asyncio.wait_for(busy, TIMEOUT)
         final = await scheduler.submit(with_left("a", 100))
