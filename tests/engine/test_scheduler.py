@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -26,9 +25,9 @@ from engine.api import (
 )
 from engine.scheduler import BatchScheduler, SchedulerState
 from tests.fakes import FakeRecognizer
+from tests.tasks import blocked
 
 TIMEOUT = 5.0
-T = TypeVar("T")
 
 
 def request(session: str, n: int, priority: Priority = Priority.FINAL) -> RecognitionRequest:
@@ -56,19 +55,6 @@ async def checked_after_plan(scheduler: BatchScheduler, fake: FakeRecognizer) ->
     await asyncio.wait_for(scheduler.planned(), TIMEOUT)
     fake.checked.clear()
     await asyncio.wait_for(asyncio.to_thread(fake.checked.wait, TIMEOUT), TIMEOUT)
-
-
-async def blocked(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-    """`coro` in a task that has run up to its first wait (or to its end)."""
-    entered = asyncio.Event()
-
-    async def run() -> T:
-        entered.set()
-        return await coro
-
-    task = asyncio.create_task(run())
-    await entered.wait()  # the task's first step, up to where it waits, is done by now
-    return task
 
 
 @contextlib.asynccontextmanager
