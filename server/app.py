@@ -197,8 +197,13 @@ def create_app(
         token_ttl_s=settings.auth.token_ttl_s,
     )
     upload_dir = settings.uploads.upload_dir
-    if upload_dir is not None and not Path(upload_dir).is_dir():
-        raise SettingError("upload_dir", upload_dir, "must be an existing folder")
+    if upload_dir is not None:  # made here, not at the first upload, so a bad one stops the start
+        try:
+            Path(upload_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SettingError(
+                "upload_dir", upload_dir, f"cannot make it a folder: {exc}"
+            ) from None
     # Fails here (SandboxUnavailable) when PARLEY_UPLOAD_SANDBOX=bwrap cannot be honoured.
     sandbox = open_sandbox(
         SandboxMode(settings.uploads.upload_sandbox),

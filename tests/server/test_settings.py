@@ -272,7 +272,7 @@ START_TIMEOUT = 480.0
 REFUSED_AT_START: list[tuple[str, dict[str, str]]] = [
     ("PARLEY_API_KEYS", {"PARLEY_API_KEYS": "no-colon-here"}),
     ("PARLEY_API_KEYS_FILE", {"PARLEY_API_KEYS_FILE": "/nonexistent/keys"}),
-    ("PARLEY_UPLOAD_DIR", {"PARLEY_UPLOAD_DIR": "/nonexistent/uploads"}),
+    ("PARLEY_UPLOAD_DIR", {"PARLEY_UPLOAD_DIR": "/dev/null/uploads"}),  # under a file
 ]
 
 
