@@ -77,13 +77,13 @@ def test_start_line_says_which_of_the_three_states() -> None:
 def test_trusted_proxies_and_sandbox_settings_are_checked() -> None:
     """TRUSTED_PROXIES takes addresses and CIDRs (empty: none) and refuses anything else,
     `*` included; UPLOAD_SANDBOX takes `off` beside `none`; PROTECTED_MODE is a switch."""
-    assert Settings.from_env({"PARLEY_TRUSTED_PROXIES": "10.0.0.0/8, ::1"}).trusted_proxies
-    assert Settings.from_env({"PARLEY_TRUSTED_PROXIES": ""}).trusted_proxies == ""
+    assert Settings.from_env({"PARLEY_TRUSTED_PROXIES": "10.0.0.0/8, ::1"}).auth.trusted_proxies
+    assert Settings.from_env({"PARLEY_TRUSTED_PROXIES": ""}).auth.trusted_proxies == ""
     for bad in ("*", "proxy.internal", "10.0.0.0/33"):
         with pytest.raises(ValueError, match="PARLEY_TRUSTED_PROXIES"):
             Settings.from_env({"PARLEY_TRUSTED_PROXIES": bad})
-    assert Settings.from_env({"PARLEY_UPLOAD_SANDBOX": "off"}).upload_sandbox == "off"
-    assert Settings.from_env({"PARLEY_PROTECTED_MODE": "off"}).protected_mode is False
+    assert Settings.from_env({"PARLEY_UPLOAD_SANDBOX": "off"}).uploads.upload_sandbox == "off"
+    assert Settings.from_env({"PARLEY_PROTECTED_MODE": "off"}).auth.protected_mode is False
 
 
 async def test_forwarded_for_is_read_from_trusted_proxies_in_either_address_family() -> None:
