@@ -8,6 +8,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from server.access import client_host
 from server.auth import Principal, Scope, bearer, meeting_access, unauthorized
 from server.limits import overloaded, quota_exceeded
 from server.metrics import CONTENT_TYPE
@@ -47,6 +48,7 @@ async def mint_token(request: Request) -> Response:
     state = app_state(request)
     auth = state.auth
     try:
+        auth.admit(client_host(request))
         principal = auth.key_principal(bearer(request.headers.get("authorization")))
         meeting_id = validate_id("meeting_id", request.path_params["meeting_id"])
         scope, participant, ttl_s = _token_request(await _small_body(request))
@@ -139,7 +141,9 @@ async def transcript(request: Request) -> Response:
 async def _reader(request: Request, meeting_id: str) -> Principal:
     """Who reads a transcript: an API key or a meeting token as the bearer, or a meeting
     token in `access_token` (the browser's download link)."""
-    principal = await app_state(request).auth.presented(
+    auth = app_state(request).auth
+    auth.admit(client_host(request))
+    principal = await auth.presented(
         request.headers.get("authorization"),
         request.query_params.get("access_token"),
         meeting_id,
@@ -192,8 +196,9 @@ async def readyz(request: Request) -> Response:
         "status": "ready" if ready and not reasons else ("degraded" if ready else "not_ready"),
         "checks": checks,
         "reasons": reasons,
-        "model": state.recognizer_name or state.settings.model,
+        "model": state.recognizer_name or state.settings.model.model,
         "sessions": len(state.registry),
+        "access": state.auth.access.value,  # keys, protected or anonymous (server/access.py)
     }
     return JSONResponse(body, status_code=200 if ready else 503)
 

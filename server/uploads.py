@@ -24,14 +24,17 @@ import time
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from server.access import client_host, is_loopback
 from server.auth import ANONYMOUS, Principal, bearer, create_owned_source
 from server.decode_worker import Refusal
 from server.jobs import Job, JobOptions, JobsFull, JobStatus
+from server.sandbox import unsandboxed
 from server.settings import Settings
 from server.state import app_state
 from server.upload_form import FORM_OVERHEAD, receive_form, too_large
 from session.services import SessionServices
 from store.errors import StoreError
+from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 from wire.query import is_language, parse_flag, validate_id
 from wire.transcript import TranscriptFormat
@@ -65,7 +68,7 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
     except ValueError:
         known = ", ".join(f.value for f in TranscriptFormat)
         raise bad("bad_format", f"format must be one of: {known}") from None
-    language = raw.get("language", settings.default_language)
+    language = raw.get("language", settings.streams.default_language)
     if not is_language(language):
         raise bad("bad_config", f"language must be an ISO 639-1 code or 'auto', not {language!r}")
     wait = parse_flag(raw.get("wait", "false"))
@@ -139,9 +142,7 @@ def _check_language(language: str | None, known: frozenset[str], model: str) -> 
 
 def _check_diarize(diarize: bool, services: SessionServices) -> None:
     if diarize and services.speakers is None:
-        raise Refusal(
-            400, "bad_config", "diarization is off on this server (PARLEY_DIARIZATION=false)"
-        )
+        raise Refusal(400, "bad_config", services.speakers_off)
 
 
 # Body bytes read and dropped before an early refusal (no key, bad options, no model, no job
@@ -174,7 +175,11 @@ async def create_transcription(request: Request) -> Response:
     try:
         tenant = _tenant_of(request)
     except ProtocolError as exc:
-        return await _refuse(request, 401, exc.code.value, exc.message)
+        return await _refuse(request, _auth_status(exc), exc.code.value, exc.message)
+    missing = state.jobs.sandbox.missing
+    if missing is not None and not is_loopback(client_host(request)):
+        code = ErrorCode.SANDBOX_UNAVAILABLE.value
+        return await _refuse(request, 503, code, unsandboxed(missing))
     query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
     unknown = set(request.query_params) - OPTION_FIELDS
     if unknown:
@@ -186,8 +191,8 @@ async def create_transcription(request: Request) -> Response:
     except Refusal as exc:
         return await _refuse(request, exc.status, exc.code, exc.message)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > settings.max_upload_bytes + FORM_OVERHEAD:
-        refused = too_large(settings.max_upload_bytes)  # say so before a byte is sent
+    if declared.isdigit() and int(declared) > settings.uploads.max_upload_bytes + FORM_OVERHEAD:
+        refused = too_large(settings.uploads.max_upload_bytes)  # say so before a byte is sent
         return _problem(refused.status, refused.code, refused.message)
     services, file_vad = state.services, state.file_vad
     unavailable = state.unavailable()
@@ -214,10 +219,10 @@ async def create_transcription(request: Request) -> Response:
             request.stream(),
             request.headers.get("content-type", ""),
             job.workdir / "upload",
-            max_file_bytes=settings.max_upload_bytes,
+            max_file_bytes=settings.uploads.max_upload_bytes,
             fields=OPTION_FIELDS,
-            idle_timeout_s=settings.upload_idle_timeout_s,
-            receive_timeout_s=settings.upload_receive_timeout_s,
+            idle_timeout_s=settings.uploads.upload_idle_timeout_s,
+            receive_timeout_s=settings.uploads.upload_receive_timeout_s,
         )
         options, wait = _parse_options({**query, **form.fields}, settings)
         _check_language(options.language, services.languages, state.recognizer_name)
@@ -256,7 +261,7 @@ async def create_transcription(request: Request) -> Response:
         await state.jobs.discard(job)
         raise
     if wait:
-        return await _answer_when_done(job, settings.upload_wait_s)
+        return await _answer_when_done(job, settings.uploads.upload_wait_s)
     return _accepted(job)
 
 
@@ -280,8 +285,10 @@ async def _answer_when_done(job: Job, timeout: float) -> Response:
 
 def _tenant_of(request: Request) -> str | None:
     """With authentication on, uploads take an API key (`Authorization: Bearer`); its
-    tenant owns the job. None while authentication is off. Raises ProtocolError (401)."""
+    tenant owns the job. None while authentication is off. Raises ProtocolError (401; 403
+    `protected_mode` for a client that protected mode keeps out)."""
     auth = app_state(request).auth
+    auth.admit(client_host(request))
     return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
 
 
@@ -290,7 +297,11 @@ def _tenant(request: Request) -> str | Response | None:
     try:
         return _tenant_of(request)
     except ProtocolError as exc:
-        return _problem(401, exc.code.value, exc.message)
+        return _problem(_auth_status(exc), exc.code.value, exc.message)
+
+
+def _auth_status(error: ProtocolError) -> int:
+    return 403 if error.close_code == CloseCode.FORBIDDEN else 401
 
 
 def _job(request: Request) -> Job | Response:
