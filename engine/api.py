@@ -77,6 +77,9 @@ class Utterance:
     moment: a recognizer may decode it more cheaply than a final (a shorter encoder
     window, a smaller token budget) and, where a final would be decoded again (a loop),
     keep what it read before it looped, or give it empty text.
+    `keyterms` are words the source expects (names, products, jargon), as they should be
+    written: a recognizer favours them where the audio allows (`engine.keyterms`), and
+    never writes one that was not said. Empty: none.
     """
 
     audio: AudioArray
@@ -86,6 +89,7 @@ class Utterance:
     word_timings: bool = False
     left: LeftContext | None = None
     partial: bool = False
+    keyterms: tuple[str, ...] = ()
 
     @property
     def duration(self) -> float:

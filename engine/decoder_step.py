@@ -95,9 +95,17 @@ class DecoderStep:
         """Float32 logits for every token, for decoder states (rows, d_model)."""
         return self._head.logits(self._decoder.layer_norm(states))
 
-    def choose(self, states: torch.Tensor, suppress: torch.Tensor) -> Choice:
-        """The greedy choice for decoder states (rows, d_model), `suppress` excluded."""
-        return self._head.choose(self._decoder.layer_norm(states), suppress)
+    def choose(
+        self, states: torch.Tensor, suppress: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> Choice:
+        """The greedy choice for decoder states (rows, d_model), `suppress` excluded,
+        `bias` (rows, vocabulary) added to the logits if given."""
+        return self._head.choose(self._decoder.layer_norm(states), suppress, bias)
+
+    @property
+    def vocabulary(self) -> int:
+        """How many logits the head gives per row."""
+        return int(self._decoder.embed_tokens.num_embeddings)
 
     def feed(self, cache: KVCache, ids: torch.Tensor) -> torch.Tensor:
         """Decoder states (batch, n, d_model) for `ids` (batch, n), each row's placed after

@@ -51,6 +51,10 @@ may go on with text of its own (the transcript of audio at the start of its wind
 rows' prompts differ in length; `decode` takes each row's length and, as for prefixes,
 each row decodes on from its own last prompt token.
 
+Keyterms (`engine.keyterms`): a `Boost`, if given, adds each row's bias to its logits
+at every choice (the first token, each draft position as if the draft's tokens before it
+were taken, every step), and follows the tokens each row keeps.
+
 What it does not do: beam search, temperature fallback, timestamps.
 """
 
@@ -63,6 +67,7 @@ import torch
 from transformers.models.whisper.modeling_whisper import WhisperDecoder, WhisperDecoderLayer
 
 from engine.decoder_step import DecoderStep, KVCache
+from engine.keyterms import Boost
 from engine.recognizer import Interrupted
 from engine.vocabulary import Choice, VocabularyHead
 
@@ -128,6 +133,11 @@ class GreedyDecoder:
     def max_positions(self) -> int:
         return self._max_positions
 
+    @property
+    def vocabulary(self) -> int:
+        """How many logits a row has (the size a `Boost` is built for)."""
+        return self._decoder.vocabulary
+
     def start(
         self,
         hidden: torch.Tensor,
@@ -170,6 +180,7 @@ class GreedyDecoder:
         drafts: list[list[int]] | None = None,
         should_stop: Callable[[], bool] | None = None,
         prompt_lengths: Sequence[int] | None = None,
+        boost: Boost | None = None,
     ) -> Greedy:
         """Greedy tokens after the prompt (batch, n) that follows <|startoftranscript|>;
         row i decodes at most `budgets[i]` tokens.
@@ -187,6 +198,8 @@ class GreedyDecoder:
 
         `should_stop`, if given, is called before every decoder pass; when it returns True
         the decoding ends with `Interrupted` (the scheduler stops a batch that way).
+
+        `boost`, if given, biases each row's choices toward its keyterms.
         """
         cache = started.take_cache()
         batch = prompts.shape[0]
@@ -196,7 +209,7 @@ class GreedyDecoder:
         budgets, guesses = self._plan(batch, room, budgets, drafts)
         _check(should_stop)
         states = self._feed(cache, prompts, prompt_lengths)
-        first = self._decoder.choose(states, self._first_suppress)
+        first = self._decoder.choose(states, self._first_suppress, _bias(boost, states))
         if any(guesses):
             _check(should_stop)
             base = cache.lengths.clone()
@@ -206,13 +219,13 @@ class GreedyDecoder:
                 cache, torch.tensor(padded, dtype=torch.long, device=prompts.device)
             )
             kept = self._keep(
-                first, [fed[i, : len(guess)] for i, guess in enumerate(guesses)], guesses
+                first, [fed[i, : len(guess)] for i, guess in enumerate(guesses)], guesses, boost
             )
             for i, row in enumerate(kept[0]):
                 cache.lengths[i] = base[i] + len(row) - 1
         else:
             kept = ([[t] for t in first.tokens.tolist()], [[p] for p in first.logprobs.tolist()])
-        return self._steps(cache, *kept, budgets, should_stop)
+        return self._steps(cache, *kept, budgets, should_stop, boost)
 
     def start_and_decode(
         self,
@@ -223,6 +236,7 @@ class GreedyDecoder:
         budgets: list[int],
         drafts: list[list[int]] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        boost: Boost | None = None,
     ) -> tuple[Started, Greedy]:
         """`start` then `decode`, for rows whose whole prompt is known before the logits at
         <|startoftranscript|> are read (an English-only model, a pinned language): each
@@ -257,14 +271,15 @@ class GreedyDecoder:
         last = torch.tensor([n - 1 for n in lead], device=hidden.device)
         started = Started(self._decoder.logits(states[at, sot]), cache)
         cache = started.take_cache()
-        first = self._decoder.choose(states[at, last], self._first_suppress)
+        ends = states[at, last]
+        first = self._decoder.choose(ends, self._first_suppress, _bias(boost, ends))
         fed = [states[i, lead[i] : lead[i] + len(guess)] for i, guess in enumerate(guesses)]
-        tokens, logprobs = self._keep(first, fed, guesses)
+        tokens, logprobs = self._keep(first, fed, guesses, boost)
         # Each row's cache ends before its last kept token, which the next step feeds.
         cache.lengths = torch.tensor(
             [lead[i] + len(row) - 1 for i, row in enumerate(tokens)], device=hidden.device
         )
-        return started, self._steps(cache, tokens, logprobs, budgets, should_stop)
+        return started, self._steps(cache, tokens, logprobs, budgets, should_stop, boost)
 
     def _plan(
         self, batch: int, room: int, budgets: list[int], drafts: list[list[int]] | None
@@ -293,18 +308,23 @@ class GreedyDecoder:
         logprobs: list[list[float]],
         budgets: list[int],
         should_stop: Callable[[], bool] | None,
+        boost: Boost | None = None,
     ) -> Greedy:
         """One greedy token per unfinished row per step, from each row's tokens so far
         (the last of which the cache does not hold yet), until every row has its end
         token or has used its budget."""
         done = [row[-1] == self._end or len(row) >= budgets[i] for i, row in enumerate(tokens)]
         device = cache.lengths.device
+        if boost is not None:
+            for i, row in enumerate(tokens):
+                boost.advance(i, row)
         while not all(done):
             _check(should_stop)
             pending = [self._end if done[i] else row[-1] for i, row in enumerate(tokens)]
             ids = torch.tensor(pending, dtype=torch.long, device=device)[:, None]
             before = cache.lengths.clone()
-            choice = self._decoder.choose(self._decoder.feed(cache, ids)[:, -1], self._suppress)
+            fed = self._decoder.feed(cache, ids)[:, -1]
+            choice = self._decoder.choose(fed, self._suppress, _bias(boost, fed))
             # A finished row stays where it is (it only rewrites its next, unused slot), so
             # rows that finished far ahead, on a long draft, cannot outgrow the cache.
             finished = torch.tensor(done, device=device)
@@ -315,6 +335,8 @@ class GreedyDecoder:
                 if not done[i]:
                     tokens[i].append(token)
                     logprobs[i].append(logprob)
+                    if boost is not None:
+                        boost.advance(i, [token])
                     done[i] = token == self._end or len(tokens[i]) >= budgets[i]
         width = max(len(row) for row in tokens)
         return Greedy(
@@ -340,7 +362,11 @@ class GreedyDecoder:
         return states[torch.arange(prompts.shape[0], device=prompts.device), own - 1]
 
     def _keep(
-        self, first: Choice, fed: Sequence[torch.Tensor], drafts: list[list[int]]
+        self,
+        first: Choice,
+        fed: Sequence[torch.Tensor],
+        drafts: list[list[int]],
+        boost: Boost | None = None,
     ) -> tuple[list[list[int]], list[list[float]]]:
         """Each row's agreeing draft prefix (at least the first token, which the prompt's
         logits pick). `first` is the choice at the first generated position; `fed[i]`
@@ -355,7 +381,9 @@ class GreedyDecoder:
                 continue
             # Position k's logits pick token k: the first from the prompt, then one per
             # draft token fed.
-            later = self._decoder.choose(fed[i], self._suppress)
+            # With keyterms, position k's bias is the row's after the draft's first k tokens.
+            bias = None if boost is None else boost.along(i, draft, fed[i].device)[1:]
+            later = self._decoder.choose(fed[i], self._suppress, bias)
             picked = torch.cat([first.tokens[i : i + 1], later.tokens])
             chosen = torch.cat([first.logprobs[i : i + 1], later.logprobs])
             agree = picked[: len(draft)].eq(torch.tensor(draft, device=picked.device))
@@ -368,6 +396,10 @@ class GreedyDecoder:
             tokens.append(picked[:mine].tolist())
             logprobs.append(chosen[:mine].tolist())
         return tokens, logprobs
+
+
+def _bias(boost: Boost | None, states: torch.Tensor) -> torch.Tensor | None:
+    return None if boost is None else boost.bias(states.device)
 
 
 def _check(should_stop: Callable[[], bool] | None) -> None:

@@ -81,9 +81,13 @@ class VocabularyHead(Protocol):
         """Float32 logits for every token, (rows, vocabulary)."""
         ...
 
-    def choose(self, states: torch.Tensor, suppress: torch.Tensor) -> Choice:
+    def choose(
+        self, states: torch.Tensor, suppress: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> Choice:
         """The greedy choice for each of `states` (rows, d_model), the tokens in
-        `suppress` (indices) excluded."""
+        `suppress` (indices) excluded, `bias` (rows, vocabulary), if given, added to the
+        logits first (keyterms, `engine.keyterms`): the log-probabilities are then the
+        biased distribution's."""
         ...
 
 
@@ -97,8 +101,12 @@ class FullHead:
         logits: torch.Tensor = self._projection(states)
         return logits.float()
 
-    def choose(self, states: torch.Tensor, suppress: torch.Tensor) -> Choice:
+    def choose(
+        self, states: torch.Tensor, suppress: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> Choice:
         logits = self.logits(states)
+        if bias is not None:
+            logits += bias
         logits[:, suppress] = -torch.inf
         tokens, logprobs = pick(logits)
         return Choice(tokens, logprobs, torch.zeros_like(tokens, dtype=torch.bool))
@@ -130,15 +138,21 @@ class ShortlistHead:
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         return functional.linear(states.float(), self._weight)
 
-    def choose(self, states: torch.Tensor, suppress: torch.Tensor) -> Choice:
+    def choose(
+        self, states: torch.Tensor, suppress: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> Choice:
         states = states.float()
         approx = self._int8(states)
+        if bias is not None:
+            approx += bias
         approx[:, suppress] = -torch.inf
         shortlist = approx.topk(self._size, dim=-1)
         candidates = shortlist.indices  # (rows, size)
         # Each row's candidates exactly, row by row: (rows, size, d) times (rows, 1, d),
         # summed over d (not bmm, whose rounding depends on the batch).
         exact = (self._weight[candidates] * states[:, None, :]).sum(dim=-1)
+        if bias is not None:
+            exact += bias.gather(1, candidates)
         best, at = exact.max(dim=-1)
         tokens = candidates.gather(1, at[:, None])[:, 0]
         approx.scatter_(1, candidates, exact)
@@ -147,6 +161,8 @@ class ShortlistHead:
         # One rescued row at a time: a matrix product's rounding depends on its rows.
         for row in rescued.nonzero()[:, 0].tolist():
             full = self.logits(states[row : row + 1])
+            if bias is not None:
+                full += bias[row : row + 1]
             full[:, suppress] = -torch.inf
             tokens[row : row + 1], logprobs[row : row + 1] = pick(full)
         return Choice(tokens, logprobs, rescued)

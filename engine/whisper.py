@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine import context
+from engine import context, keyterms
 from engine.alignment import AlignmentRequest
 from engine.api import SAMPLE_RATE, Transcription, Utterance
 from engine.decoding import Decoded, read_row, token_budget
@@ -192,7 +192,16 @@ class WhisperRecognizer:
             token_budget(u.duration, self._tokens_per_second(u), whisper.max_new_tokens_cap)
             for u in batch
         ]
-        prefixes = [whisper.prefix(utterance.prompt) for utterance in batch]
+        prefixes = [
+            whisper.prefix(u.prompt, u.keyterms if self.config.keyterm_prompt else ())
+            for u in batch
+        ]
+        boost = keyterms.boost_for(
+            [whisper.term_tokens(u.keyterms) for u in batch],
+            decoder.vocabulary,
+            start=self.config.keyterm_start,
+            go_on=self.config.keyterm_continue,
+        )
         forced = [whisper.draft_tokens(u.left.text) if u.left else [] for u in batch]
         # [The prefix,] <|startoftranscript|>, [language,] the prompt tail, [the left
         # context's text,] then the tokens.
@@ -210,7 +219,7 @@ class WhisperRecognizer:
             # one decoder pass for all of it and the drafts (`GreedyDecoder.start_and_decode`).
             rows = [[*whisper.prompt_row(language), *forced[i]] for i, language in enumerate(known)]
             started, greedy = decoder.start_and_decode(
-                hidden, positions, prefixes, rows, budgets, drafts, should_stop
+                hidden, positions, prefixes, rows, budgets, drafts, should_stop, boost
             )
             first = whisper.first_step.read(started.logits, batch)
         else:
@@ -224,7 +233,7 @@ class WhisperRecognizer:
             padded = [row + [whisper.eot] * (width - len(row)) for row in rows]
             prompts = torch.tensor(padded, dtype=torch.long, device=whisper.device)
             lengths = [len(row) for row in rows] if any(forced) else None
-            greedy = decoder.decode(started, prompts, budgets, drafts, should_stop, lengths)
+            greedy = decoder.decode(started, prompts, budgets, drafts, should_stop, lengths, boost)
         decoded = self._read(greedy, budgets, forced, first)
         return self._with_words(decoded, batch, started, window, should_stop)
 

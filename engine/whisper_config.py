@@ -8,6 +8,7 @@ from typing import Literal
 
 import torch
 
+from engine import keyterms
 from engine.guard import GuardConfig
 from engine.int8 import int8_available
 
@@ -79,6 +80,9 @@ class WhisperRecognizerConfig:
     cost are the utterance's own; a row that loops behind such a context is decoded
     again without it in the same window (the redo), not on the full window (a short
     final with its window filled loops more often, and the full window costs 3-4x).
+    Keyterms (`Utterance.keyterms`, `engine.keyterms`): `keyterm_prompt` puts them in the
+    prompt; `keyterm_start` and `keyterm_continue` are the logit bonuses on beginning and
+    on continuing one (0 and 0: no boosting).
     """
 
     device: str = "cpu"
@@ -99,6 +103,9 @@ class WhisperRecognizerConfig:
     partial_quantize: Quantize | None = None
     context_window: float = 20.0
     context_own_window: bool = False
+    keyterm_prompt: bool = True
+    keyterm_start: float = keyterms.START
+    keyterm_continue: float = keyterms.CONTINUE
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:

@@ -202,13 +202,22 @@ class WhisperModel:
             return [self.lang_to_id[language], *self.prompt_tail]
         return list(self.prompt_tail)
 
-    def prefix(self, prompt: str) -> list[int]:
-        """What an utterance reads before <|startoftranscript|>: <|startofprev|> and the last
-        `prompt_tokens` tokens of its prompt (Whisper's condition on previous text), or
+    def prefix(self, prompt: str, keyterms: Sequence[str] = ()) -> list[int]:
+        """What an utterance reads before <|startoftranscript|>: <|startofprev|>, its
+        keyterms as a list (`engine.keyterms`) and the last tokens of its prompt (Whisper's
+        condition on previous text), `prompt_tokens` in all (the terms first), or
         nothing."""
-        keep = self._prompt_tokens
-        tokens = self.draft_tokens(prompt) if keep else []
-        return [self.prev, *tokens[-keep:]] if tokens else []
+        room = self._prompt_tokens
+        terms = self.draft_tokens(", ".join(keyterms) + ".") if keyterms and room else []
+        terms = terms[:room]
+        keep = room - len(terms)
+        tokens = self.draft_tokens(prompt)[-keep:] if keep else []
+        return [self.prev, *terms, *tokens] if terms or tokens else []
+
+    def term_tokens(self, keyterms: Sequence[str]) -> list[list[int]]:
+        """Each keyterm's tokens as the model writes it after a space (the sequences
+        `engine.keyterms` boosts)."""
+        return [tokens for term in keyterms if (tokens := self.draft_tokens(term))]
 
     def draft_tokens(self, text: str) -> list[int]:
         """A draft's tokens as the model would write them (text after a space)."""
