@@ -81,6 +81,7 @@ class JobOptions:
     # Unix seconds the recording started at, as the client gave it (`started_at`): the
     # meeting source's origin. None: the upload's start is.
     started_at: float | None = None
+    keyterms: tuple[str, ...] = ()  # words to expect (`wire.keyterms`)
 
     def as_dict(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -93,6 +94,8 @@ class JobOptions:
             options["diarize"] = True
         if self.started_at is not None:
             options["started_at"] = self.started_at
+        if self.keyterms:
+            options["keyterms"] = list(self.keyterms)
         return options
 
 
@@ -311,6 +314,7 @@ class JobRegistry:
                     language=job.options.language,
                     meeting_source=source,
                     diarize=job.options.diarize,
+                    keyterms=job.options.keyterms,
                     in_flight=self._in_flight,
                     model_share=self._model_share,
                 )

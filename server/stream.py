@@ -47,7 +47,12 @@ async def stream_endpoint(websocket: WebSocket) -> None:
     try:
         principal = await _authenticate(state, handshake, meeting_id, Scope.STREAM)
         config = bind_participant(
-            parse_stream_config(meeting_id, query, state.settings.streams.default_language),
+            parse_stream_config(
+                meeting_id,
+                query,
+                state.settings.streams.default_language,
+                websocket.query_params.getlist("keyterm"),
+            ),
             principal,
             query,
         )

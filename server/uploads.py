@@ -20,6 +20,7 @@ import datetime
 import logging
 import math
 import time
+from collections.abc import Sequence
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -36,13 +37,14 @@ from session.services import SessionServices
 from store.errors import StoreError
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
+from wire.keyterms import parse_keyterms
 from wire.query import is_language, parse_flag, validate_id
 from wire.transcript import TranscriptFormat
 
 logger = logging.getLogger(__name__)
 
 OPTION_FIELDS = frozenset(
-    {"language", "format", "participant", "meeting_id", "wait", "diarize", "started_at"}
+    {"language", "format", "participant", "meeting_id", "wait", "diarize", "started_at", "keyterm"}
 )
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
@@ -57,8 +59,11 @@ def _problem(
     )
 
 
-def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions, bool]:
-    """Validate the options (query string, then form fields); raise Refusal (400)."""
+def _parse_options(
+    raw: dict[str, str], settings: Settings, keyterms: Sequence[str] = ()
+) -> tuple[JobOptions, bool]:
+    """Validate the options (query string, then form fields; `keyterms`: every `keyterm`
+    given, the one that repeats); raise Refusal (400)."""
 
     def bad(code: str, message: str) -> Refusal:
         return Refusal(400, code, message)
@@ -82,6 +87,7 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
         meeting_id = raw.get("meeting_id")
         if meeting_id is not None:
             validate_id("meeting_id", meeting_id)
+        terms = parse_keyterms(keyterms)
     except ProtocolError as exc:
         raise bad(exc.code.value, exc.message) from None
     started_at = None
@@ -101,6 +107,7 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
         format=fmt,
         diarize=diarize,
         started_at=started_at,
+        keyterms=terms,
     )
     return options, wait
 
@@ -187,7 +194,8 @@ async def create_transcription(request: Request) -> Response:
             request, 400, "bad_request", f"unknown query parameter {sorted(unknown)[0]!r}"
         )
     try:
-        options, wait = _parse_options(query, settings)
+        keyterms = request.query_params.getlist("keyterm")
+        options, wait = _parse_options(query, settings, keyterms)
     except Refusal as exc:
         return await _refuse(request, exc.status, exc.code, exc.message)
     declared = request.headers.get("content-length", "")
@@ -224,7 +232,8 @@ async def create_transcription(request: Request) -> Response:
             idle_timeout_s=settings.uploads.upload_idle_timeout_s,
             receive_timeout_s=settings.uploads.upload_receive_timeout_s,
         )
-        options, wait = _parse_options({**query, **form.fields}, settings)
+        form_terms = [form.fields["keyterm"]] if "keyterm" in form.fields else []
+        options, wait = _parse_options({**query, **form.fields}, settings, keyterms + form_terms)
         _check_language(options.language, services.languages, state.recognizer_name)
         _check_diarize(options.diarize, services)
         job.options = options

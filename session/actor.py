@@ -63,7 +63,7 @@ from session.speculation import Speculator
 from session.stream_state import TRANSITIONS, Connection, SessionState, SessionTotals
 from store.errors import StoreError
 from store.records import FinalRecord, SourceState
-from wire import build
+from wire import build, keyterms
 from wire.codes import CloseCode, ErrorCode
 from wire.control import ControlType, parse_control
 from wire.errors import ProtocolError
@@ -142,6 +142,7 @@ class SessionActor:
                 clock=services.clock,
                 telemetry=services.telemetry,
                 request_key=self.request_key,
+                keyterms=config.keyterms,
             ),
             self._speculator,
             services.store,
@@ -374,6 +375,8 @@ class SessionActor:
             await self._handle(await self._pipeline.decode(data))
             return None
         control = parse_control(text or "")
+        if control is ControlType.CONFIGURE:  # for the utterances sent from now on
+            self._committer.keyterms = keyterms.configure_keyterms(text or "")
         if control is ControlType.STOP:
             return STOPPED
         if control is ControlType.FINALIZE:

@@ -93,6 +93,9 @@ class CommitterConfig:
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     # The engine's key for this connection's requests (None: the session_id).
     request_key: str | None = None
+    # Words the source expects (`Utterance.keyterms`); a stream's `configure` replaces
+    # them (`Committer.keyterms`).
+    keyterms: tuple[str, ...] = ()
 
     @property
     def engine_key(self) -> str:
@@ -143,6 +146,8 @@ class Committer:
             clock=config.clock,
             telemetry=config.telemetry,
         )
+        # The keyterms every utterance is sent with from now on (a `configure` sets them).
+        self.keyterms: tuple[str, ...] = config.keyterms
         self.committed_index = -1  # the last utterance whose final was handled
         self.empty = 0  # utterances the hallucination guard judged not to be speech
 
@@ -171,7 +176,9 @@ class Committer:
         return self._order.speculative(utterance, event.index, event.start)
 
     def _utterance(self, audio: FloatArray, draft: str, prompt: str) -> Utterance:
-        return Utterance(audio, self.gate.language, draft, prompt, word_timings=True)
+        return Utterance(
+            audio, self.gate.language, draft, prompt, word_timings=True, keyterms=self.keyterms
+        )
 
     async def submit(self, event: UtteranceEnded, draft: str = "") -> PendingFinal:
         """Send the utterance `event` ended to the engine (or hold it for its language, or
@@ -250,7 +257,9 @@ class Committer:
         self, audio: FloatArray, language: str, prompt: str
     ) -> Transcription | None:
         """Transcribe one speaker's part of an utterance on its own (with its prompt)."""
-        utterance = Utterance(audio, language, prompt=prompt, word_timings=True)
+        utterance = Utterance(
+            audio, language, prompt=prompt, word_timings=True, keyterms=self.keyterms
+        )
         try:
             result = await (await self._recognition.submit(self._request(utterance)))
         except SchedulerError:

@@ -61,6 +61,7 @@ class FileOptions:
     # source_id must be its session_id); None: the file stands alone.
     meeting_source: SourceState | None = None
     diarize: bool = False  # label each final's speaker (services.speakers must be set)
+    keyterms: tuple[str, ...] = ()  # words to expect (`engine.api.Utterance.keyterms`)
     # How many of the file's requests may be in the scheduler now; asked before each
     # submission, so the server can lower it while live rooms are open.
     in_flight: Callable[[], int] = lambda: 4
@@ -127,6 +128,7 @@ class FileTranscriber:
                 left_context=services.left_context,
                 context_languages=services.context_languages,
                 clock=services.clock,
+                keyterms=options.keyterms,
             ),
             services.scheduler,
             services.store,

@@ -81,7 +81,12 @@ class PartialSender:
             self._drop("waiting")
             return
         utterance = Utterance(
-            event.audio, self._committer.language, self.draft_for(event.index), prompt, partial=True
+            event.audio,
+            self._committer.language,
+            self.draft_for(event.index),
+            prompt,
+            partial=True,
+            keyterms=self._committer.keyterms,
         )
         request = RecognitionRequest(self._committer.config.engine_key, Priority.PARTIAL, utterance)
         try:

@@ -17,6 +17,7 @@ class ControlType(enum.StrEnum):
     STOP = "stop"  # flush, send every final, then `session.ended`, close 1000
     KEEPALIVE = "keepalive"
     AUTH = "auth"  # credentials as the first message; a no-op once authenticated
+    CONFIGURE = "configure"  # {"keyterms": [...]}: replace the stream's keyterms
 
 
 def control_message(kind: ControlType) -> str:

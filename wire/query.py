@@ -4,6 +4,7 @@ the stream socket's query parameters."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from wire.codes import (
     ErrorCode,
 )
 from wire.errors import ProtocolError
+from wire.keyterms import parse_keyterms
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: "$" takes a "\n"
 _LANGUAGE = re.compile(r"[a-z]{2,3}|auto")
@@ -57,6 +59,7 @@ class StreamConfig:
     encoding: Encoding
     interim_results: bool
     diarize: bool = False  # label each final's speaker (a source carrying several voices)
+    keyterms: tuple[str, ...] = ()  # words to expect (`wire.keyterms`)
 
     def as_dict(self) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -67,13 +70,19 @@ class StreamConfig:
         }
         if self.diarize:  # absent otherwise: nothing changes for streams without it
             config["diarize"] = True
+        if self.keyterms:  # likewise
+            config["keyterms"] = list(self.keyterms)
         return config
 
 
 def parse_stream_config(
-    meeting_id: str, query: dict[str, str], default_language: str
+    meeting_id: str,
+    query: dict[str, str],
+    default_language: str,
+    keyterms: Sequence[str] = (),
 ) -> StreamConfig:
-    """Validate the stream socket's query parameters; raise ProtocolError on bad input."""
+    """Validate the stream socket's query parameters (`keyterms`: every `keyterm`
+    parameter's value, the one that repeats); raise ProtocolError on bad input."""
 
     def bad(message: str) -> ProtocolError:
         return ProtocolError(ErrorCode.BAD_CONFIG, CloseCode.BAD_REQUEST, message)
@@ -107,4 +116,5 @@ def parse_stream_config(
         encoding=encoding,
         interim_results=interim,
         diarize=diarize,
+        keyterms=parse_keyterms(keyterms),
     )

@@ -9,6 +9,9 @@ Mapping:
 - audio: binary frames pass through (linear16 at `sample_rate`); an empty binary frame is
   Deepgram's old way to close the stream and means `CloseStream`;
 - `KeepAlive` → `keepalive`, `Finalize` → `finalize`, `CloseStream` → `stop`;
+- `keyterm` and `keywords` (boosts dropped) → the stream's keyterms; `Configure` with
+  `keyterms` → `configure` (answered `ConfigureSuccess`, or `ConfigureFailure` when the
+  list is refused: the stream goes on with the keyterms it had);
 - `transcript.partial` → `Results` with `is_final: false`; `transcript.final` → `Results`
   with `is_final: true`, `speech_final: true` when the VAD heard the speech stop inside
   the utterance (a long utterance cut while speech goes on is not speech-final), and
@@ -24,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +45,7 @@ from wire.codes import (
     ErrorCode,
 )
 from wire.errors import ProtocolError
+from wire.keyterms import keyterms_field, parse_keyterms
 from wire.query import StreamConfig, validate_id
 
 CHANNEL_INDEX = [0, 1]  # channel 0 of 1: Parley streams are mono
@@ -76,6 +80,7 @@ class DeepgramOptions:
     endpointing: bool  # false: no result is speech-final
     utterance_end_ms: int | None
     model: str | None  # reported back, not chosen: the server runs one model
+    keyterms: tuple[str, ...] = ()  # `keyterm`s and `keywords` (their boosts dropped)
 
     def stream_config(self) -> StreamConfig:
         return StreamConfig(
@@ -86,6 +91,7 @@ class DeepgramOptions:
             encoding=Encoding.PCM_S16LE,
             interim_results=self.interim_results,
             diarize=self.diarize,
+            keyterms=self.keyterms,
         )
 
 
@@ -108,12 +114,18 @@ def _integer(query: Mapping[str, str], name: str) -> int | None:
 
 
 def parse_options(
-    query: Mapping[str, str], *, meeting_id: str, default_language: str
+    query: Mapping[str, str],
+    *,
+    meeting_id: str,
+    default_language: str,
+    keyterms: Sequence[str] = (),
+    keywords: Sequence[str] = (),
 ) -> DeepgramOptions:
-    """Validate the query string; ProtocolError (bad_config, answered HTTP 400) on a
-    malformed value or a feature Parley cannot honour. Other Deepgram parameters
-    (keywords, keyterm, numerals, profanity_filter, filler_words, tag, extra, ...) are
-    accepted and ignored, as are unknown ones."""
+    """Validate the query string (`keyterms`, `keywords`: every `keyterm` and `keywords`
+    parameter, the ones that repeat); ProtocolError (bad_config, answered HTTP 400) on a
+    malformed value or a feature Parley cannot honour, too_many_keyterms past the
+    keyterms' bounds. Other Deepgram parameters (numerals, profanity_filter,
+    filler_words, tag, extra, ...) are accepted and ignored, as are unknown ones."""
     for name, why in _REFUSED.items():
         if name in query:
             raise bad(f"{name}: {why}")
@@ -146,7 +158,24 @@ def parse_options(
         endpointing=(endpointing or "").lower() != _FALSE,
         utterance_end_ms=utterance_end_ms,
         model=query.get("model"),
+        keyterms=parse_keyterms([*keyterms, *_keywords(keywords)]),
     )
+
+
+def _keywords(values: Sequence[str]) -> list[str]:
+    """Deepgram's `keywords` (`word` or `word:boost`) as keyterms: the boost is dropped
+    (Parley's bonus is fixed), and a keyword with a negative boost (Deepgram: suppress
+    it) is not a keyterm."""
+    terms = []
+    for value in values:
+        word, _, boost = value.rpartition(":") if ":" in value else (value, "", "")
+        try:
+            if boost and float(boost) < 0:
+                continue
+        except ValueError:
+            word = value  # a colon that is part of the word
+        terms.append(word)
+    return terms
 
 
 def _language(tag: str) -> str:
@@ -208,6 +237,7 @@ class DeepgramCodec:
         self._speech_stopped: float | None = None
         self._last_end = 0.0
         self._speakers: dict[Any, int] = {}
+        self._keyterms = options.keyterms  # those in effect (a Configure replaces them)
 
     # ------------------------------------------------------------------ client → actor
 
@@ -230,10 +260,39 @@ class DeepgramCodec:
             return Inbound([control("finalize")])
         if kind == "CloseStream":
             return Inbound([control("stop")])
+        if kind == "Configure":
+            return self._configure(orjson.loads(text))
         raise ProtocolError(
             ErrorCode.INVALID_MESSAGE,
             CloseCode.INVALID_PAYLOAD,
-            "a text frame must be a JSON object with type KeepAlive, Finalize or CloseStream",
+            "a text frame must be a JSON object with type KeepAlive, Finalize, CloseStream "
+            "or Configure",
+        )
+
+    def _configure(self, data: dict[str, Any]) -> Inbound:
+        """Deepgram's `Configure`: `keyterms` (a list) replaces the stream's, null or
+        absent keeps them; answered `ConfigureSuccess` with the keyterms in effect, or
+        `ConfigureFailure` (the stream goes on with its keyterms unchanged)."""
+        try:
+            terms = self._keyterms if data.get("keyterms") is None else keyterms_field(data)
+        except ProtocolError as exc:
+            failure = {
+                "type": "ConfigureFailure",
+                "request_id": self.request_id,
+                "err_code": exc.code.value,
+                "err_msg": exc.message,
+            }
+            return Inbound(replies=[self._dumps(failure)])
+        self._keyterms = terms
+        success = {
+            "type": "ConfigureSuccess",
+            "request_id": self.request_id,
+            "keyterms": list(terms),
+        }
+        forward = {"type": "configure", "keyterms": list(terms)}
+        return Inbound(
+            [{"type": "websocket.receive", "text": orjson.dumps(forward).decode()}],
+            [self._dumps(success)],
         )
 
     # ------------------------------------------------------------------ actor → client

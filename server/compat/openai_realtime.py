@@ -34,6 +34,7 @@ from starlette.responses import Response
 from server.compat.bridge import Inbound, Message, audio, control, http_status
 from wire.codes import CloseCode, Encoding, ErrorCode
 from wire.errors import ProtocolError
+from wire.keyterms import prompt_terms
 from wire.query import StreamConfig
 
 SAMPLE_RATE = 24_000  # the only PCM rate of OpenAI's realtime audio
@@ -65,6 +66,7 @@ class TranscriptionSession:
     language: str | None
     prompt: str
     manual_turns: bool  # turn_detection: null (Parley's VAD cuts utterances all the same)
+    keyterms: tuple[str, ...] = ()  # the prompt's terms (`wire.keyterms.prompt_terms`)
 
 
 def denial(error: ProtocolError) -> Response:
@@ -106,6 +108,7 @@ class RealtimeCodec:
             sample_rate=SAMPLE_RATE,
             encoding=Encoding.PCM_S16LE,
             interim_results=True,
+            keyterms=self.settings.keyterms,
         )
 
     def created(self) -> str:
@@ -140,7 +143,13 @@ class RealtimeCodec:
         if kind == "input_audio_buffer.clear":
             return Inbound(replies=[self._event("input_audio_buffer.cleared")])
         if kind in ("session.update", "transcription_session.update"):
-            return Inbound(replies=self._update(event.get("session")))
+            before = self.settings.keyterms
+            replies = self._update(event.get("session"))
+            if not self.started or self.settings.keyterms == before:
+                return Inbound(replies=replies)  # before audio: the stream starts with them
+            update = {"type": "configure", "keyterms": list(self.settings.keyterms)}
+            message = {"type": "websocket.receive", "text": orjson.dumps(update).decode()}
+            return Inbound([message], replies)
         return Inbound(
             replies=[
                 self._error(
@@ -189,6 +198,11 @@ class RealtimeCodec:
                 language=None if language is None else str(language).split("-")[0].lower(),
                 prompt=str(transcription.get("prompt") or ""),
             )
+            try:
+                settings = replace(settings, keyterms=prompt_terms(settings.prompt))
+            except ProtocolError as exc:
+                param = "session.audio.input.transcription.prompt"
+                return [self._error(exc.message, param=param, code=exc.code.value)]
         if turns != "unset":
             settings = replace(settings, manual_turns=turns is None)
         self.settings = settings

@@ -61,7 +61,11 @@ async def listen_endpoint(websocket: WebSocket) -> None:
             subprotocol_token=via_subprotocol[1] if via_subprotocol else None,
         )
         options = deepgram.parse_options(
-            query, meeting_id=meeting_id, default_language=state.settings.streams.default_language
+            query,
+            meeting_id=meeting_id,
+            default_language=state.settings.streams.default_language,
+            keyterms=websocket.query_params.getlist("keyterm"),
+            keywords=websocket.query_params.getlist("keywords"),
         )
         config = bind_participant(options.stream_config(), principal, _named(query))
     except WebSocketDisconnect:
