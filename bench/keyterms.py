@@ -94,11 +94,13 @@ def speak(text: str, voice: str, folder: Path) -> AudioArray:
     return read_wav(wav)
 
 
-def build(sentences: Sequence[tuple[str, tuple[str, ...]]], folder: Path) -> list[Clip]:
+def build(
+    sentences: Sequence[tuple[str, tuple[str, ...]]], folder: Path, voices: Sequence[str]
+) -> list[Clip]:
     return [
         Clip(text, terms, voice, speak(text, voice, folder))
         for text, terms in sentences
-        for voice in VOICES
+        for voice in voices
     ]
 
 
@@ -175,14 +177,15 @@ def main() -> None:
     parser.add_argument("--go-on", type=float, default=None, help="continue bonus")
     parser.add_argument("--grid", action="store_true", help="tune the bonuses (tuning set)")
     parser.add_argument("--show", action="store_true", help="print every transcript")
+    parser.add_argument("--voices", nargs="+", default=list(VOICES), help="espeak-ng voices")
     args = parser.parse_args()
     from engine import keyterms
 
     start = keyterms.START if args.start is None else args.start
     go_on = keyterms.CONTINUE if args.go_on is None else args.go_on
     with tempfile.TemporaryDirectory() as folder:
-        tuning = build(TUNING, Path(folder))
-        held_out = build(HELD_OUT, Path(folder))
+        tuning = build(TUNING, Path(folder), args.voices)
+        held_out = build(HELD_OUT, Path(folder), args.voices)
     tuning_terms = tuple(t for _, terms in TUNING for t in terms)[:3]
     held_terms = tuple(t for _, terms in HELD_OUT for t in terms)[:3]
     if args.grid:
@@ -196,7 +199,7 @@ def main() -> None:
                     f"{wrong.inserted} inserted, corpus WER {wer:.3f} (+{added} words)"
                 )
         return
-    print(f"bonuses: start {start}, continue {go_on}; {len(VOICES)} voices per sentence")
+    print(f"bonuses: start {start}, continue {go_on}; voices {' '.join(args.voices)}")
     for mode in args.modes:
         rec = recognizer(mode, start, go_on)
         for name, set_, others in (

@@ -30,6 +30,9 @@ import torch
 # The logit bonuses (tuned on bench/keyterms.py's tuning set; the held-out set reports).
 START = 2.0
 CONTINUE = 4.0
+# The most tokens of an utterance's terms that are boosted (the first terms' first; the
+# server bounds the list before: wire/keyterms.py).
+MAX_TOKENS = 500
 
 State = tuple[int, ...]  # the trie nodes a row's last tokens reach (root excluded)
 

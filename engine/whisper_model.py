@@ -45,6 +45,7 @@ from engine.api import Utterance
 from engine.first_step import FirstStep
 from engine.greedy import GreedyDecoder
 from engine.int8 import Int8Linear, quantize_linears
+from engine.keyterms import MAX_TOKENS
 from engine.vocabulary import FullHead, ShortlistHead, VocabularyHead
 from engine.whisper_config import ENGLISH, INT8_LAYERS, WhisperRecognizerConfig
 from engine.windows import WindowedEncoders
@@ -216,8 +217,17 @@ class WhisperModel:
 
     def term_tokens(self, keyterms: Sequence[str]) -> list[list[int]]:
         """Each keyterm's tokens as the model writes it after a space (the sequences
-        `engine.keyterms` boosts)."""
-        return [tokens for term in keyterms if (tokens := self.draft_tokens(term))]
+        `engine.keyterms` boosts), `MAX_TOKENS` in all at most."""
+        out: list[list[int]] = []
+        room = MAX_TOKENS
+        for term in keyterms:
+            tokens = self.draft_tokens(term)
+            if len(tokens) > room:
+                break
+            room -= len(tokens)
+            if tokens:
+                out.append(tokens)
+        return out
 
     def draft_tokens(self, text: str) -> list[int]:
         """A draft's tokens as the model would write them (text after a space)."""

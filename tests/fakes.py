@@ -21,7 +21,8 @@ class FakeRecognizer:
     it is multilingual: an utterance that pins no language is "detected" as `detects`
     (code, probability).
     `asked` records every utterance's `language` (None: detection asked for), `drafts`
-    every utterance's (sample count, draft), `prompts` its (sample count, prompt), `timed`
+    every utterance's (sample count, draft), `prompts` its (sample count, prompt),
+    `keyterms` its (sample count, keyterms), `timed`
     the sample count of every utterance that asked for word timings (finals do).
     `empty_on` gives an utterance of that length empty text (as the guard empties one).
     """
@@ -40,6 +41,7 @@ class FakeRecognizer:
         self.asked: list[str | None] = []
         self.drafts: list[tuple[int, str]] = []
         self.prompts: list[tuple[int, str]] = []
+        self.keyterms: list[tuple[int, tuple[str, ...]]] = []
         self.lefts: list[Utterance] = []  # every utterance that came with a left context
         self.timed: list[int] = []
         self.empty_on: int | None = None
@@ -80,6 +82,7 @@ class FakeRecognizer:
         self.asked.extend(u.language for u in batch)
         self.drafts.extend((len(u.audio), u.draft) for u in batch)
         self.prompts.extend((len(u.audio), u.prompt) for u in batch)
+        self.keyterms.extend((len(u.audio), u.keyterms) for u in batch)
         self.lefts.extend(u for u in batch if u.left is not None)
         self.timed.extend(len(u.audio) for u in batch if u.word_timings)
         self.entered.set()
