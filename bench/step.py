@@ -267,8 +267,10 @@ def rows_cell(recognizer: WhisperRecognizer, hidden: torch.Tensor) -> str:
     choices = [0, 0]
     choose = greedy._decoder.choose
 
-    def counted(states: torch.Tensor, suppress: torch.Tensor) -> Choice:
-        choice = choose(states, suppress)
+    def counted(
+        states: torch.Tensor, suppress: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> Choice:
+        choice = choose(states, suppress, bias)
         choices[0] += choice.rescued.numel()
         choices[1] += int(choice.rescued.sum())
         return choice
