@@ -11,9 +11,15 @@ StoreError
 │   └── ResumeTokenMismatch  the token belongs to another meeting or participant (4403)
 └── SubscriberLagged         a listener was dropped; it reconnects and catches up
     └── SubscriptionLost     ... because the store connection under it broke or closed
+QuotaFull                    a quota's slots are all held (4429 or 1013, by quota)
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from store.api import QuotaClaim
 
 
 class StoreError(Exception):
@@ -51,3 +57,11 @@ class SubscriberLagged(StoreError):
 class SubscriptionLost(SubscriberLagged):
     """The store connection under a listener broke (or the store closed): events may be
     missing, so the listener is dropped like a lagging one."""
+
+
+class QuotaFull(Exception):
+    """Every slot of `claim`'s quota is held (not a store fault: the caller refuses)."""
+
+    def __init__(self, claim: QuotaClaim) -> None:
+        super().__init__(f"quota {claim.name} of {claim.key!r} is full ({claim.limit})")
+        self.claim = claim
