@@ -35,6 +35,7 @@ from server.registry import SessionRegistry
 from server.sandbox import SandboxMode, open_sandbox
 from server.settings import Settings
 from server.state import AppState, ModelState
+from server.takeovers import watch_takeovers
 from server.tokens import open_tokens
 from session.actor import CLOSE_TIMEOUT
 from session.diarizer import DiarizerConfig
@@ -204,23 +205,27 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
-        registry = SessionRegistry(settings.max_sessions)
+        registry = SessionRegistry(settings.max_sessions, settings.resume_headroom)
+        store = open_store(
+            settings.redis_url,
+            prefix=settings.store_prefix,
+            ttl=TTLSettings(base_s=settings.meeting_ttl_s, decay_s=settings.meeting_ttl_s),
+            node_lease_s=settings.node_lease_s,
+        )
         state = AppState(
             settings=settings,
-            store=open_store(
-                settings.redis_url,
-                prefix=settings.store_prefix,
-                ttl=TTLSettings(base_s=settings.meeting_ttl_s, decay_s=settings.meeting_ttl_s),
-            ),
+            store=store,
             registry=registry,
             metrics=Metrics(),
-            jobs=JobRegistry(settings, live_streams=lambda: len(registry), sandbox=sandbox),
+            jobs=JobRegistry(
+                settings, store.jobs, live_streams=lambda: len(registry), sandbox=sandbox
+            ),
             auth=auth,
             capacity=CapacityMonitor(
                 settings.admit_max_queue_wait_ms / 1000, settings.max_batch_size
             ),
-            stream_slots=Slots(settings.max_streams_per_key),
             listener_slots=ListenerQuota(
+                store.quotas,
                 settings.max_listeners_per_meeting,
                 settings.max_listeners_per_tenant,
                 settings.max_listeners,
@@ -241,10 +246,11 @@ def create_app(
             if settings.malloc_trim_interval_s > 0
             else None
         )
+        takeovers = asyncio.create_task(watch_takeovers(store, registry), name="takeovers")
         try:
             yield {"parley": state}
         finally:
-            background = [task for task in (state.loader, trimmer) if task is not None]
+            background = [t for t in (state.loader, trimmer, takeovers) if t is not None]
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)

@@ -221,7 +221,17 @@ class Settings:
         6, "Most speakers a diarized source is split into (1-26)."
     )
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
-    max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")
+    max_sessions: int = setting(
+        64,
+        "Concurrent audio streams admitted; more get close 1013, and `/readyz` says 503 "
+        "(`at capacity`) while the node is full.",
+    )
+    resume_headroom: float = setting(
+        0.1,
+        "Resumed streams are admitted past `MAX_SESSIONS` by this share of it (at least 1), "
+        "so the streams of a node that died land on the survivors; past that they get 1013 "
+        "and retry through the balancer.",
+    )
     admit_max_queue_wait_ms: float = setting(
         3000.0,
         "New streams get close 1013 while finals waited longer than this for the model "
@@ -229,13 +239,16 @@ class Settings:
         "0: off.",
     )
     max_streams_per_key: int = setting(
-        16, "Concurrent audio streams per tenant (authenticated only); more get close 4429."
+        16,
+        "Concurrent audio streams per tenant (authenticated only), across every node "
+        "sharing the Redis store; more get close 4429.",
     )
     max_listeners_per_meeting: int = setting(
-        64, "Listener sockets per meeting on this node; more get close 4429."
+        64, "Listener sockets per meeting, across every node; more get close 4429."
     )
     max_listeners_per_tenant: int = setting(
-        256, "Listener sockets per tenant on this node (authenticated only); more get close 4429."
+        256,
+        "Listener sockets per tenant (authenticated only), across every node; more get close 4429.",
     )
     max_listeners: int = setting(2048, "Listener sockets on this node in all; more get close 1013.")
     max_waiting_auth: int = setting(
@@ -297,6 +310,12 @@ class Settings:
     )
     outbox_limit: int = setting(
         1000, "Undelivered messages to a client before it is dropped as too slow."
+    )
+    drain_grace_s: float = setting(
+        0.0,
+        "On SIGTERM, seconds the node keeps answering (`/readyz` 503 `draining`, new "
+        "streams 1013) before it stops listening and drains: time for a balancer's health "
+        "check to take it out of rotation.",
     )
     drain_timeout_s: float = setting(
         10.0, "On shutdown, how long sessions get to flush their finals."
@@ -363,6 +382,17 @@ class Settings:
         None, "Redis URL for meeting context (e.g. `redis://127.0.0.1:6379/0`); unset: in-process."
     )
     store_prefix: str = setting("parley:", "Prefix of every Redis key.")
+    node_lease_s: float = setting(
+        10.0,
+        "With Redis: how long a node's quota slots and its unfinished upload jobs outlive "
+        "it. A live node renews its lease every third of this; when it dies, its slots "
+        "free and its jobs read as failed (`node_lost`) this long after.",
+    )
+    job_sync_s: float = setting(
+        1.0,
+        "How often a node writes its unfinished upload jobs' progress to the store (other "
+        "nodes read it) and picks up cancels asked through other nodes.",
+    )
     meeting_ttl_s: float = setting(
         24 * 3600.0,
         "How long a meeting's transcript is kept after a write, before it grows with reads "
@@ -469,6 +499,8 @@ class Settings:
             "upload_receive_timeout_s",
             "ws_ping_interval_s",
             "ws_ping_timeout_s",
+            "node_lease_s",
+            "job_sync_s",
         )
         for name in positive:
             if not getattr(self, name) > 0:
@@ -485,7 +517,13 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()} must be >= 1")
-        for name in ("realtime_burst_s", "admit_max_queue_wait_ms", "partial_wait_ms"):
+        for name in (
+            "realtime_burst_s",
+            "admit_max_queue_wait_ms",
+            "partial_wait_ms",
+            "resume_headroom",
+            "drain_grace_s",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()} must be >= 0")
 

@@ -16,11 +16,6 @@ QuotaFull                    a quota's slots are all held (4429 or 1013, by quot
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from store.api import QuotaClaim
-
 
 class StoreError(Exception):
     """Base of every error the store raises on purpose."""
@@ -60,8 +55,11 @@ class SubscriptionLost(SubscriberLagged):
 
 
 class QuotaFull(Exception):
-    """Every slot of `claim`'s quota is held (not a store fault: the caller refuses)."""
+    """Every slot of a quota is held (not a store fault: the caller refuses). `name`,
+    `key` and `limit` are the full claim's (store.api.QuotaClaim)."""
 
-    def __init__(self, claim: QuotaClaim) -> None:
-        super().__init__(f"quota {claim.name} of {claim.key!r} is full ({claim.limit})")
-        self.claim = claim
+    def __init__(self, name: str, key: str, limit: int) -> None:
+        super().__init__(f"quota {name} of {key!r} is full ({limit})")
+        self.name = name
+        self.key = key
+        self.limit = limit

@@ -38,7 +38,7 @@ class MemoryQuotas:
         for claim in claims:
             held = self._slots.get((claim.name, claim.key), {})
             if lease.id not in held and len(held) >= claim.limit:
-                raise QuotaFull(claim)
+                raise QuotaFull(claim.name, claim.key, claim.limit)
         for claim in claims:
             self._slots.setdefault((claim.name, claim.key), {})[lease.id] = lease.holder
         return lease

@@ -203,7 +203,8 @@ class RedisLeases:
             raise self._link.unavailable(exc, "take a quota slot") from exc
         self._link.note_success()
         if int(full):
-            raise QuotaFull(claims[int(full) - 1])
+            claim = claims[int(full) - 1]
+            raise QuotaFull(claim.name, claim.key, claim.limit)
         self._held[lease.id, lease.holder] = lease
         return lease
 

@@ -32,6 +32,7 @@ from store.errors import (
     UnknownResumeToken,
 )
 from store.keyed_locks import KeyedLocks
+from store.memory_cluster import new_node_id
 from store.records import (
     FinalRecord,
     NewFinal,
@@ -42,7 +43,6 @@ from store.records import (
     new_source,
 )
 from store.redis_buffer import PendingFinal, PendingSource, WriteBuffer
-from store.memory_cluster import new_node_id
 from store.redis_events import PING_S, RedisEvents, RedisTakeovers, without_read_timeout
 from store.redis_jobs import RedisJobs
 from store.redis_leases import RedisLeases
