@@ -36,7 +36,7 @@ import orjson
 from engine.api import SchedulerError
 from server.decode import DecodedAudio, DecodeLimits, decode_file
 from server.sandbox import UNCONFINED, Sandbox
-from server.settings import Settings
+from server.settings import UploadSettings
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import SessionServices
 from session.vad import VadScorer
@@ -208,7 +208,7 @@ class JobRegistry:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: UploadSettings,
         records: JobStore,
         live_streams: Callable[[], int] = lambda: 0,
         sandbox: Sandbox = UNCONFINED,

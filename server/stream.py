@@ -47,7 +47,7 @@ async def stream_endpoint(websocket: WebSocket) -> None:
     try:
         principal = await _authenticate(state, handshake, meeting_id, Scope.STREAM)
         config = bind_participant(
-            parse_stream_config(meeting_id, query, state.settings.default_language),
+            parse_stream_config(meeting_id, query, state.settings.streams.default_language),
             principal,
             query,
         )
@@ -68,7 +68,7 @@ async def _authenticate(
         state.auth,
         meeting_id,
         scope,
-        timeout_s=state.settings.auth_timeout_s,
+        timeout_s=state.settings.auth.auth_timeout_s,
         waiting=state.waiting_auth,
     )
 
@@ -88,7 +88,9 @@ async def serve_source(
     compat adapters (server/compat/) share every step; an adapter passes `connection`, its
     translating wrapper of the socket, and refuses through its own `handshake`."""
     resuming = "resume_token" in query
-    slot = StreamSlot(state.store.quotas, principal.tenant, state.settings.max_streams_per_key)
+    slot = StreamSlot(
+        state.store.quotas, principal.tenant, state.settings.streams.max_streams_per_key
+    )
     try:
         services = _services_or_refuse(state)
         _check_capacity(state, resumed=resuming)
@@ -136,12 +138,14 @@ async def _serve_stream(
     budget = None
     if not principal.fast_replay:
         budget = RealtimeBudget(
-            state.settings.realtime_factor, state.settings.realtime_burst_s, time.monotonic()
+            state.settings.streams.realtime_factor,
+            state.settings.streams.realtime_burst_s,
+            time.monotonic(),
         )
     connection = LimitedConnection(
         socket,
-        idle_timeout_s=state.settings.idle_timeout_s,
-        max_duration_s=state.settings.max_session_s,
+        idle_timeout_s=state.settings.streams.idle_timeout_s,
+        max_duration_s=state.settings.streams.max_session_s,
         budget=budget,
         bytes_per_second=config.sample_rate * config.encoding.sample_width,
     )
@@ -309,7 +313,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
     finally:
         state.metrics.listeners.dec()
         await state.listener_slots.release(lease)
-    timeout = state.settings.listener_send_timeout_s
+    timeout = state.settings.streams.listener_send_timeout_s
     if isinstance(error, SubscriberLagged):
         await _close_with(
             websocket,
@@ -369,7 +373,7 @@ async def _forward(
     # owner is confirmed; a listener that does not take a message in time is dropped.
     if after_seq > await state.store.last_seq(meeting_id):
         after_seq = 0  # the log is younger than the client's view (an in-memory store restarted)
-    timeout = state.settings.listener_send_timeout_s
+    timeout = state.settings.streams.listener_send_timeout_s
     sent = after_seq
     backlog = await state.store.finals(meeting_id, after_seq)
     for record in in_meeting_order(backlog):  # the replay in meeting time; live in seq order
