@@ -87,9 +87,12 @@ async def test_job_records_read_cancel_and_expire(store: Store) -> None:
 def _redis_nodes(make_store: StoreFactory, request: pytest.FixtureRequest) -> list[RedisStore]:
     if "redis" not in request.node.callspec.id:
         pytest.skip("two nodes share state through Redis only")
-    nodes = [make_store(node_lease_s=LEASE_S) for _ in range(2)]
-    assert all(isinstance(node, RedisStore) for node in nodes)
-    return nodes  # type: ignore[return-value]  # checked just above
+    nodes: list[RedisStore] = []
+    for _ in range(2):
+        node = make_store(node_lease_s=LEASE_S)
+        assert isinstance(node, RedisStore)
+        nodes.append(node)
+    return nodes
 
 
 def _stop_heartbeat(node: RedisStore) -> None:
