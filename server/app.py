@@ -36,6 +36,7 @@ from server.registry import SessionRegistry
 from server.sandbox import SandboxMode, open_sandbox
 from server.settings import SettingError, Settings
 from server.state import AppState, ModelState
+from server.takeovers import watch_takeovers
 from server.tokens import open_tokens
 from session.actor import CLOSE_TIMEOUT
 from session.diarizer import DiarizerConfig
@@ -227,25 +228,29 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
-        registry = SessionRegistry(settings.streams.max_sessions)
+        registry = SessionRegistry(settings.streams.max_sessions, settings.streams.resume_headroom)
+        store = open_store(
+            settings.store.redis_url,
+            prefix=settings.store.store_prefix,
+            ttl=TTLSettings(
+                base_s=settings.store.meeting_ttl_s, decay_s=settings.store.meeting_ttl_s
+            ),
+            node_lease_s=settings.store.node_lease_s,
+        )
         state = AppState(
             settings=settings,
-            store=open_store(
-                settings.store.redis_url,
-                prefix=settings.store.store_prefix,
-                ttl=TTLSettings(
-                    base_s=settings.store.meeting_ttl_s, decay_s=settings.store.meeting_ttl_s
-                ),
-            ),
+            store=store,
             registry=registry,
             metrics=Metrics(),
-            jobs=JobRegistry(settings.uploads, live_streams=lambda: len(registry), sandbox=sandbox),
+            jobs=JobRegistry(
+                settings.uploads, store.jobs, live_streams=lambda: len(registry), sandbox=sandbox
+            ),
             auth=auth,
             capacity=CapacityMonitor(
                 settings.streams.admit_max_queue_wait_ms / 1000, settings.scheduler.max_batch_size
             ),
-            stream_slots=Slots(settings.streams.max_streams_per_key),
             listener_slots=ListenerQuota(
+                store.quotas,
                 settings.streams.max_listeners_per_meeting,
                 settings.streams.max_listeners_per_tenant,
                 settings.streams.max_listeners,
@@ -266,10 +271,11 @@ def create_app(
             if settings.server.malloc_trim_interval_s > 0
             else None
         )
+        takeovers = asyncio.create_task(watch_takeovers(store, registry), name="takeovers")
         try:
             yield {"parley": state}
         finally:
-            background = [task for task in (state.loader, trimmer) if task is not None]
+            background = [t for t in (state.loader, trimmer, takeovers) if t is not None]
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)

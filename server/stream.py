@@ -21,7 +21,7 @@ from server.auth import (
     meeting_access,
 )
 from server.gate import Handshake, authenticate, close_reason
-from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
+from server.limits import LimitedConnection, RealtimeBudget, StreamSlot, overloaded
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
 from session.actor import SessionActor
@@ -87,20 +87,17 @@ async def serve_source(
     meeting's source in the store, limits, the session actor. Protocol v1 streams and the
     compat adapters (server/compat/) share every step; an adapter passes `connection`, its
     translating wrapper of the socket, and refuses through its own `handshake`."""
+    resuming = "resume_token" in query
+    slot = StreamSlot(
+        state.store.quotas, principal.tenant, state.settings.streams.max_streams_per_key
+    )
     try:
         services = _services_or_refuse(state)
-        if "resume_token" not in query:  # a resumed source was admitted before
-            _check_capacity(state)
+        _check_capacity(state, resumed=resuming)
+        if not resuming:  # a resumed source takes its own slot over once it is known
+            await slot.take()
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
-        return
-    tenant = principal.tenant
-    if tenant is not None and not state.stream_slots.acquire(tenant):
-        await refuse(
-            state,
-            handshake,
-            quota_exceeded(f"tenant has {state.stream_slots.limit} streams open (the limit)"),
-        )
         return
     try:
         await _serve_stream(
@@ -110,12 +107,12 @@ async def serve_source(
             config,
             query,
             principal,
+            slot,
             connection or handshake.websocket,
             acknowledge_finalize,
         )
     finally:
-        if tenant is not None:
-            state.stream_slots.release(tenant)
+        await slot.release()
 
 
 async def _serve_stream(
@@ -125,11 +122,13 @@ async def _serve_stream(
     config: StreamConfig,
     query: dict[str, str],
     principal: Principal,
+    slot: StreamSlot,
     socket: Connection,
     acknowledge_finalize: bool,
 ) -> None:
     try:
         opened = await _open_source(state.store, config, query, principal)
+        await slot.bind(opened.source.session_id)
         _check_language(opened.config.language, services.languages, state.recognizer_name)
         if opened.config.diarize and services.speakers is None:
             raise ProtocolError(ErrorCode.BAD_CONFIG, CloseCode.BAD_REQUEST, services.speakers_off)
@@ -161,11 +160,13 @@ async def _serve_stream(
         acknowledge_finalize=acknowledge_finalize,
     )
     try:
-        state.registry.admit(actor)
+        state.registry.admit(actor, resumed=opened.resumed)
     except AdmissionRefused as exc:
         await refuse(state, handshake, overloaded(exc.reason))
         return
     try:
+        if opened.resumed:  # the node still serving the old connection closes it (4409)
+            await state.store.takeovers.announce(config.meeting_id, actor.session_id)
         await handshake.accept()
         reason = await actor.run()
         logger.info(
@@ -210,12 +211,16 @@ def _services_or_refuse(state: AppState) -> SessionServices:
     return state.services
 
 
-def _check_capacity(state: AppState) -> None:
-    """Refuse a new stream (1013) past the stream bound or the model's measured capacity."""
+def _check_capacity(state: AppState, *, resumed: bool) -> None:
+    """Refuse a stream (1013) past the stream bound or, a new one, past the model's
+    measured capacity. A resumed stream may use the resume headroom (see
+    SessionRegistry.check_room): its words were already being transcribed somewhere."""
     try:
-        state.registry.check_room()
+        state.registry.check_room(resumed=resumed)
     except AdmissionRefused as exc:
         raise overloaded(exc.reason) from None
+    if resumed:
+        return
     reason = state.capacity.refusal(state.scheduler)
     if reason is not None:
         raise overloaded(reason)
@@ -297,7 +302,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
         await refuse(state, handshake, exc)
         return
     try:
-        state.listener_slots.acquire(meeting_id, principal.tenant)
+        lease = await state.listener_slots.acquire(meeting_id, principal.tenant)
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
         return
@@ -307,7 +312,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
         error = await _serve_listener(websocket, state, meeting_id, after_seq, owner)
     finally:
         state.metrics.listeners.dec()
-        state.listener_slots.release(meeting_id, principal.tenant)
+        await state.listener_slots.release(lease)
     timeout = state.settings.streams.listener_send_timeout_s
     if isinstance(error, SubscriberLagged):
         await _close_with(
