@@ -15,7 +15,8 @@ and faults.
                          Redis is away), `redis_events` (pub/sub, takeovers), `redis_link`
                          (is Redis there), `redis_speakers` (relabelled speakers),
                          `redis_leases` (node heartbeat, quota leases), `redis_jobs`
-                         (upload job records), `keyed_locks`
+                         (upload job records), `keyed_locks`, `redis_clients`
+                         (a client from a URL: one server, or Sentinel's primary)
 - `store.factory`        `open_store()`: the store the settings ask for
 
 store imports only `wire` of the project.

@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -34,13 +34,6 @@ logger = logging.getLogger(__name__)
 
 
 PING_S = 5.0  # seconds of silence on the subscription before it is pinged
-
-
-def without_read_timeout(redis: Redis) -> Redis:
-    """A client of the same server whose connections wait on reads for ever."""
-    pool = redis.connection_pool
-    kwargs = {**pool.connection_kwargs, "socket_timeout": None}
-    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **kwargs))
 
 
 class RedisEvents:

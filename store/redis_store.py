@@ -15,9 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio import Redis
 
 from store.api import (
     DEFAULT_BUFFER_LIMIT,
@@ -43,7 +41,8 @@ from store.records import (
     new_source,
 )
 from store.redis_buffer import PendingFinal, PendingSource, WriteBuffer
-from store.redis_events import PING_S, RedisEvents, RedisTakeovers, without_read_timeout
+from store.redis_clients import close_client, redis_client, without_read_timeout
+from store.redis_events import PING_S, RedisEvents, RedisTakeovers
 from store.redis_jobs import RedisJobs
 from store.redis_leases import RedisLeases
 from store.redis_link import UNREACHABLE, Link
@@ -139,20 +138,18 @@ class RedisStore:
         client_name: str = "parley-store",
         **options: Any,
     ) -> RedisStore:
-        """A store on its own pool of at most `max_connections`. Redis' own retries are
-        reduced to one immediate reconnect: the write buffer, not a blocked caller, rides
-        out outages."""
-        pool = BlockingConnectionPool.from_url(
+        """A store on its own pool of at most `max_connections`, to the server `url` names
+        or, for `redis+sentinel://`, to the primary its sentinels name (store/redis_clients.py).
+        Redis' own retries are reduced to one immediate reconnect: the write buffer, not a
+        blocked caller, rides out outages and failovers."""
+        redis = redis_client(
             url,
-            max_connections=max_connections,
-            timeout=socket_timeout,  # wait for a free connection at most this long
-            decode_responses=False,
             socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(NoBackoff(), 1),
-            client_name=client_name,  # what `CLIENT LIST` shows for these connections
+            connect_timeout=connect_timeout,
+            max_connections=max_connections,
+            client_name=client_name,
         )
-        return cls(Redis.from_pool(pool), prefix=prefix, owns_client=True, **options)
+        return cls(redis, prefix=prefix, owns_client=True, **options)
 
     # -- small helpers
 
@@ -442,4 +439,4 @@ class RedisStore:
         await self.quotas.close()
         await self._events.close()
         if self._owns_client:
-            await self._redis.aclose()
+            await close_client(self._redis)

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from server.settings.base import SettingError, at_least, one_of, positive, setting, within
+from store.redis_clients import SentinelURL, is_sentinel
 from store.redis_scripts import MAX_PREFIX
 from wire.query import is_language
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 MIN_FRAME_BYTES = 1024  # a control message (`start`, `auth`) must fit in a frame
 
 
@@ -316,7 +317,10 @@ class StoreSettings:
     TITLE: ClassVar[str] = "Meeting store"
 
     redis_url: str | None = setting(
-        None, "Redis URL for meeting context (e.g. `redis://127.0.0.1:6379/0`); unset: in-process."
+        None,
+        "Redis URL for meeting context (e.g. `redis://127.0.0.1:6379/0`), or the sentinels "
+        "naming the primary (`redis+sentinel://host:26379,host2:26379/mymaster/0`, "
+        "docs/store.md#sentinel-failover-to-a-replica); unset: in-process.",
     )
     store_prefix: str = setting("parley:", "Prefix of every Redis key.")
     meeting_ttl_s: float = setting(
@@ -336,6 +340,12 @@ class StoreSettings:
         if url is not None and not url.startswith(REDIS_SCHEMES):
             shown = "…@" + url.rpartition("@")[2] if "@" in url else url  # not a password
             raise SettingError("redis_url", shown, "must start with " + ", ".join(REDIS_SCHEMES))
+        if url is not None and is_sentinel(url):
+            try:
+                SentinelURL.parse(url)
+            except ValueError as exc:
+                shown = "…@" + url.rpartition("@")[2] if "@" in url else url
+                raise SettingError("redis_url", shown, str(exc)) from None
         prefix = self.store_prefix
         if not 1 <= len(prefix) <= MAX_PREFIX or any(c.isspace() for c in prefix):
             raise SettingError(
