@@ -43,7 +43,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import numpy as np
@@ -80,12 +80,20 @@ def speech(seed: int, seconds: float) -> bytes:
     return pcm
 
 
+class Endpoint(Protocol):
+    """Where streams connect: a server, or a balancer in front of several."""
+
+    @property
+    def ws_url(self) -> str: ...
+
+
 @dataclass
 class Socket:
     """One connection of a stream: what it received and how it ended."""
 
     ws: ClientConnection
     resumed: bool
+    started_at: float | None = None  # monotonic time of its `session.started`
     messages: list[dict[str, Any]] = field(default_factory=list)
     close_code: int | None = None
     fate: str = "open"  # open, closed, aborted, half-open
@@ -94,10 +102,11 @@ class Socket:
 @dataclass
 class Stream:
     index: int
-    server: ServerProcess
+    server: Endpoint
     pcm: bytes
     speed: float
     meeting: str = ""
+    headers: dict[str, str] | None = None  # e.g. an API key's Authorization
     token: str = ""
     last_seq: int = 0
     finals: dict[str, dict[str, Any]] = field(default_factory=dict)  # by utterance id
@@ -105,6 +114,8 @@ class Stream:
     refusals: Counter[str] = field(default_factory=Counter)
     ended: dict[str, Any] | None = None
     current: Socket | None = None
+    arrived: dict[str, float] = field(default_factory=dict)  # final id -> monotonic time
+    sent: list[tuple[int, float]] = field(default_factory=list)  # (end byte, monotonic)
     _interrupt: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -147,7 +158,12 @@ class Stream:
 
     async def _connection(self) -> None:
         ws = await connect(
-            self._url(), open_timeout=5, close_timeout=2, ping_interval=None, max_size=None
+            self._url(),
+            open_timeout=5,
+            close_timeout=2,
+            ping_interval=None,
+            max_size=None,
+            additional_headers=self.headers,
         )
         sock = Socket(ws, resumed=bool(self.token))
         self.sockets.append(sock)
@@ -190,6 +206,7 @@ class Stream:
             self.refusals[str(errors[-1] if errors else sock.close_code)] += 1
             return None
         started = sock.messages[0]
+        sock.started_at = time.monotonic()
         self.token = self.token or started["resume_token"]
         return started
 
@@ -200,6 +217,7 @@ class Stream:
                 sock.messages.append(message)
                 if message["type"] == "transcript.final":
                     self.finals.setdefault(message["utterance_id"], message)
+                    self.arrived.setdefault(message["utterance_id"], time.monotonic())
                     self.last_seq = max(self.last_seq, message["seq"])
                 elif message["type"] == "session.ended" and message["reason"] == "stop":
                     self.ended = message
@@ -211,6 +229,7 @@ class Stream:
         started = time.monotonic()
         for i, at in enumerate(range(offset, len(self.pcm), FRAME_BYTES)):
             await ws.send(self.pcm[at : at + FRAME_BYTES])
+            self.sent.append((at + FRAME_BYTES, time.monotonic()))
             if self.speed > 0:
                 wait = started + (i + 1) * FRAME_BYTES / BYTES_PER_SECOND / self.speed
                 await asyncio.sleep(max(0.0, wait - time.monotonic()))
