@@ -159,7 +159,8 @@ async def readyz(request: Request) -> Response:
     """Ready when the model is loaded and warmed, the scheduler runs, the store answers.
 
     A dead engine (the scheduler's loop died) is not ready, with its reason: nothing will
-    be transcribed again until the process restarts."""
+    be transcribed again until the process restarts. Nor is one whose model worker
+    processes are all down (died or hung, being restarted): ready again once one is up."""
     state = app_state(request)
     checks: dict[str, str] = {"model": state.model_state.value}
     reasons: list[str] = []
@@ -172,6 +173,13 @@ async def readyz(request: Request) -> Response:
     death = None if scheduler is None else scheduler.death
     if death is not None:
         reasons.append(str(death))
+    workers = state.worker_health()
+    if workers is not None:
+        checks["model_workers"] = f"{workers.alive}/{workers.processes}"
+        if workers.alive == 0:
+            reasons.append(
+                "no model worker process is up (each is being restarted); finals wait for one"
+            )
     health = await state.store.health()
     checks["store"] = "ok" if health.ok else "degraded"
     if not health.ok:
@@ -186,6 +194,7 @@ async def readyz(request: Request) -> Response:
         state.model_state is ModelState.READY
         and state.registry.state.value == "open"
         and death is None
+        and (workers is None or workers.alive > 0)
     )
     body = {
         "ready": ready,

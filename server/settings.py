@@ -138,8 +138,8 @@ class Settings:
     )
     model_workers: int = setting(
         0,
-        "Model workers, each running one batch at a time (threads sharing the model); 0 = "
-        "one per CPU core on the CPU, one on CUDA.",
+        "Model workers, each running one batch at a time; 0 = one per CPU this process may "
+        "use on the CPU (its affinity, capped by its cgroup CPU quota), one on CUDA.",
     )
     torch_threads: int = setting(
         0, "Threads for each model worker's CPU kernels; 0 = the cores shared out among them."
@@ -151,6 +151,12 @@ class Settings:
         "copy of the model each); `off`, as threads of the server's process sharing one "
         "model; `auto`, processes on the CPU, threads on CUDA. On the 2-core CPU two "
         "processes ran ~1.3x the audio of two threads (docs/performance.md).",
+    )
+    worker_hang_s: float = setting(
+        10.0,
+        "A model worker process that runs a batch without a heartbeat (it beats at every "
+        "encoder row and decoder step) for this long is hung: it is killed and replaced, "
+        "and its batch runs again on another worker. Worker processes only.",
     )
     max_batch_size: int = setting(16, "Most utterances the model runs in one batch.")
     max_partial_batch: int = setting(
@@ -458,6 +464,7 @@ class Settings:
         if self.malloc_trim_interval_s < 0:
             raise ValueError(f"{ENV_PREFIX}MALLOC_TRIM_INTERVAL_S must be >= 0 (0: never)")
         positive = (
+            "worker_hang_s",
             "idle_timeout_s",
             "max_session_s",
             "realtime_factor",
