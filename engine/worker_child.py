@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 STOP_POLL_S = 0.003  # how often a waiting worker thread looks at its child and `should_stop`
-STOP_GRACE_S = 3.0  # a child told to stop that has not answered by then is hung
+STOP_GRACE_S = 5.0  # a child told to stop that has not answered by then is hung
 
 LossReason = Literal["died", "hung"]
 

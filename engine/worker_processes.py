@@ -269,32 +269,41 @@ class ProcessRecognizer:
 
     def _supervise(self) -> None:
         """Start children where slots are down and due, see them ready (or failed), and
-        notice idle children that died. Runs until `close()`."""
-        while True:
-            with self._cond:
-                if self._closed:
-                    return
-                watched = [
-                    (s, s.child)
-                    for s in self._slots
-                    if s.child is not None and s.state in (SlotState.LOADING, SlotState.IDLE)
-                ]
-                due = [s for s in self._slots if s.state is SlotState.DOWN]
-            waitables: list[object] = [
-                c.conn if s.state is SlotState.LOADING else c.process.sentinel for s, c in watched
+        notice idle children that died; at `close()`, end them (this thread started
+        them: their parent-death signal is bound to it)."""
+        try:
+            while not self._closed:
+                try:
+                    self._supervise_once()
+                except Exception:  # a bug: log it, and keep the pool supervised
+                    logger.exception("model worker supervisor")
+                    time.sleep(SUPERVISE_POLL_S)
+        finally:
+            self._end_children()
+
+    def _supervise_once(self) -> None:
+        with self._cond:
+            watched = [
+                (s, s.child)
+                for s in self._slots
+                if s.child is not None and s.state in (SlotState.LOADING, SlotState.IDLE)
             ]
-            multiprocessing.connection.wait(waitables, SUPERVISE_POLL_S)  # type: ignore[arg-type]
-            now = time.monotonic()
-            for slot, child in watched:
-                if slot.state is SlotState.LOADING:
-                    self._check_load(slot, child, now)
-                elif slot.state is SlotState.IDLE and not child.process.is_alive():
-                    child.kill()
-                    self._lose(slot, child, "died")
-                    logger.error("idle model worker process %d died; restarting", slot.index)
-            for slot in due:
-                if slot.due <= now:
-                    self._spawn(slot)
+            due = [s for s in self._slots if s.state is SlotState.DOWN]
+        waitables: list[object] = [
+            c.conn if s.state is SlotState.LOADING else c.process.sentinel for s, c in watched
+        ]
+        multiprocessing.connection.wait(waitables, SUPERVISE_POLL_S)  # type: ignore[arg-type]
+        now = time.monotonic()
+        for slot, child in watched:
+            if slot.state is SlotState.LOADING:
+                self._check_load(slot, child, now)
+            elif slot.state is SlotState.IDLE and not child.process.is_alive():
+                child.kill()
+                self._lose(slot, child, "died")
+                logger.error("idle model worker process %d died; restarting", slot.index)
+        for slot in due:
+            if slot.due <= now and not self._closed:
+                self._spawn(slot)
 
     def _spawn(self, slot: _Slot) -> None:
         child = ChildProcess(slot.index, self._config, self._threads, self._trim_interval)
@@ -346,14 +355,18 @@ class ProcessRecognizer:
     # ------------------------------------------------------------------ close
 
     def close(self) -> None:
-        """End every child: idle ones are asked to close and given `CLOSE_TIMEOUT_S`;
-        loading, busy or hung ones (or any still there then) are killed."""
+        """End every child (see `_end_children`), and the supervisor."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         if self._supervisor is not threading.current_thread():
-            self._supervisor.join(10.0)
+            self._supervisor.join(CLOSE_TIMEOUT_S + 10.0)
+
+    def _end_children(self) -> None:
+        """Idle children are asked to close and given `CLOSE_TIMEOUT_S`; loading, busy or
+        hung ones (or any still there then) are killed."""
         with self._cond:
+            self._closed = True
             slots = [(s, s.child) for s in self._slots if s.child is not None]
         idle = [c for s, c in slots if s.state is SlotState.IDLE]
         for child in idle:
