@@ -113,9 +113,13 @@ def wer(reference: str, hypothesis: str) -> float:
     return row[-1] / max(1, len(ref))
 
 
-async def run_fault(server_url: str, server_pid: int, fault: str, meeting: str) -> FaultRun:
-    """Stream JFK at real time, signal the workers `FAULT_AT_S` in, collect the finals;
-    then wait (up to `READY_BUDGET_S` more) for /readyz and read the restarts."""
+async def run_fault(
+    server_url: str, server_pid: int, fault: str, meeting: str, patience: float = READY_BUDGET_S
+) -> FaultRun:
+    """Once every worker is up, stream JFK at real time, signal the workers `FAULT_AT_S`
+    in, collect the finals; then wait (up to `patience` after the fault) for the stream's
+    end and every worker up again, and read the restarts."""
+    await whole(server_url, server_pid, patience)
     signum, count = FAULTS[fault]
     clip = clips(("en_jfk",))[0]
     audio = clip.audio()
@@ -156,12 +160,12 @@ async def run_fault(server_url: str, server_pid: int, fault: str, meeting: str) 
                 await asyncio.sleep(delay)
         await ws.send(orjson.dumps({"type": "stop"}).decode())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(receiver, READY_BUDGET_S)
+            await asyncio.wait_for(receiver, patience)
     run.wer = wer(clip.reference, " ".join(run.finals))
     streamed.set()
     if poller is not None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(poller, max(0.0, faulted_at + READY_BUDGET_S - time.monotonic()))
+            await asyncio.wait_for(poller, max(0.0, faulted_at + patience - time.monotonic()))
     # Ready again: the first 200 after the last 503 (0: it never went unready).
     ready = [t for t, (ok, _) in zip(times, probes, strict=True) if ok]
     unready = [t for t, (ok, _) in zip(times, probes, strict=True) if not ok]
@@ -174,6 +178,16 @@ async def run_fault(server_url: str, server_pid: int, fault: str, meeting: str) 
             reason = line.split('reason="')[1].split('"')[0]
             run.restarts[reason] = float(line.rpartition(" ")[2])
     return run
+
+
+async def whole(server_url: str, server_pid: int, timeout: float) -> None:
+    """Wait (up to `timeout`) until /readyz is 200 with every worker up."""
+    times: list[float] = []
+    probes: list[tuple[bool, bool]] = []
+    done = asyncio.Event()
+    done.set()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(probe(server_url, server_pid, times, probes, done), timeout)
 
 
 async def probe(
