@@ -120,17 +120,19 @@ def child_main(
     stop: Any,
     beat: Any,
     parent: int,
+    warm: bool = True,
 ) -> None:
-    """A child's whole life: load, say Ready, then run batches until Close or EOF; after
-    a batch, give the heap's free pages back once `trim_interval` seconds have passed
-    since the last time (0: never)."""
+    """A child's whole life: load (and warm up, if `warm`), say Ready, then run batches
+    until Close or EOF; after a batch, give the heap's free pages back once
+    `trim_interval` seconds have passed since the last time (0: never)."""
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="model worker %(process)d: %(message)s")
     try:
         recognizer = load_whisper(config)
         set_torch_threads(threads)  # after the load, which sets the loading thread's count
-        recognizer.warmup()
+        if warm:
+            recognizer.warmup()
     except Exception as exc:  # sent to the parent, which raises it
         conn.send(Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
@@ -170,15 +172,18 @@ def child_main(
 class ChildProcess:
     """One child process, its end of the pipe, its stop flag and its heartbeat."""
 
-    def __init__(self, index: int, config: ModelConfig, threads: int, trim_interval: float) -> None:
+    def __init__(
+        self, index: int, config: ModelConfig, threads: int, trim_interval: float, warm: bool
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self.index = index
         self.stop = context.RawValue(ctypes.c_bool, False)
         self.beat = context.RawValue(ctypes.c_double, time.monotonic())
         self.conn, child_conn = context.Pipe()
+        shared = (self.stop, self.beat)
         self.process: SpawnProcess = context.Process(
             target=child_main,
-            args=(config, threads, trim_interval, child_conn, self.stop, self.beat, os.getpid()),
+            args=(config, threads, trim_interval, child_conn, *shared, os.getpid(), warm),
             name=f"parley-model-{index}",
             daemon=True,
         )

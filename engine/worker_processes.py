@@ -306,7 +306,11 @@ class ProcessRecognizer:
                 self._spawn(slot)
 
     def _spawn(self, slot: _Slot) -> None:
-        child = ChildProcess(slot.index, self._config, self._threads, self._trim_interval)
+        # A replacement skips the warm-up: it decodes silence in every window (7 encoder
+        # passes, ~10 s at one thread on the loaded 2-core box) while finals wait for it,
+        # and a cold first batch took no longer than a warm one there (0.98 s vs 1.07 s).
+        warm = self._start.waiting
+        child = ChildProcess(slot.index, self._config, self._threads, self._trim_interval, warm)
         with self._cond:
             if self._closed or slot.state is not SlotState.DOWN:
                 closing = True
