@@ -114,6 +114,8 @@ class PendingFinal:
     future: asyncio.Future[RecognitionResult] | None = None
     # Its speaker embeddings, computed beside its recognition (diarized sources).
     speakers: asyncio.Task[SpeakerWindows | None] | None = None
+    # The VAD's state at `end`, stored with the source (a resume goes on from it).
+    vad_state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +194,11 @@ class Committer:
     @property
     def language(self) -> str | None:
         return self.gate.language
+
+    def hear_before(self, said: SaidBefore) -> None:
+        """A resumed source's last utterances, heard again: the next final's left context
+        (session.resume_context)."""
+        self._said = said
 
     def _left_limit(self) -> float:
         """Most seconds of left context the source's next final carries: none with left
@@ -502,7 +509,8 @@ class Committer:
             speaker=part.speaker or None,
             origin=self.source.origin if self.source is not None else None,
         )
-        record = await self._append(final, end, pending.index)
+        vad_state = pending.vad_state if end == pending.end else None  # not a part's end
+        record = await self._append(final, end, pending.index, vad_state)
         self.finals += 1
         total = self.config.clock() - pending.closed_at
         timing = None
@@ -515,7 +523,9 @@ class Committer:
             await self._store.publish(self.source.meeting_id, payload.encode())
         return record
 
-    async def _append(self, final: NewFinal, end: int, index: int) -> FinalRecord:
+    async def _append(
+        self, final: NewFinal, end: int, index: int, vad_state: str | None = None
+    ) -> FinalRecord:
         """Append to the meeting's log with the source's next state, in one store step."""
         self.context = (self.context + " " + final.text)[-CONTEXT_CHARS:].strip()
         if self.source is None:
@@ -527,6 +537,7 @@ class Committer:
             next_utterance=index + 1,
             context=self.context,
             language=self.language,
+            vad_state=vad_state,
         )
         record = await self._store.append_final(self.source.meeting_id, final, acked)
         self.source = acked
