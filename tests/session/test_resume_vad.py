@@ -3,15 +3,18 @@ what the unbroken stream heard (issue 38): the real Silero VAD on a real recordi
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from bench.chaos import speech
+from bench.corpus import clips
 from engine.api import SAMPLE_RATE
 from session.audio import FrameDecoder
 from session.pipeline import AudioPipeline
 from session.segmenter import SegmenterConfig, UtteranceEnded
-from session.vad import DirectScorer, SileroVad, VadState, pack_state, unpack_state
+from session.vad import WINDOW, DirectScorer, SileroVad, VadState, pack_state, unpack_state
 from wire.query import Encoding
 
 RESUME_FROM = 7.744  # the end of the last logged final before "Word." in chaos-7-2
@@ -85,3 +88,35 @@ def test_a_packed_state_comes_back_whole() -> None:
     np.testing.assert_array_equal(back.context, state.context)
     with pytest.raises(ValueError):
         unpack_state(pack_state(state.state, state.context[:10]))
+
+
+def pcm16(samples: np.ndarray[Any, Any]) -> bytes:
+    return bytes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+
+
+async def test_a_new_stream_keeps_its_first_word() -> None:
+    """A new stream (zero VAD state, as before) that starts 30 ms before its speaker's
+    first word cuts its first utterance from there, as it does with 1 s of silence before:
+    the English corpus clips, cut just before their speech."""
+    scorer = DirectScorer(SileroVad())
+    lead = SAMPLE_RATE  # 1 s of silence
+    checked = 0
+    for clip in [c for c in clips() if c.language == "en"]:
+        audio = clip.audio()
+        padded = await utterances(
+            pipeline(scorer), pcm16(np.concatenate([np.zeros(lead, np.float32), audio]))
+        )
+        if not padded:
+            continue
+        onset = max(0, next(iter(padded)).start - lead + round(0.2 * SAMPLE_RATE))  # pre-roll
+        cut = max(0, onset - round(0.03 * SAMPLE_RATE))
+        fresh = await utterances(pipeline(scorer), pcm16(audio[cut:]))
+        assert fresh, clip.id
+        first = fresh[0]
+        # Its first utterance's audio starts before the onset (its pre-roll reaches back)
+        # and holds at least min_speech of what follows it: the first word is in it.
+        # (Within a window: the cut does not fall on the padded stream's window grid.)
+        assert first.start <= onset - cut + WINDOW, (clip.id, spans(fresh))
+        assert first.end >= onset - cut + round(0.25 * SAMPLE_RATE), (clip.id, spans(fresh))
+        checked += 1
+    assert checked >= 12  # the English clips of the corpus
