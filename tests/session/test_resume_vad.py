@@ -15,7 +15,7 @@ from session.audio import FrameDecoder
 from session.pipeline import AudioPipeline
 from session.segmenter import SegmenterConfig, UtteranceEnded
 from session.vad import WINDOW, DirectScorer, SileroVad, VadState, pack_state, unpack_state
-from wire.query import Encoding
+from wire.codes import Encoding
 
 RESUME_FROM = 7.744  # the end of the last logged final before "Word." in chaos-7-2
 WORD = (8.03, 8.67)  # "Word." in bench.chaos.speech(702, ...)
