@@ -26,10 +26,15 @@ FRAME = BYTES_PER_SECOND // 50  # 20 ms
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    """Left context on every final whatever the load (no gate, no budget), so the unbroken
-    and the resumed runs decode alike on a busy box."""
+    """Left context on every final whatever the load (no gate, no budget, a final waits
+    for the one before it), so the unbroken and the resumed runs decode alike on a busy
+    box."""
     process = start_server(
-        {"PARLEY_CONTEXT_BELOW_UTILIZATION": "0", "PARLEY_CONTEXT_BUDGET_MS": "0"}
+        {
+            "PARLEY_CONTEXT_BELOW_UTILIZATION": "0",
+            "PARLEY_CONTEXT_BUDGET_MS": "0",
+            "PARLEY_CONTEXT_WAIT_MS": "60000",
+        }
     )
     yield process
     process.stop()
