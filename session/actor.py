@@ -48,6 +48,7 @@ from session.final_order import PendingFinal
 from session.outbox import Outbox, OutboxDelivery, OutboxState
 from session.partial_sender import PartialSender
 from session.pipeline import AudioPipeline, seconds
+from session.resume_context import ResumeContext, resend_refused, stored_vad_state
 from session.segmenter import (
     PartialDue,
     SegmentEvent,
@@ -65,7 +66,7 @@ from store.errors import StoreError
 from store.records import FinalRecord, SourceState
 from wire import build
 from wire.codes import CloseCode, ErrorCode
-from wire.control import ControlType, parse_control
+from wire.control import ControlType, parse_control, parse_resend
 from wire.errors import ProtocolError
 from wire.messages import ServerMessage
 from wire.query import StreamConfig
@@ -87,7 +88,10 @@ class _Finalized:
 class SessionActor:
     """`source` is the stored state of this audio source when the stream starts: new, or
     read by a resume (then the stream's timeline starts at `source.acked_until` and
-    `replay` holds the finals the client has not seen). The committer keeps it current."""
+    `replay` holds the finals the client has not seen; its VAD goes on from the state
+    stored with its last final; `context` names the logged utterances its next final is
+    decoded behind, re-heard from the audio a client that sends `resend` re-sends from
+    `send_from`). The committer keeps `source` current."""
 
     websocket: Connection
     config: StreamConfig
@@ -96,6 +100,7 @@ class SessionActor:
     resume_token: str
     replay: list[FinalRecord] = field(default_factory=list)
     resumed: bool = False
+    context: ResumeContext | None = None
     # Answer each `finalize` with an internal `finalize.done` (the compat adapters ask).
     acknowledge_finalize: bool = False
     state: SessionState = SessionState.CONNECTING
@@ -117,7 +122,10 @@ class SessionActor:
             start_sample=self.start_sample,
             first_index=self.source.next_utterance,
             telemetry=services.telemetry,
+            vad_start=stored_vad_state(self.source) if self.resumed else None,
         )
+        self._resend_open = self.context is not None  # a `resend` may come (before audio)
+        self._heard = False  # the lead's left context was handed to the committer
         self._outbox = Outbox(
             services.outbox_limit,
             on_partial_dropped=lambda: services.telemetry.partial_dropped("merged"),
@@ -273,6 +281,7 @@ class SessionActor:
             resumed=self.resumed,
             last_seq=await self.services.store.last_seq(self.meeting_id),
             origin=self.source.origin,
+            send_from=self.context.send_from if self.context is not None else None,
         )
         opening = [build.encode(started)]
         language = self._committer.language
@@ -371,12 +380,23 @@ class SessionActor:
                 f"frame of {size} bytes exceeds the limit of {self.services.max_frame_bytes}",
             )
         if data is not None:
-            await self._handle(await self._pipeline.decode(data))
+            self._resend_open = False
+            events = await self._pipeline.decode(data)
+            if self.context is not None and self._pipeline.lead_complete and not self._heard:
+                self._committer.hear_before(self.context.said_before(self._pipeline.lead_audio()))
+                self._heard = True
+            await self._handle(events)
             return None
         control = parse_control(text or "")
-        if control is ControlType.STOP:
+        if control is ControlType.RESEND and self.context is not None and self._resend_open:
+            self._resend_open = False
+            if lead := self.context.lead_samples(parse_resend(text or "")):
+                self._pipeline.expect_lead(lead)
+        elif control is ControlType.RESEND:
+            raise resend_refused("resend comes once, first, on a resumed stream")
+        elif control is ControlType.STOP:
             return STOPPED
-        if control is ControlType.FINALIZE:
+        elif control is ControlType.FINALIZE:
             cut = self._pipeline.cut()
             await self._handle(cut)
             if self.acknowledge_finalize:
@@ -404,7 +424,9 @@ class SessionActor:
                 # A queued partial would never run before this final (finals outrank them).
                 self.services.scheduler.cancel(self.request_key, only=Priority.PARTIAL)
                 draft = self._partials.draft_for(event.index)
-                await self._finals.put(await self._committer.submit(event, draft))
+                pending = await self._committer.submit(event, draft)
+                pending.vad_state = self._pipeline.vad_state_at(event.index)
+                await self._finals.put(pending)
                 self._speculator.withdraw()  # what the final did not take
 
     # ------------------------------------------------------------------ committer, writer

@@ -52,6 +52,7 @@ from session.final_log import Delivery, FinalLog
 from session.final_order import FinalOrder, PendingFinal
 from session.language import LanguageGate, LanguagePinned
 from session.pipeline import FloatArray
+from session.said_before import SaidBefore
 from session.segmenter import UtteranceEnded, UtteranceMayEnd
 from session.speakers import SpeakerLabeller
 from session.telemetry import NullTelemetry, Telemetry
@@ -154,6 +155,10 @@ class Committer:
     def finals(self) -> int:
         """Finals logged so far."""
         return self._log.finals
+
+    def hear_before(self, said: SaidBefore) -> None:
+        """A resumed source's last utterances, heard again (session.resume_context)."""
+        self._order.hear_before(said)
 
     def prompt_for_partial(self) -> str | None:
         """The prompt a partial of the utterance in progress decodes with

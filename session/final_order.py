@@ -59,6 +59,8 @@ class PendingFinal:
     future: asyncio.Future[RecognitionResult] | None = None
     # Its speaker embeddings, computed beside its recognition (diarized sources).
     speakers: asyncio.Task[SpeakerWindows | None] | None = None
+    # The VAD's state at `end`, stored with the source (a resume goes on from it).
+    vad_state: str | None = None
 
 
 class FinalOrder:
@@ -148,6 +150,11 @@ class FinalOrder:
             return False
         await self._send(pending)
         return True
+
+    def hear_before(self, said: SaidBefore) -> None:
+        """A resumed source's last utterances, heard again: the next final's left context
+        (session.resume_context)."""
+        self._said = said
 
     def heard(self, text: str) -> None:
         """A final of `text` is being logged: the next final's prompt ends with it."""

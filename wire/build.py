@@ -47,6 +47,7 @@ def session_started(
     resumed: bool,
     last_seq: int,
     origin: float | None = None,
+    send_from: float | None = None,
 ) -> SessionStarted:
     started: SessionStarted = {
         "type": "session.started",
@@ -62,6 +63,8 @@ def session_started(
     }
     if origin is not None:
         started["origin"] = origin
+    if send_from is not None:
+        started["send_from"] = send_from
     return started
 
 
