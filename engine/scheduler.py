@@ -19,7 +19,7 @@ Rules:
   instead, so finals are never dropped — the wait pushes back on the session that
   submitted it.
 - Left context is shed under load: a live final's left context (`Utterance.left`) goes
-  to the model only while no final waits in the queue, the share of the model's recent
+  to the model (always where it is `essential`: the final starts inside a word) only while no final waits in the queue, the share of the model's recent
   time that finals and files took is below `context_below`, and the batch's oldest final
   is expected back within `context_budget` of its cut (`RecognitionRequest.closed_at`,
   else its submit; `ContextCost`); otherwise it is decoded alone (`stats.contexts_shed`).
@@ -442,7 +442,7 @@ class BatchScheduler:
         a final late. A file's utterances keep theirs (no listener waits on each final)."""
         utterances = [e.request.utterance for e in live]
         sheddable = [
-            u.left is not None and e.request.priority is not Priority.FILE
+            u.left is not None and not u.left.essential and e.request.priority is not Priority.FILE
             for e, u in zip(live, utterances, strict=True)
         ]
         cut = [

@@ -59,6 +59,7 @@ from engine.api import (
     SAMPLE_RATE,
     BatchFailed,
     EngineDead,
+    LeftContext,
     Priority,
     Recognition,
     RecognitionRequest,
@@ -110,6 +111,9 @@ class PendingFinal:
     end: int
     utterance: Utterance
     closed_at: float  # when it was submitted (or cut, while held)
+    # It goes on from the utterance before it, split by a client's cut in mid-speech: its
+    # left context is `essential` (session/segmenter.py).
+    continues: bool = False
     # None while held back until the source's language is known (language=auto only).
     future: asyncio.Future[RecognitionResult] | None = None
     # Its speaker embeddings, computed beside its recognition (diarized sources).
@@ -228,7 +232,7 @@ class Committer:
             return utterance
         if self._open:
             return None
-        left = self._said.before(event.index, event.start, limit)
+        left = _essential(self._said.before(event.index, event.start, limit), event.continues)
         return dataclasses.replace(utterance, left=left)
 
     def _utterance(self, audio: FloatArray, draft: str, prompt: str) -> Utterance:
@@ -238,7 +242,9 @@ class Committer:
         """Send the utterance `event` ended to the engine (or hold it for its language, or
         for its prompt: the final before it)."""
         utterance = self._utterance(event.audio, draft, "")  # the prompt: when admitted
-        pending = PendingFinal(event.index, event.start, event.end, utterance, self.config.clock())
+        pending = PendingFinal(
+            event.index, event.start, event.end, utterance, self.config.clock(), event.continues
+        )
         if self._labeller is not None:
             pending.speakers = self._labeller.embed(event.audio)
         self._open += 1
@@ -258,6 +264,7 @@ class Committer:
         if self._in_order():
             limit = 0.0 if alone else self._left_limit()
             left = self._said.before(pending.index, pending.start, limit) if limit > 0 else None
+            left = _essential(left, pending.continues)
             pending.utterance = dataclasses.replace(
                 pending.utterance,
                 prompt=self.context if self.config.prompts and not alone else "",
@@ -531,3 +538,17 @@ class Committer:
         record = await self._store.append_final(self.source.meeting_id, final, acked)
         self.source = acked
         return record
+
+
+def _essential(left: LeftContext | None, continues: bool) -> LeftContext | None:
+    """The left context of an utterance that goes on from it without a pause (a client's
+    cut in mid-speech): essential (alone, its first word would be cut), and its text
+    without its last word, the one the cut fell in: the model hears that word whole
+    across the cut and writes it again as the utterance's first."""
+    if left is None or not continues:
+        return left
+    shorter = _essential(left.shorter, continues)
+    text, _, _ = left.text.rstrip().rpartition(" ")
+    return dataclasses.replace(
+        left, text=text, words=left.words[:-1], shorter=shorter, essential=True
+    )

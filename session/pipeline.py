@@ -77,9 +77,14 @@ class AudioPipeline:
         return events
 
     def cut(self) -> list[SegmentEvent]:
-        """End the utterance in progress now (`finalize`)."""
+        """End the utterance in progress now (`finalize`: in mid-speech, the speech goes on
+        as the next utterance, `Segmenter.finalize`)."""
+        return self._segmenter.finalize()
+
+    def flush(self) -> list[SegmentEvent]:
+        """The audio is over: end the utterance in progress."""
         return self._segmenter.flush()
 
     async def end(self) -> list[SegmentEvent]:
         """The audio is over: what the resampler still holds, then the utterance in progress."""
-        return [*await self.push(self._decoder.flush()), *self.cut()]
+        return [*await self.push(self._decoder.flush()), *self.flush()]
