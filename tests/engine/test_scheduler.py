@@ -570,7 +570,9 @@ async def test_an_essential_left_context_is_never_shed() -> None:
         await asyncio.sleep(0.05)  # the model is busy: utilization well above 0.1 %
         cold = await scheduler.submit(with_left("cold", 100))
         left = LeftContext(np.zeros(16000, dtype=np.float32), "before", essential=True)
-        cut = RecognitionRequest("cut", Priority.FINAL, Utterance(np.zeros(300, np.float32), left=left))
+        cut = RecognitionRequest(
+            "cut", Priority.FINAL, Utterance(np.zeros(300, np.float32), left=left)
+        )
         going_on = await scheduler.submit(cut)
         assert not scheduler.has_context_slack()
         fake.release(2)
