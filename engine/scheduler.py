@@ -19,8 +19,9 @@ Rules:
   instead, so finals are never dropped — the wait pushes back on the session that
   submitted it.
 - Left context is shed under load: a live final's left context (`Utterance.left`) goes
-  to the model (always where it is `essential`: the final starts inside a word) only while no final waits in the queue, the share of the model's recent
-  time that finals and files took is below `context_below`, and the batch's oldest final
+  to the model (always where it is `essential`: the final starts inside a word) only
+  while no final waits in the queue, the share of the model's recent time that finals
+  and files took is below `context_below`, and the batch's oldest final
   is expected back within `context_budget` of its cut (`RecognitionRequest.closed_at`,
   else its submit; `ContextCost`); otherwise it is decoded alone (`stats.contexts_shed`).
   Partials do not count in the share: they fill whatever time finals leave, so the model
