@@ -89,6 +89,7 @@ class SegmenterState(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class SpeechStarted:
     sample: int
+    index: int  # the utterance's number if it becomes one (a burst too short does not)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +259,7 @@ class Segmenter:
         self._last_speech_end = self._position
         self._last_partial = self._position
         self._silence = 0
-        return [SpeechStarted(window_start)]
+        return [SpeechStarted(window_start, self.next_index)]
 
     def _audio(self, windows: int | None = None) -> FloatArray:
         return np.concatenate(self._windows[:windows]).astype(np.float32, copy=False)

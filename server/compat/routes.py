@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 DEEPGRAM_SCHEMES = ("token", "bearer")
 OPENAI_SUBPROTOCOL = "realtime"
 OPENAI_KEY_SUBPROTOCOL = "openai-insecure-api-key."  # + a meeting token (never an API key)
+OPENAI_BETA_SUBPROTOCOL = "openai-beta.realtime-v1"  # a browser's OpenAI-Beta: realtime=v1
 
 
 async def listen_endpoint(websocket: WebSocket) -> None:
@@ -91,7 +92,8 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     )
     codec = openai_realtime.RealtimeCodec(
         session_id=session_id,
-        beta="realtime=v1" in websocket.headers.get("openai-beta", ""),
+        beta="realtime=v1" in websocket.headers.get("openai-beta", "")
+        or OPENAI_BETA_SUBPROTOCOL in offered,
         vad=_vad(state),
         default_language=state.settings.default_language,
         model=websocket.query_params.get("model") or "whisper-1",
@@ -138,7 +140,9 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         return
     except (WebSocketDisconnect, OSError):
         return
-    await serve_source(state, handshake, config, {}, principal, connection=connection)
+    await serve_source(
+        state, handshake, config, {}, principal, connection=connection, acknowledge_finalize=True
+    )
 
 
 def _named(query: dict[str, str]) -> dict[str, str]:

@@ -313,3 +313,65 @@ async def test_openai_beta_flavour(server: AppServer) -> None:
         await connection.close()
     assert kinds[:2] == ["transcription_session.created", "transcription_session.updated"]
     assert "input_audio_buffer.committed" in kinds
+
+
+async def test_deepgram_two_finalize_in_flight_get_two_answers(server: AppServer) -> None:
+    """The SDK sends two Finalize back to back in mid-speech: the first closes the
+    utterance (its final is from_finalize), the second finds nothing in progress and gets
+    its own empty from_finalize Results (before, the first's final answered both)."""
+    client = deepgram_client(server.http_url, server.ws_url, KEY)
+    async with client.listen.v1.connect(model="nova-3", encoding="linear16") as connection:
+        received = Received()
+        reader = asyncio.create_task(receive_deepgram(connection, received))
+        await connection.send_media(speech()[: 16_000 * 2 * 2])  # 2 s: inside "Americans"
+        await connection.send_finalize()
+        await connection.send_finalize()
+
+        def answered(r: Received) -> list[object]:
+            return [m for m in r.of_type("Results") if m.from_finalize]
+
+        await received.wait_for(lambda r: len(answered(r)) >= 2, 10)
+        await connection.send_close_stream()
+        await asyncio.wait_for(reader, 10)
+    first, second = (m.channel.alternatives[0].transcript for m in answered(received))
+    assert first and second == ""
+    assert received.messages[-1].type == "Metadata"
+
+
+async def test_openai_commit_on_silence_is_answered_with_commit_empty(server: AppServer) -> None:
+    """The SDK commits a buffer of silence: OpenAI's `input_audio_buffer_commit_empty`
+    error comes back (before, no reply at all), the session goes on, and a commit in
+    speech is answered by its item's committed and completed events."""
+    client = openai_client(server.http_url, KEY)
+    async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+        received = Received()
+        reader = asyncio.create_task(receive_openai(connection, received))
+        await connection.session.update(session=transcription_session())
+        await connection.input_audio_buffer.append(audio=b64(bytes(24_000 * 2)))  # 1 s
+        await connection.input_audio_buffer.commit()
+        await received.wait_for(lambda r: bool(r.of_type("error")), 10)
+        [error] = received.of_type("error")
+        assert error.error.code == "input_audio_buffer_commit_empty"
+        pcm24 = pcm16_at(clip("en_jfk").samples()[: 16_000 * 2], 24_000)  # 2 s, in speech
+        await connection.input_audio_buffer.append(audio=b64(pcm24))
+        await connection.input_audio_buffer.commit()
+        done = "conversation.item.input_audio_transcription.completed"
+        await received.wait_for(lambda r: bool(r.of_type(done)), 10)
+        [committed] = received.of_type("input_audio_buffer.committed")
+        assert committed.item_id == received.of_type(done)[0].item_id
+        assert len(received.of_type("error")) == 1
+        await connection.close()
+        await reader
+
+
+async def test_openai_beta_flavour_from_a_browsers_subprotocol(server: AppServer) -> None:
+    """A browser cannot set the OpenAI-Beta header: it offers the `openai-beta.realtime-v1`
+    subprotocol instead, and gets the beta flavour."""
+    async with connect(
+        server.ws_url + "/v1/realtime?intent=transcription",
+        additional_headers={"Authorization": f"Bearer {KEY}"},
+        subprotocols=[Subprotocol("realtime"), Subprotocol("openai-beta.realtime-v1")],
+    ) as ws:
+        assert ws.subprotocol == "realtime"
+        first = orjson.loads(await ws.recv())
+    assert first["type"] == "transcription_session.created"

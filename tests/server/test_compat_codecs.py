@@ -210,3 +210,58 @@ def test_openai_deltas_add_stable_words_then_complete() -> None:
     assert started["item_id"] == "item_s-1"
     committed = out(codec.from_server(final(1, "next", 3.0, 4.0)))[0]
     assert committed["previous_item_id"] == "item_s-0"
+
+
+def test_openai_overlapping_utterances_do_not_repeat_deltas() -> None:
+    """Utterance 1's partial arrives before utterance 0's final: a client that concatenates
+    each item's deltas (as OpenAI documents) gets exactly each completed transcript."""
+    codec = realtime()
+    events = codec.from_server({"type": "vad.speech_started", "t": 0.1, "utterance_id": "s-0"})
+
+    def partial(index: int, text: str) -> list[str]:
+        message = {"type": "transcript.partial", "utterance_id": f"s-{index}", "text": text}
+        return codec.from_server({**message, "start": 0.0, "end": 1.0})
+
+    events += partial(0, "one two three")
+    events += codec.from_server({"type": "vad.speech_started", "t": 2.0, "utterance_id": "s-1"})
+    events += partial(1, "four five six")
+    events += codec.from_server(final(0, "one two three", 0.1, 1.9))
+    events += partial(1, "four five six seven")
+    events += codec.from_server(final(1, "four five six seven", 2.0, 3.0))
+    said: dict[str, str] = {}
+    completed: dict[str, str] = {}
+    for event in out(events):
+        if event["type"] == "conversation.item.input_audio_transcription.delta":
+            said[event["item_id"]] = said.get(event["item_id"], "") + event["delta"]
+        if event["type"] == "conversation.item.input_audio_transcription.completed":
+            completed[event["item_id"]] = event["transcript"]
+    assert said == completed == {"item_s-0": "one two three", "item_s-1": "four five six seven"}
+
+
+def test_openai_speech_started_names_its_item_after_an_emptied_utterance() -> None:
+    """Utterance 0 was judged not speech (no final): the next speech start names item 1,
+    the item its transcript then completes, not item 0 again."""
+    codec = realtime()
+    codec.from_server({"type": "vad.speech_started", "t": 0.1, "utterance_id": "s-0"})
+    [started] = out(
+        codec.from_server({"type": "vad.speech_started", "t": 2.0, "utterance_id": "s-1"})
+    )
+    events = out(codec.from_server(final(1, "hello", 2.0, 3.0)))
+    assert started["item_id"] == events[-1]["item_id"] == "item_s-1"
+
+
+def test_openai_commit_is_answered() -> None:
+    """A commit with no speech in progress is answered with OpenAI's
+    input_audio_buffer_commit_empty error; one whose utterance the guard emptied completes
+    that item empty; one whose final was sent needs nothing more."""
+    codec = realtime()
+    [empty] = out(codec.from_server({"type": "finalize.done", "utterance_id": None}))
+    assert empty["type"] == "error"
+    assert empty["error"]["code"] == "input_audio_buffer_commit_empty"
+    committed, completed = out(codec.from_server({"type": "finalize.done", "utterance_id": "s-0"}))
+    assert (
+        committed["type"] == "input_audio_buffer.committed" and committed["item_id"] == "item_s-0"
+    )
+    assert completed["transcript"] == ""
+    codec.from_server(final(1, "hello", 2.0, 3.0))
+    assert codec.from_server({"type": "finalize.done", "utterance_id": "s-1"}) == []
