@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
@@ -327,7 +328,7 @@ async def test_deepgram_two_finalize_in_flight_get_two_answers(server: AppServer
         await connection.send_finalize()
         await connection.send_finalize()
 
-        def answered(r: Received) -> list[object]:
+        def answered(r: Received) -> list[Any]:
             return [m for m in r.of_type("Results") if m.from_finalize]
 
         await received.wait_for(lambda r: len(answered(r)) >= 2, 10)
