@@ -7,8 +7,10 @@ per-connection settings; each actor owns its own state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
+from collections.abc import Iterator
 
 from session.actor import SessionActor
 
@@ -32,6 +34,8 @@ class SessionRegistry:
         self._sessions: set[SessionActor] = set()
         self._empty = asyncio.Event()
         self._empty.set()
+        self._waiting = 0  # accepted sockets not yet sessions (configuring themselves)
+        self.draining = asyncio.Event()  # set once the drain begins
         self.state = RegistryState.OPEN
 
     def __len__(self) -> int:
@@ -48,10 +52,21 @@ class SessionRegistry:
         """Raise AdmissionRefused if a new session would not be admitted now."""
         if self.state is RegistryState.DRAINING:
             raise AdmissionRefused("server is shutting down")
-        if len(self._sessions) >= self._max_sessions:
+        if len(self._sessions) + self._waiting >= self._max_sessions:
             raise AdmissionRefused(
                 f"server is at capacity ({self._max_sessions} streams); retry later"
             )
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """A socket accepted before its session starts (a realtime session configures
+        itself by messages first): it must find room now, and holds a place meanwhile."""
+        self.check_room()
+        self._waiting += 1
+        try:
+            yield
+        finally:
+            self._waiting -= 1
 
     def admit(self, actor: SessionActor) -> None:
         """Admit `actor`. A resumed source takes over: the connection this node still
@@ -72,6 +87,7 @@ class SessionRegistry:
     async def drain(self, timeout: float) -> bool:
         """Refuse new sessions, ask every session to finish, wait up to `timeout`."""
         self.state = RegistryState.DRAINING
+        self.draining.set()
         for actor in list(self._sessions):
             actor.request_shutdown()
         try:

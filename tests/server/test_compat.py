@@ -376,3 +376,20 @@ async def test_openai_beta_flavour_from_a_browsers_subprotocol(server: AppServer
         assert ws.subprotocol == "realtime"
         first = orjson.loads(await ws.recv())
     assert first["type"] == "transcription_session.created"
+
+
+async def test_a_realtime_session_configuring_itself_holds_a_place_and_ends_on_drain() -> None:
+    """A realtime socket that has not sent audio yet counts against the stream bound (a
+    second stream is refused 503) and is closed 1012 with an `error` event when the
+    server drains (before, it waited outside both until its idle limit)."""
+    async with serve_app(max_sessions=1, idle_timeout_s=30.0) as app:
+        async with connect(app.ws_url + "/v1/realtime?intent=transcription") as ws:
+            assert orjson.loads(await ws.recv())["type"] == "session.created"
+            status, _, _ = await refusal(app, "/v1/listen", {})
+            assert status == 503
+            drained = asyncio.create_task(app.state.registry.drain(5.0))
+            messages = await drain(ws)
+            await drained
+        assert ws.close_code == 1012
+        assert messages[-1]["type"] == "error"
+        assert messages[-1]["error"]["code"] == "shutting_down"
