@@ -39,7 +39,7 @@ from server.tokens import open_tokens
 from session.actor import CLOSE_TIMEOUT
 from session.diarizer import DiarizerConfig
 from session.segmenter import SegmenterConfig
-from session.services import SessionServices
+from session.services import DIARIZATION_OFF, SessionServices
 from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer
 from store.factory import open_store
 from store.ttl import TTLSettings
@@ -90,16 +90,26 @@ def segmenter_config(settings: Settings) -> SegmenterConfig:
     )
 
 
+async def _load_speakers() -> tuple[SpeakerEmbedder | None, str]:
+    """The speaker model for diarization, or why there is none: an optional part that is
+    missing or broken switches diarization off with a warning; it never stops
+    transcription."""
+    try:
+        return SpeakerEmbedder(await asyncio.to_thread(SpeakerEncoder)), ""
+    except Exception as exc:
+        reason = f"diarization is unavailable on this server: {exc}"
+        logger.warning("%s; transcription goes on without it", reason)
+        return None, reason
+
+
 async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
     settings = state.settings
     try:
         recognizer = state.recognizer = await asyncio.to_thread(factory, settings)
         await asyncio.to_thread(recognizer.warmup)
         vad_model = await asyncio.to_thread(SileroVad)
-        speakers = (
-            SpeakerEmbedder(await asyncio.to_thread(SpeakerEncoder))
-            if settings.diarization
-            else None
+        speakers, speakers_off = (
+            await _load_speakers() if settings.diarization else (None, DIARIZATION_OFF)
         )
     except Exception as exc:
         logger.exception("model failed to load")
@@ -145,6 +155,7 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
         context_languages=settings.left_context_language_set,
         telemetry=state.metrics,
         speakers=speakers,
+        speakers_off=speakers_off,
         diarizer=DiarizerConfig(max_speakers=settings.diarization_max_speakers),
     )
     state.model_state = ModelState.READY

@@ -132,11 +132,7 @@ async def _serve_stream(
         opened = await _open_source(state.store, config, query, principal)
         _check_language(opened.config.language, services.languages, state.recognizer_name)
         if opened.config.diarize and services.speakers is None:
-            raise ProtocolError(
-                ErrorCode.BAD_CONFIG,
-                CloseCode.BAD_REQUEST,
-                "diarization is off on this server (PARLEY_DIARIZATION=false)",
-            )
+            raise ProtocolError(ErrorCode.BAD_CONFIG, CloseCode.BAD_REQUEST, services.speakers_off)
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
         return

@@ -139,9 +139,7 @@ def _check_language(language: str | None, known: frozenset[str], model: str) -> 
 
 def _check_diarize(diarize: bool, services: SessionServices) -> None:
     if diarize and services.speakers is None:
-        raise Refusal(
-            400, "bad_config", "diarization is off on this server (PARLEY_DIARIZATION=false)"
-        )
+        raise Refusal(400, "bad_config", services.speakers_off)
 
 
 # Body bytes read and dropped before an early refusal (no key, bad options, no model, no job

@@ -28,7 +28,7 @@ from typing import Any
 
 from engine.api import SAMPLE_RATE, EngineDead, Priority, SchedulerStopped
 from session.audio import FrameDecoder
-from session.committer import Committer, CommitterConfig, PendingFinal
+from session.committer import Committer, CommitterConfig
 from session.ending import (
     CLIENT_GONE,
     INTERNAL_ERROR,
@@ -44,6 +44,7 @@ from session.ending import (
     refused,
     slow_consumer,
 )
+from session.final_order import PendingFinal
 from session.outbox import Outbox, OutboxDelivery, OutboxState
 from session.partial_sender import PartialSender
 from session.pipeline import AudioPipeline, seconds

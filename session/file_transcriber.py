@@ -36,7 +36,8 @@ from pathlib import Path
 
 from engine.api import SAMPLE_RATE, Priority
 from session.audio import FrameDecoder
-from session.committer import Committer, CommitterConfig, PendingFinal
+from session.committer import Committer, CommitterConfig
+from session.final_order import PendingFinal
 from session.pipeline import AudioPipeline
 from session.segmenter import SegmentEvent, UtteranceEnded
 from session.services import SessionServices

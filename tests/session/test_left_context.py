@@ -13,11 +13,12 @@ import pytest
 
 from engine.api import SAMPLE_RATE, WordTiming
 from engine.scheduler import BatchScheduler
-from session.committer import PendingFinal
+from session.final_order import PendingFinal
 from session.said_before import LEFT_UTTERANCES, MAX_GAP, SaidBefore
 from session.segmenter import UtteranceEnded
 from tests.fakes import FakeRecognizer
 from tests.session.test_prompts import committer
+from tests.tasks import blocked
 
 
 def utterance(index: int, start: float, seconds: float, value: float) -> UtteranceEnded:
@@ -107,11 +108,10 @@ async def test_a_live_final_waits_for_the_one_before_it_at_most_context_wait() -
         source = committer(scheduler, left_context=10.0, context_wait=0.5)
         events = [utterance(i, 2.0 * i, 1.0 + i / 4, 0.1) for i in range(3)]
         pending = [await source.submit(events[0])]
-        first = asyncio.create_task(source.commit(pending[0]))
+        first = await blocked(source.commit(pending[0]))  # it awaits the first's result
         async with asyncio.timeout(5):  # the first is held in the engine, not still queued
             while not recognizer.entered.is_set():  # noqa: ASYNC110 - a thread's event
                 await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)  # the committer awaits the first's result
         pending.append(await source.submit(events[1]))
         assert pending[1].future is None
         async with asyncio.timeout(5):
