@@ -5,7 +5,9 @@ keepalive against the idle limit, bad audio and bad messages, session configurat
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -15,7 +17,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
-from tests.appserver import AppServer, serve_app
+from engine.api import Transcription, Utterance
+from tests.appserver import AppServer, serve_app, serving
 from tests.compat_clients import (
     WEBSOCKETS_LEGACY,
     ApiError,
@@ -30,6 +33,7 @@ from tests.compat_clients import (
     transcription_session,
 )
 from tests.corpus import clip
+from tests.fakes import FakeRecognizer
 
 pytestmark = WEBSOCKETS_LEGACY
 
@@ -393,3 +397,58 @@ async def test_a_realtime_session_configuring_itself_holds_a_place_and_ends_on_d
         assert ws.close_code == 1012
         assert messages[-1]["type"] == "error"
         assert messages[-1]["error"]["code"] == "shutting_down"
+
+
+class SlowFinals(FakeRecognizer):
+    """Words that grow with the audio ("w1 w2 ...", one per 0.25 s: a partial's text is a
+    prefix of its final's), and finals that take FINAL_S while partials run at once on
+    the other worker: the next utterance's partials come before this one's final."""
+
+    FINAL_S = 1.5
+
+    def transcribe(
+        self, batch: Sequence[Utterance], should_stop: Callable[[], bool] | None = None
+    ) -> list[Transcription]:
+        if any(u.word_timings for u in batch):
+            time.sleep(self.FINAL_S)
+        return [
+            dataclasses.replace(t, text=" ".join(f"w{i}" for i in range(len(u.audio) // 4000)))
+            for u, t in zip(batch, super().transcribe(batch, should_stop), strict=True)
+        ]
+
+
+async def test_openai_overlapping_utterances_deltas_add_up_to_each_transcript() -> None:
+    """The SDK streams JFK's four phrases while each final takes 1.5 s, so an utterance's
+    deltas come before the previous one's final: concatenated per item, as OpenAI
+    documents, the deltas give exactly each completed transcript (before, the previous
+    item's deltas were sent again in full)."""
+    done = "conversation.item.input_audio_transcription.completed"
+    async with serve_app(serving(SlowFinals()), model_workers=2, idle_timeout_s=30.0) as app:
+        client = openai_client(app.http_url)
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            received = Received()
+            reader = asyncio.create_task(receive_openai(connection, received))
+            await connection.session.update(session=transcription_session())
+            pcm24 = pcm16_at(clip("en_jfk").samples(), 24_000)
+            step = 24_000 * 2 // 10  # 100 ms
+            for offset in range(0, len(pcm24), step):
+                await connection.input_audio_buffer.append(audio=b64(pcm24[offset : offset + step]))
+                await asyncio.sleep(0.05)  # 2x real time
+            await connection.input_audio_buffer.commit()
+            await received.wait_for(lambda r: len(r.of_type(done)) >= 3, 30)
+            await asyncio.sleep(2 * SlowFinals.FINAL_S)  # any last final
+            await connection.close()
+            await reader
+    said: dict[str, str] = {}
+    open_items: set[str] = set()  # items with deltas, not yet completed
+    overlapped = False
+    for event in received.messages:
+        if event.type == "conversation.item.input_audio_transcription.delta":
+            overlapped |= bool(open_items - {event.item_id})
+            open_items.add(event.item_id)
+            said[event.item_id] = said.get(event.item_id, "") + event.delta
+        elif event.type == done:
+            open_items.discard(event.item_id)
+    completed = {e.item_id: e.transcript for e in received.of_type(done) if e.transcript}
+    assert overlapped, "no delta of an item came before the previous item's final"
+    assert {item: said.get(item, "") for item in completed} == completed
