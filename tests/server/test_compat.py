@@ -452,3 +452,26 @@ async def test_openai_overlapping_utterances_deltas_add_up_to_each_transcript() 
     completed = {e.item_id: e.transcript for e in received.of_type(done) if e.transcript}
     assert overlapped, "no delta of an item came before the previous item's final"
     assert {item: said.get(item, "") for item in completed} == completed
+
+
+async def test_deepgram_stops_before_their_finals_keep_speech_final() -> None:
+    """The SDK streams JFK while each final takes 1.5 s, so the next phrase's speech stop
+    comes before this phrase's final: every final is still speech-final and followed by
+    UtteranceEnd (before, a stop that came early was overwritten and lost)."""
+    async with serve_app(serving(SlowFinals()), model_workers=2, idle_timeout_s=30.0) as app:
+        client = deepgram_client(app.http_url, app.ws_url)
+        async with client.listen.v1.connect(
+            model="nova-3", encoding="linear16", sample_rate=16000, utterance_end_ms=1000
+        ) as connection:
+            received = Received()
+            reader = asyncio.create_task(receive_deepgram(connection, received))
+            pcm = clip("en_jfk").pcm16()
+            for offset in range(0, len(pcm), 3200):
+                await connection.send_media(pcm[offset : offset + 3200])
+                await asyncio.sleep(0.05)  # 2x real time
+            await connection.send_close_stream()
+            await asyncio.wait_for(reader, 30)
+    finals = [m for m in received.of_type("Results") if m.is_final]
+    assert len(finals) >= 3
+    assert all(m.speech_final for m in finals)
+    assert len(received.of_type("UtteranceEnd")) == len(finals)
