@@ -64,7 +64,7 @@ async def listen_endpoint(websocket: WebSocket) -> None:
             subprotocol_token=via_subprotocol[1] if via_subprotocol else None,
         )
         options = deepgram.parse_options(
-            query, meeting_id=meeting_id, default_language=state.settings.default_language
+            query, meeting_id=meeting_id, default_language=state.settings.streams.default_language
         )
         config = bind_participant(options.stream_config(), principal, _named(query))
     except WebSocketDisconnect:
@@ -76,7 +76,7 @@ async def listen_endpoint(websocket: WebSocket) -> None:
         options, request_id=request_id, model_name=state.recognizer_name or "loading"
     )
     connection = TranslatingConnection(
-        websocket, codec, max_frame_bytes=state.settings.max_frame_bytes
+        websocket, codec, max_frame_bytes=state.settings.streams.max_frame_bytes
     )
     await serve_source(
         state, handshake, config, {}, principal, connection=connection, acknowledge_finalize=True
@@ -97,7 +97,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         beta="realtime=v1" in websocket.headers.get("openai-beta", "")
         or OPENAI_BETA_SUBPROTOCOL in offered,
         vad=_vad(state),
-        default_language=state.settings.default_language,
+        default_language=state.settings.streams.default_language,
         model=websocket.query_params.get("model") or "whisper-1",
     )
     handshake = CompatHandshake(
@@ -108,7 +108,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     )
     query = dict(websocket.query_params)
     connection = TranslatingConnection(
-        websocket, codec, max_frame_bytes=state.settings.max_frame_bytes
+        websocket, codec, max_frame_bytes=state.settings.streams.max_frame_bytes
     )
     try:
         meeting_id = validate_id("meeting_id", query.get("meeting_id") or session_id)
@@ -137,7 +137,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         error = ProtocolError(
             ErrorCode.TIMEOUT,
             CloseCode.TIMEOUT,
-            f"no audio for {state.settings.idle_timeout_s:g} s",
+            f"no audio for {state.settings.streams.idle_timeout_s:g} s",
         )
         await refuse(state, handshake, error)
         return
@@ -158,7 +158,7 @@ async def _configured(state: AppState, connection: TranslatingConnection) -> boo
     """Serve a realtime session's events until its first audio (or commit): False if the
     client left first. TimeoutError past the idle limit; ProtocolError (1012) if the
     server starts draining meanwhile."""
-    async with asyncio.timeout(state.settings.idle_timeout_s):
+    async with asyncio.timeout(state.settings.streams.idle_timeout_s):
         primed = asyncio.ensure_future(connection.prime())
         draining = asyncio.ensure_future(state.registry.draining.wait())
         try:
@@ -183,7 +183,7 @@ def _named(query: dict[str, str]) -> dict[str, str]:
 def _vad(state: AppState) -> openai_realtime.Vad:
     settings = state.settings
     return openai_realtime.Vad(
-        threshold=settings.vad_threshold,
-        prefix_padding_ms=round(settings.pre_roll_ms),
-        silence_duration_ms=round(settings.min_silence_ms),
+        threshold=settings.segmenter.vad_threshold,
+        prefix_padding_ms=round(settings.segmenter.pre_roll_ms),
+        silence_duration_ms=round(settings.segmenter.min_silence_ms),
     )
