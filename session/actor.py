@@ -408,7 +408,8 @@ class SessionActor:
     async def _handle(self, events: list[SegmentEvent]) -> None:
         for event in events:
             if isinstance(event, SpeechStarted):
-                self._put(build.speech_started(seconds(event.sample)))
+                utterance_id = f"{self.session_id}-{event.index}"
+                self._put(build.speech_started(seconds(event.sample), utterance_id))
             elif isinstance(event, SpeechStopped):
                 self._put(build.speech_stopped(seconds(event.sample)))
             elif isinstance(event, PartialDue):

@@ -173,7 +173,7 @@ class Committer:
         if self.gate.language is None or prompt is None:
             return None
         utterance = self._utterance(event.audio, draft, prompt)
-        return self._order.speculative(utterance, event.index, event.start)
+        return self._order.speculative(utterance, event.index, event.start, event.continues)
 
     def _utterance(self, audio: FloatArray, draft: str, prompt: str) -> Utterance:
         return Utterance(audio, self.gate.language, draft, prompt, word_timings=True)
@@ -182,7 +182,9 @@ class Committer:
         """Send the utterance `event` ended to the engine (or hold it for its language, or
         for its prompt: the final before it)."""
         utterance = self._utterance(event.audio, draft, "")  # the prompt: when admitted
-        pending = PendingFinal(event.index, event.start, event.end, utterance, self.config.clock())
+        pending = PendingFinal(
+            event.index, event.start, event.end, utterance, self.config.clock(), event.continues
+        )
         if self._labeller is not None:
             pending.speakers = self._labeller.embed(event.audio)
         await self._order.cut(pending)

@@ -145,7 +145,7 @@ class FileTranscriber:
             tail = self.progress.total_samples % WINDOW  # the last partial window: pad it
             if tail:
                 await self._segment(bytes((WINDOW - tail) * BYTES_PER_SAMPLE))
-            await self._handle(self._pipeline.cut())
+            await self._handle(self._pipeline.flush())
             while self._pending:
                 await self._commit(self._pending.popleft())
             await self._committer.finish()  # the file is done: its best speaker labels

@@ -114,7 +114,12 @@ class AudioPipeline:
         return events
 
     def cut(self) -> list[SegmentEvent]:
-        """End the utterance in progress now (`finalize`)."""
+        """End the utterance in progress now (`finalize`: in mid-speech, the speech goes on
+        as the next utterance, `Segmenter.finalize`)."""
+        return self._noted(self._segmenter.finalize())
+
+    def flush(self) -> list[SegmentEvent]:
+        """The audio is over: end the utterance in progress."""
         return self._noted(self._segmenter.flush())
 
     def _noted(self, events: list[SegmentEvent]) -> list[SegmentEvent]:
@@ -129,4 +134,4 @@ class AudioPipeline:
 
     async def end(self) -> list[SegmentEvent]:
         """The audio is over: what the resampler still holds, then the utterance in progress."""
-        return [*await self.push(self._decoder.flush()), *self.cut()]
+        return [*await self.push(self._decoder.flush()), *self.flush()]

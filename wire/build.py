@@ -77,8 +77,9 @@ def session_language(language: str, probability: float | None, utterances: int) 
     }
 
 
-def speech_started(t: float) -> SpeechStarted:
-    return {"type": "vad.speech_started", "t": t}
+def speech_started(t: float, utterance_id: str) -> SpeechStarted:
+    """`utterance_id`: the id the speech's final will carry, if it makes one."""
+    return {"type": "vad.speech_started", "t": t, "utterance_id": utterance_id}
 
 
 def speech_stopped(t: float) -> SpeechStopped:

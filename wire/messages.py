@@ -72,6 +72,9 @@ class SessionLanguage(TypedDict):
 class SpeechStarted(TypedDict):
     type: Literal["vad.speech_started"]
     t: float
+    # The id of the final this speech will make, if it makes one (a burst too short for a
+    # final makes none, and the next speech gets the same id).
+    utterance_id: str
 
 
 class SpeechStopped(TypedDict):
