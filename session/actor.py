@@ -28,7 +28,7 @@ from typing import Any
 
 from engine.api import SAMPLE_RATE, EngineDead, Priority, SchedulerStopped
 from session.audio import FrameDecoder
-from session.committer import Committer, CommitterConfig, PendingFinal
+from session.committer import Committer, CommitterConfig
 from session.ending import (
     CLIENT_GONE,
     INTERNAL_ERROR,
@@ -44,9 +44,11 @@ from session.ending import (
     refused,
     slow_consumer,
 )
+from session.final_order import PendingFinal
 from session.outbox import Outbox, OutboxDelivery, OutboxState
 from session.partial_sender import PartialSender
 from session.pipeline import AudioPipeline, seconds
+from session.resume_context import ResumeContext, resend_refused, stored_vad_state
 from session.segmenter import (
     PartialDue,
     SegmentEvent,
@@ -64,7 +66,7 @@ from store.errors import StoreError
 from store.records import FinalRecord, SourceState
 from wire import build
 from wire.codes import CloseCode, ErrorCode
-from wire.control import ControlType, parse_control
+from wire.control import ControlType, parse_control, parse_resend
 from wire.errors import ProtocolError
 from wire.messages import ServerMessage
 from wire.query import StreamConfig
@@ -86,7 +88,10 @@ class _Finalized:
 class SessionActor:
     """`source` is the stored state of this audio source when the stream starts: new, or
     read by a resume (then the stream's timeline starts at `source.acked_until` and
-    `replay` holds the finals the client has not seen). The committer keeps it current."""
+    `replay` holds the finals the client has not seen; its VAD goes on from the state
+    stored with its last final; `context` names the logged utterances its next final is
+    decoded behind, re-heard from the audio a client that sends `resend` re-sends from
+    `send_from`). The committer keeps `source` current."""
 
     websocket: Connection
     config: StreamConfig
@@ -95,6 +100,7 @@ class SessionActor:
     resume_token: str
     replay: list[FinalRecord] = field(default_factory=list)
     resumed: bool = False
+    context: ResumeContext | None = None
     # Answer each `finalize` with an internal `finalize.done` (the compat adapters ask).
     acknowledge_finalize: bool = False
     state: SessionState = SessionState.CONNECTING
@@ -116,7 +122,10 @@ class SessionActor:
             start_sample=self.start_sample,
             first_index=self.source.next_utterance,
             telemetry=services.telemetry,
+            vad_start=stored_vad_state(self.source) if self.resumed else None,
         )
+        self._resend_open = self.context is not None  # a `resend` may come (before audio)
+        self._heard = False  # the lead's left context was handed to the committer
         self._outbox = Outbox(
             services.outbox_limit,
             on_partial_dropped=lambda: services.telemetry.partial_dropped("merged"),
@@ -272,6 +281,7 @@ class SessionActor:
             resumed=self.resumed,
             last_seq=await self.services.store.last_seq(self.meeting_id),
             origin=self.source.origin,
+            send_from=self.context.send_from if self.context is not None else None,
         )
         opening = [build.encode(started)]
         language = self._committer.language
@@ -370,12 +380,23 @@ class SessionActor:
                 f"frame of {size} bytes exceeds the limit of {self.services.max_frame_bytes}",
             )
         if data is not None:
-            await self._handle(await self._pipeline.decode(data))
+            self._resend_open = False
+            events = await self._pipeline.decode(data)
+            if self.context is not None and self._pipeline.lead_complete and not self._heard:
+                self._committer.hear_before(self.context.said_before(self._pipeline.lead_audio()))
+                self._heard = True
+            await self._handle(events)
             return None
         control = parse_control(text or "")
-        if control is ControlType.STOP:
+        if control is ControlType.RESEND and self.context is not None and self._resend_open:
+            self._resend_open = False
+            if lead := self.context.lead_samples(parse_resend(text or "")):
+                self._pipeline.expect_lead(lead)
+        elif control is ControlType.RESEND:
+            raise resend_refused("resend comes once, first, on a resumed stream")
+        elif control is ControlType.STOP:
             return STOPPED
-        if control is ControlType.FINALIZE:
+        elif control is ControlType.FINALIZE:
             cut = self._pipeline.cut()
             await self._handle(cut)
             if self.acknowledge_finalize:
@@ -387,7 +408,8 @@ class SessionActor:
     async def _handle(self, events: list[SegmentEvent]) -> None:
         for event in events:
             if isinstance(event, SpeechStarted):
-                self._put(build.speech_started(seconds(event.sample)))
+                utterance_id = f"{self.session_id}-{event.index}"
+                self._put(build.speech_started(seconds(event.sample), utterance_id))
             elif isinstance(event, SpeechStopped):
                 self._put(build.speech_stopped(seconds(event.sample)))
             elif isinstance(event, PartialDue):
@@ -403,7 +425,9 @@ class SessionActor:
                 # A queued partial would never run before this final (finals outrank them).
                 self.services.scheduler.cancel(self.request_key, only=Priority.PARTIAL)
                 draft = self._partials.draft_for(event.index)
-                await self._finals.put(await self._committer.submit(event, draft))
+                pending = await self._committer.submit(event, draft)
+                pending.vad_state = self._pipeline.vad_state_at(event.index)
+                await self._finals.put(pending)
                 self._speculator.withdraw()  # what the final did not take
 
     # ------------------------------------------------------------------ committer, writer

@@ -36,7 +36,8 @@ from pathlib import Path
 
 from engine.api import SAMPLE_RATE, Priority
 from session.audio import FrameDecoder
-from session.committer import Committer, CommitterConfig, PendingFinal
+from session.committer import Committer, CommitterConfig
+from session.final_order import PendingFinal
 from session.pipeline import AudioPipeline
 from session.segmenter import SegmentEvent, UtteranceEnded
 from session.services import SessionServices
@@ -144,7 +145,7 @@ class FileTranscriber:
             tail = self.progress.total_samples % WINDOW  # the last partial window: pad it
             if tail:
                 await self._segment(bytes((WINDOW - tail) * BYTES_PER_SAMPLE))
-            await self._handle(self._pipeline.cut())
+            await self._handle(self._pipeline.flush())
             while self._pending:
                 await self._commit(self._pending.popleft())
             await self._committer.finish()  # the file is done: its best speaker labels
