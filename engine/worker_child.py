@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -193,16 +194,21 @@ class ChildProcess:
     def run(
         self, utterances: list[Utterance], should_stop: StopCheck | None, hang_after: float
     ) -> list[Transcription]:
-        """The child's transcriptions of `utterances`; WorkerLost if it dies or hangs."""
+        """The child's transcriptions of `utterances`; WorkerLost if it dies or hangs.
+
+        The batch is sent from a thread of its own: a batch is larger than the pipe's
+        buffer, so sending it to a child that is not reading (stopped) would block this
+        thread past any check; the child is declared hung instead, and killed, which ends
+        the send (a broken pipe)."""
         self.stop.value = False
         self.beat.value = time.monotonic()
-        try:
-            self.conn.send(Batch(utterances))
-        except OSError:  # BrokenPipeError: it is gone
-            raise self._died() from None
+        failed: list[Exception] = []
+        threading.Thread(
+            target=self._send, args=(Batch(utterances), failed), name="parley-batch-send"
+        ).start()
         stop_at: float | None = None
         while not self.conn.poll(STOP_POLL_S):
-            if not self.process.is_alive():
+            if failed or not self.process.is_alive():  # a send that failed: it is gone
                 raise self._died()
             now = time.monotonic()
             if stop_at is None and should_stop is not None and should_stop():
@@ -226,6 +232,12 @@ class ChildProcess:
             logger.error("model worker process %d failed a batch:\n%s", self.index, reply.details)
             raise RuntimeError(reply.error)
         raise RuntimeError(f"model worker process {self.index} sent {reply!r}")
+
+    def _send(self, batch: Batch, failed: list[Exception]) -> None:
+        try:
+            self.conn.send(batch)
+        except (OSError, TypeError, ValueError) as exc:  # it is gone (or killed: closed)
+            failed.append(exc)
 
     def loaded(self) -> Ready | str | None:
         """Its first message if there is one: Ready, or why it failed to load (a str)."""
