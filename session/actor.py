@@ -41,6 +41,7 @@ from session.ending import (
     committer_failed,
     disconnected,
     first_ending,
+    last_messages,
     refused,
     slow_consumer,
 )
@@ -48,7 +49,7 @@ from session.final_order import PendingFinal
 from session.outbox import Outbox, OutboxDelivery, OutboxState
 from session.partial_sender import PartialSender
 from session.pipeline import AudioPipeline, seconds
-from session.resume_context import ResumeContext, resend_refused, stored_vad_state
+from session.resume_context import ResendLead, ResumeContext, stored_vad_state
 from session.segmenter import (
     PartialDue,
     SegmentEvent,
@@ -124,8 +125,7 @@ class SessionActor:
             telemetry=services.telemetry,
             vad_start=stored_vad_state(self.source) if self.resumed else None,
         )
-        self._resend_open = self.context is not None  # a `resend` may come (before audio)
-        self._heard = False  # the lead's left context was handed to the committer
+        self._lead = ResendLead(self.context)
         self._outbox = Outbox(
             services.outbox_limit,
             on_partial_dropped=lambda: services.telemetry.partial_dropped("merged"),
@@ -136,19 +136,12 @@ class SessionActor:
         if config.diarize and services.speakers is not None:
             labeller = SpeakerLabeller(services.speakers, services.diarizer)
         self._committer = Committer(
-            CommitterConfig(
+            CommitterConfig.for_source(
+                services,
                 session_id=self.session_id,
                 participant=config.participant,
-                priority=Priority.FINAL,
-                timing=True,
-                requested_language=None if config.language == "auto" else config.language,
-                model_languages=services.languages,
-                prompts=services.prompts,
-                left_context=services.left_context,
-                context_wait=services.context_wait,
-                context_languages=services.context_languages,
-                clock=services.clock,
-                telemetry=services.telemetry,
+                language=None if config.language == "auto" else config.language,
+                live=True,
                 request_key=self.request_key,
             ),
             self._speculator,
@@ -315,19 +308,8 @@ class SessionActor:
             # It reads too slowly for its backlog: drop it (a resume replays the finals).
             self._outbox.close_with(build.encode(ending.error.to_message()))
             return
-        if ending.reason in {EndReason.STOP, EndReason.SHUTDOWN}:
-            totals = self.totals
-            self._put(
-                build.session_ended(
-                    reason=ending.reason.value,
-                    audio_seconds=round(totals.audio_samples / SAMPLE_RATE, 3),
-                    utterances=totals.utterances,
-                    finals=totals.finals,
-                    finals_lost=self.lost,
-                )
-            )
-        if ending.error is not None:  # last: the close with its code follows
-            self._put(build.error(ending.error.code, ending.error_message(self.lost)))
+        for message in last_messages(ending, self.totals, self.lost):
+            self._put(message)
         self._outbox.close()
 
     @property
@@ -380,20 +362,14 @@ class SessionActor:
                 f"frame of {size} bytes exceeds the limit of {self.services.max_frame_bytes}",
             )
         if data is not None:
-            self._resend_open = False
             events = await self._pipeline.decode(data)
-            if self.context is not None and self._pipeline.lead_complete and not self._heard:
-                self._committer.hear_before(self.context.said_before(self._pipeline.lead_audio()))
-                self._heard = True
+            if (said := self._lead.heard(self._pipeline)) is not None:
+                self._committer.hear_before(said)
             await self._handle(events)
             return None
         control = parse_control(text or "")
-        if control is ControlType.RESEND and self.context is not None and self._resend_open:
-            self._resend_open = False
-            if lead := self.context.lead_samples(parse_resend(text or "")):
-                self._pipeline.expect_lead(lead)
-        elif control is ControlType.RESEND:
-            raise resend_refused("resend comes once, first, on a resumed stream")
+        if control is ControlType.RESEND:
+            self._lead.resend(parse_resend(text or ""), self._pipeline)
         elif control is ControlType.STOP:
             return STOPPED
         elif control is ControlType.FINALIZE:

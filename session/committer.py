@@ -54,6 +54,7 @@ from session.language import LanguageGate, LanguagePinned
 from session.pipeline import FloatArray
 from session.said_before import SaidBefore
 from session.segmenter import UtteranceEnded, UtteranceMayEnd
+from session.services import SessionServices
 from session.speakers import SpeakerLabeller
 from session.telemetry import NullTelemetry, Telemetry
 from store.api import Store
@@ -94,6 +95,37 @@ class CommitterConfig:
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     # The engine's key for this connection's requests (None: the session_id).
     request_key: str | None = None
+
+    @classmethod
+    def for_source(
+        cls,
+        services: SessionServices,
+        *,
+        session_id: str,
+        participant: str,
+        language: str | None,
+        live: bool,
+        request_key: str | None = None,
+    ) -> CommitterConfig:
+        """The committer of a live source (`live`) or of a file, from the services both
+        share: the same prompts, left context and languages. A live one also times its
+        finals, bounds its wait for the final before (context_wait) and reports to the
+        telemetry; a file's finals wait for theirs and outrank nothing live."""
+        return cls(
+            session_id=session_id,
+            participant=participant,
+            priority=Priority.FINAL if live else Priority.FILE,
+            timing=live,
+            requested_language=language,
+            model_languages=services.languages,
+            prompts=services.prompts,
+            left_context=services.left_context,
+            context_wait=services.context_wait if live else None,
+            context_languages=services.context_languages,
+            clock=services.clock,
+            telemetry=services.telemetry if live else NullTelemetry(),
+            request_key=request_key,
+        )
 
     @property
     def engine_key(self) -> str:

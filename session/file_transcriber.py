@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.api import SAMPLE_RATE, Priority
+from engine.api import SAMPLE_RATE
 from session.audio import FrameDecoder
 from session.committer import Committer, CommitterConfig
 from session.final_order import PendingFinal
@@ -116,17 +116,12 @@ class FileTranscriber:
             dataclasses.replace(services.segmenter, partial_interval=0.0, speculate_after=0.0),
         )
         self._committer = Committer(
-            CommitterConfig(
+            CommitterConfig.for_source(
+                services,
                 session_id=options.source_id,
                 participant=options.participant,
-                priority=Priority.FILE,
-                timing=False,
-                requested_language=options.language,
-                model_languages=services.languages,
-                prompts=services.prompts,
-                left_context=services.left_context,
-                context_languages=services.context_languages,
-                clock=services.clock,
+                language=options.language,
+                live=False,
             ),
             services.scheduler,
             services.store,

@@ -13,10 +13,10 @@ protocol before `send_from`) gets what it got before: a next final without conte
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.api import SAMPLE_RATE, WordTiming
-from session.pipeline import FloatArray
+from session.pipeline import AudioPipeline, FloatArray
 from session.said_before import LEFT_UTTERANCES, MAX_GAP, SaidBefore
 from session.vad import VadState, unpack_state
 from store.records import FinalRecord, SourceState
@@ -70,6 +70,36 @@ class ResumeContext:
                 audio = lead[h.start - first : h.end - first]
                 said.add(h.index, h.start, h.end, audio, h.text, h.words)
         return said
+
+
+@dataclass
+class ResendLead:
+    """A resumed connection's `resend`: accepted once, first (before any audio), on a
+    resumed stream; once the pipeline holds the whole re-sent lead, its left context is
+    handed on once (`heard`)."""
+
+    context: ResumeContext | None
+    _open: bool = field(init=False)
+    _heard: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self._open = self.context is not None
+
+    def resend(self, start: float, pipeline: AudioPipeline) -> None:
+        """The client re-sends from second `start`: the pipeline keeps that lead aside."""
+        if self.context is None or not self._open:
+            raise resend_refused("resend comes once, first, on a resumed stream")
+        self._open = False
+        if lead := self.context.lead_samples(start):
+            pipeline.expect_lead(lead)
+
+    def heard(self, pipeline: AudioPipeline) -> SaidBefore | None:
+        """After audio came: the lead's left context, the first time it is whole."""
+        self._open = False
+        if self.context is None or self._heard or not pipeline.lead_complete:
+            return None
+        self._heard = True
+        return self.context.said_before(pipeline.lead_audio())
 
 
 def resend_refused(reason: str) -> ProtocolError:

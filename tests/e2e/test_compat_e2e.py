@@ -48,20 +48,28 @@ async def paced(pcm: bytes, rate: int, send: Callable[[bytes], Awaitable[None]])
         await asyncio.sleep(FRAME_S / SPEED)
 
 
-async def settled(received: Received, quiet: float = 3.0, patience: float = 20.0) -> None:
-    """Wait until the session has gone quiet after its last completed transcript (the
-    protocol has no end-of-stream message): `quiet` seconds without an event after a
-    `completed`, or `patience` seconds without any (an utterance too short to be one)."""
-    count, since = len(received.messages), time.monotonic()
-    while True:
-        await asyncio.sleep(0.25)
-        if len(received.messages) != count:
-            count, since = len(received.messages), time.monotonic()
-        idle = time.monotonic() - since
-        last = received.messages[-1].type if received.messages else None
-        done = last == "conversation.item.input_audio_transcription.completed"
-        if (done and idle >= quiet) or idle >= patience:
-            return
+async def answered(received: Received, mark: int, timeout: float = TIMEOUT) -> None:
+    """Wait for the answer to the `input_audio_buffer.commit` sent when `received` held
+    `mark` messages (`committed`, or the `input_audio_buffer_commit_empty` error on
+    silence), then for every committed item's transcript: the end of the session's
+    work, by its events rather than by a quiet spell."""
+
+    def done(r: Received) -> bool:
+        later = r.messages[mark:]
+        answer = any(
+            m.type == "input_audio_buffer.committed"
+            or (m.type == "error" and m.error.code == "input_audio_buffer_commit_empty")
+            for m in later
+        )
+        committed = {m.item_id for m in r.of_type("input_audio_buffer.committed")}
+        finished = {
+            m.item_id
+            for kind in ("completed", "failed")
+            for m in r.of_type(f"conversation.item.input_audio_transcription.{kind}")
+        }
+        return answer and committed <= finished
+
+    await received.wait_for(done, timeout)
 
 
 def finals(received: Received) -> list[str]:
@@ -176,8 +184,9 @@ async def test_openai_sdk_transcription_session(parley_server: ServerProcess) ->
             await connection.input_audio_buffer.append(audio=b64(chunk))
 
         await paced(pcm16_at(speech.samples(), 24_000), 24_000, append)
+        mark = len(received.messages)
         await connection.input_audio_buffer.commit()
-        await settled(received)
+        await answered(received, mark)
         await connection.close()
         await reader
     kinds = [m.type for m in received.messages]
