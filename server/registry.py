@@ -7,9 +7,11 @@ per-connection settings; each actor owns its own state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import math
+from collections.abc import Iterator
 
 from session.actor import SessionActor
 
@@ -35,6 +37,8 @@ class SessionRegistry:
         self._sessions: set[SessionActor] = set()
         self._empty = asyncio.Event()
         self._empty.set()
+        self._waiting = 0  # accepted sockets not yet sessions (configuring themselves)
+        self.draining = asyncio.Event()  # set once the drain begins
         self.state = RegistryState.OPEN
 
     def __len__(self) -> int:
@@ -51,7 +55,7 @@ class SessionRegistry:
         """Why a new session would be refused now (draining, or at capacity), or None."""
         if self.state is RegistryState.DRAINING:
             return "server is shutting down"
-        if len(self._sessions) >= self._max_sessions:
+        if len(self._sessions) + self._waiting >= self._max_sessions:
             return f"server is at capacity ({self._max_sessions} streams); retry later"
         return None
 
@@ -66,6 +70,17 @@ class SessionRegistry:
         ):
             return
         raise AdmissionRefused(reason)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """A socket accepted before its session starts (a realtime session configures
+        itself by messages first): it must find room now, and holds a place meanwhile."""
+        self.check_room()
+        self._waiting += 1
+        try:
+            yield
+        finally:
+            self._waiting -= 1
 
     def admit(self, actor: SessionActor, *, resumed: bool = False) -> None:
         """Admit `actor`. A resumed source takes over: the connection this node still
@@ -89,6 +104,7 @@ class SessionRegistry:
     def start_draining(self) -> None:
         """Refuse new sessions from now on (`/readyz` says so); the sessions go on."""
         self.state = RegistryState.DRAINING
+        self.draining.set()
 
     def release(self, actor: SessionActor) -> None:
         self._sessions.discard(actor)

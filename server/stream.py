@@ -25,6 +25,7 @@ from server.limits import LimitedConnection, RealtimeBudget, StreamSlot, overloa
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
 from session.actor import SessionActor
+from session.resume_context import ResumeContext, resume_context
 from session.services import SessionServices
 from session.stream_state import Connection
 from store.api import Store
@@ -127,7 +128,7 @@ async def _serve_stream(
     acknowledge_finalize: bool,
 ) -> None:
     try:
-        opened = await _open_source(state.store, config, query, principal)
+        opened = await _open_source(state.store, config, query, principal, services)
         await slot.bind(opened.source.session_id)
         _check_language(opened.config.language, services.languages, state.recognizer_name)
         if opened.config.diarize and services.speakers is None:
@@ -137,9 +138,10 @@ async def _serve_stream(
         return
     budget = None
     if not principal.fast_replay:
-        budget = RealtimeBudget(
+        lead = opened.context.resume_from - opened.context.send_from if opened.context else 0.0
+        budget = RealtimeBudget(  # the re-sent lead (send_from) does not count
             state.settings.streams.realtime_factor,
-            state.settings.streams.realtime_burst_s,
+            state.settings.streams.realtime_burst_s + lead,
             time.monotonic(),
         )
     connection = LimitedConnection(
@@ -157,6 +159,7 @@ async def _serve_stream(
         resume_token=opened.token,
         replay=opened.replay,
         resumed=opened.resumed,
+        context=opened.context,
         acknowledge_finalize=acknowledge_finalize,
     )
     try:
@@ -245,14 +248,25 @@ class _OpenedSource:
     token: str
     replay: list[FinalRecord]
     resumed: bool
+    context: ResumeContext | None = None  # a resumed source's next final's left context
+
+
+# A resume reads the meeting's last this-many finals at least: the source's last ones,
+# for its next final's left context, are among them unless the others spoke that many since.
+RECENT_FINALS = 64
 
 
 async def _open_source(
-    store: Store, config: StreamConfig, query: dict[str, str], principal: Principal
+    store: Store,
+    config: StreamConfig,
+    query: dict[str, str],
+    principal: Principal,
+    services: SessionServices,
 ) -> _OpenedSource:
     """A new source of the meeting, or the one a `resume_token` names (with the finals the
-    client has not seen: this source's finals after `last_seq`). Either way, the meeting
-    must be the principal's: a new one becomes its (first writer wins)."""
+    client has not seen: this source's finals after `last_seq`, and the left context of
+    its next final). Either way, the meeting must be the principal's: a new one becomes
+    its (first writer wins)."""
     token = query.get("resume_token")
     meeting_id = config.meeting_id
     try:
@@ -267,11 +281,12 @@ async def _open_source(
         source = (await store.resume_source(meeting_id, token, participant)).with_origin(
             time.time()
         )
-        replay = [
-            f
-            for f in await store.finals(meeting_id, after_seq=last_seq)
-            if f.session_id == source.session_id
-        ]
+        recent = await store.finals(
+            meeting_id,
+            after_seq=max(0, min(last_seq, await store.last_seq(meeting_id) - RECENT_FINALS)),
+        )
+        mine = [f for f in recent if f.session_id == source.session_id]
+        replay = [f for f in mine if f.seq > last_seq]
     except UnknownResumeToken as exc:
         raise ProtocolError(ErrorCode.NOT_FOUND, CloseCode.NOT_FOUND, str(exc)) from None
     except ResumeRefused as exc:
@@ -281,7 +296,14 @@ async def _open_source(
     config = dataclasses.replace(config, participant=source.participant)
     if "language" not in query and source.language is not None:
         config = dataclasses.replace(config, language=source.language)  # keep its language
-    return _OpenedSource(config, source, token, replay, resumed=True)
+    limit = services.left_context
+    languages, language = services.context_languages, config.language
+    if language == "auto":
+        language = source.language or "auto"
+    if languages is not None and language != "auto" and language not in languages:
+        limit = 0.0  # as Committer._left_limit: no left context in this language
+    context = resume_context(mine, source, limit)
+    return _OpenedSource(config, source, token, replay, resumed=True, context=context)
 
 
 async def events_endpoint(websocket: WebSocket) -> None:
