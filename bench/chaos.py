@@ -109,6 +109,11 @@ class Stream:
     speed: float
     meeting: str = ""
     headers: dict[str, str] | None = None  # e.g. an API key's Authorization
+    # True: a live source, whose audio is due at its spoken time from the first connection
+    # (a resumed connection sends its backlog at once); False: each connection paces
+    # from where it resumes (bench/chaos)
+    spoken_pace: bool = False
+    began: float = 0.0
     token: str = ""
     last_seq: int = 0
     finals: dict[str, dict[str, Any]] = field(default_factory=dict)  # by utterance id
@@ -233,11 +238,17 @@ class Stream:
 
     async def _send(self, ws: ClientConnection, offset: int) -> None:
         started = time.monotonic()
-        for i, at in enumerate(range(offset, len(self.pcm), FRAME_BYTES)):
+        if self.spoken_pace:  # audio comes at the pace it was spoken: a backlog goes at once
+            self.began = self.began or started
+            started, offset_s = self.began, 0.0
+        else:
+            offset_s = offset / BYTES_PER_SECOND
+        for at in range(offset, len(self.pcm), FRAME_BYTES):
             await ws.send(self.pcm[at : at + FRAME_BYTES])
             self.sent.append((at + FRAME_BYTES, time.monotonic()))
             if self.speed > 0:
-                wait = started + (i + 1) * FRAME_BYTES / BYTES_PER_SECOND / self.speed
+                due = (at + FRAME_BYTES) / BYTES_PER_SECOND - offset_s
+                wait = started + due / self.speed
                 await asyncio.sleep(max(0.0, wait - time.monotonic()))
         await ws.send(orjson.dumps({"type": "stop"}).decode())
 

@@ -14,8 +14,9 @@ balancer) is then audited against the same audio streamed once before without fa
   (on a survivor: the killed node is gone);
 - **the blip**: how long those streams took from the kill to their resumed
   `session.started`, and final latency (arrival minus when the final's last audio was
-  first sent) before the kill, for finals whose audio was sent in the 10 s after it, and
-  after that.
+  first sent) before the kill, for the cut streams' finals whose audio was sent in the
+  10 s after it, and after that (cut streams apart). A client sends audio at the pace
+  it was spoken and, on resuming, its backlog at once (`Stream(spoken_pace=True)`).
 
 The nodes run the stand-in engine by default (bench/fake_server.py: the model's time
 simulated, everything else real), since three real models do not fit a 2-core box;
@@ -117,7 +118,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*(s.run() for s in baseline))
         expected = [transcript(deployment, s.meeting) for s in baseline]
         streams = [
-            Stream(i, deployment, pcm, speed=1.0, meeting=f"room-{i}", headers=auth)
+            Stream(i, deployment, pcm, 1.0, meeting=f"room-{i}", headers=auth, spoken_pace=True)
             for i, pcm in enumerate(audio)
         ]
         running = [asyncio.create_task(s.run()) for s in streams]
@@ -148,7 +149,7 @@ def summarize(
         - killed_at
         for s in cut
     ]
-    phases: dict[str, list[float]] = {"before": [], "blip": [], "after": []}
+    phases: dict[str, list[float]] = {"before": [], "blip": [], "after": [], "after_cut": []}
     blip_streams = {id(s) for s in cut}
     for stream in streams:
         for final in stream.finals.values():
@@ -156,13 +157,13 @@ def summarize(
             if timed is None:
                 continue
             sent, took = timed
+            was_cut = id(stream) in blip_streams
             if sent + took < killed_at:
                 phases["before"].append(took)
-            elif sent < killed_at + BLIP_WINDOW_S:
-                if id(stream) in blip_streams:
-                    phases["blip"].append(took)
+            elif was_cut and sent < killed_at + BLIP_WINDOW_S:
+                phases["blip"].append(took)
             else:
-                phases["after"].append(took)
+                phases["after_cut" if was_cut else "after"].append(took)
     total = {k: sum(a[k] for a in audits) for k in audits[0]}
     return {
         "command": "python -m bench.nodes " + " ".join(sys.argv[1:]),
