@@ -139,9 +139,15 @@ def repeats_itself(text: str) -> bool:
 
 
 def repeats_context(text: str, said: str) -> bool:
-    """Whether `text` holds REPEAT_WORDS words in a row (case and punctuation aside) that
-    its context's text `said` holds too: the context read again."""
+    """Whether `text` (case and punctuation aside) holds REPEAT_WORDS words in a row that
+    its context's text `said` holds too, or is shorter and all of it stands in `said` word
+    for word: the context read again. The second catches the short final that came back
+    once per utterance ("That's the answer." four times in a row, each behind the one
+    before); a real repeat ("Yes." after "Yes.") only costs a decoding without the
+    context, which gives it back."""
     words, before = _words(text), _words(said)
+    if 0 < len(words) < REPEAT_WORDS:
+        return any(before[i : i + len(words)] == words for i in range(len(before) - len(words) + 1))
     runs = {tuple(before[i : i + REPEAT_WORDS]) for i in range(len(before) - REPEAT_WORDS + 1)}
     return any(
         tuple(words[i : i + REPEAT_WORDS]) in runs for i in range(len(words) - REPEAT_WORDS + 1)

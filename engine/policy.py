@@ -13,10 +13,13 @@ when to look again. The rules:
 2. **Finals wait for a partial batch only briefly.** When finals are queued and no
    worker is free, a running partial batch is told to stop (the recognizer stops at its
    next decoder step or encoder row); its partials go back to the queue and the worker
-   takes the finals. But a partial batch expected to end within `partial_wait` is left
-   to finish: stopping it would throw its work away to save the final less than that
-   (on the 2-core CPU at 16 rooms, stopped partial batches were 36-80 % of the partials'
-   model time). Its expected end is its start plus its rows times `PartialCost`'s
+   takes the finals. But a partial batch expected to end before the oldest waiting final
+   has waited `partial_wait` is left to finish: stopping it would throw its work away to
+   save the final less than that (on the 2-core CPU at 16 rooms, stopped partial batches
+   were 36-80 % of the partials' model time). It is left only until then: one that
+   overruns is stopped when the final has waited `partial_wait` (the plan wakes then), so
+   `partial_wait` bounds a final's wait for partials. Its expected end is its start plus
+   its rows times `PartialCost`'s
    measure of a partial row; partial batches are sized to fit `partial_wait` (rule 4),
    so on the CPU, where a row costs ~0.1-0.3 s, they are single rows left to finish,
    while larger batches (on a GPU, or before any cost is known) are stopped as before.
@@ -207,13 +210,14 @@ class Running:
     def preemptible(self) -> bool:
         return self.partial or self.speculative
 
-    def ends_within(self, seconds: float, now: float) -> bool:
-        """A partial batch expected to end within `seconds` from `now` (0: never)."""
+    def ends_by(self, deadline: float, now: float) -> bool:
+        """A partial batch expected to end by `deadline`, which has not passed: one still
+        running at the deadline is overdue, and ends by nothing."""
         return (
             self.partial
-            and seconds > 0
             and self.expected_end is not None
-            and self.expected_end - now <= seconds
+            and now < deadline
+            and self.expected_end <= deadline
         )
 
 
@@ -263,15 +267,22 @@ def plan(
     finals_left = any(q.priority is Priority.FINAL for q in urgent)
     if finals_left and not workers and not wake:
         # Stop speculative batches, then partial ones, the newest first, as many as the
-        # finals left need; not a partial batch about to end (rule 2).
-        needed = -(-sum(q.priority is Priority.FINAL for q in urgent) // config.max_batch_size)
+        # finals left need; not a partial batch that ends before the oldest final has
+        # waited `partial_wait`, until it has (rule 2).
+        finals = [q for q in urgent if q.priority is Priority.FINAL]
+        needed = -(-len(finals) // config.max_batch_size)
+        deadline = min(q.since for q in finals) + config.partial_wait
         stopping = sum(1 for r in running if r.preemptible and r.stopping)
+        eligible = [r for r in running if r.preemptible and not r.stopping]
+        left = {r.worker for r in eligible if config.partial_wait > 0 and r.ends_by(deadline, now)}
         candidates = [
             r.worker
-            for r in sorted(reversed(running), key=lambda r: r.partial)
-            if r.preemptible and not r.stopping and not r.ends_within(config.partial_wait, now)
+            for r in sorted(reversed(eligible), key=lambda r: r.partial)
+            if r.worker not in left
         ]
         result.preempt.extend(candidates[: max(0, needed - stopping)])
+        if left and len(result.preempt) < needed - stopping:
+            wake.append(deadline)  # stop what is still running then
     slots = config.partial_workers - sum(1 for r in running if r.partial and not r.stopping)
     if partials and workers and not urgent and slots > 0:
         if budget.credit(now) > 0:

@@ -13,19 +13,16 @@ Rules:
   fails with RequestSuperseded). A partial batch that is stopped puts its partials back
   in the queue, still the stalest, unless a newer one of the session came meanwhile.
   The same holds for a session's speculative final; `promote` turns it into a final
-  (queued: as if submitted now; running: no longer stopped for finals).
+  (queued: as if submitted now; running: no longer stopped for finals). The queue and
+  these per-session records are engine/request_queue.py's.
 - The queue is bounded. A partial or speculative request that finds it full fails with
   SchedulerFull at once (they thin out first); a final or file request waits for room
   instead, so finals are never dropped — the wait pushes back on the session that
   submitted it.
-- Left context is shed under load: a live final's left context (`Utterance.left`) goes
-  to the model only while no final waits in the queue, the share of the model's recent
-  time that finals and files took is below `context_below`, and the batch's oldest final
-  is expected back within `context_budget` of its cut (`RecognitionRequest.closed_at`,
-  else its submit; `ContextCost`); otherwise it is decoded alone (`stats.contexts_shed`).
-  Partials do not count in the share: they fill whatever time finals leave, so the model
-  looks busy as soon as one room speaks. File requests keep their context. None: that
-  rule is off.
+- Left context is shed under load (`context_below`, `context_budget`): the load gate of
+  engine/context_gate.py decides, per batch, whether live finals go behind their left
+  context or alone (`stats.contexts_shed`); an `essential` one (the final starts inside
+  a word) is always kept.
 - A batch's results come back as a list the same length as its input; a recognizer
   error (or a length mismatch) fails every future of that batch, and the workers go on.
 - If the scheduler itself fails (a bug, an observer that raises), it is DEAD: every
@@ -41,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -59,8 +55,10 @@ from engine.api import (
     SchedulerStopped,
     Utterance,
 )
-from engine.policy import ContextCost, PartialBudget, PartialCost, PolicyConfig, plan
+from engine.context_gate import ContextGate
+from engine.policy import PartialBudget, PartialCost, PolicyConfig, plan
 from engine.recognizer import Interrupted, Recognizer
+from engine.request_queue import LATEST_ONLY, RequestQueue
 from engine.scheduler_records import BusyTime, Entry, SchedulerStats, Worker
 
 logger = logging.getLogger(__name__)
@@ -99,10 +97,7 @@ class BatchScheduler:
             raise ValueError("max_batch_size must be >= 1")
         if max_queue < max_batch_size:
             raise ValueError("max_queue must be >= max_batch_size")
-        if context_below is not None and not 0 < context_below <= 1:
-            raise ValueError("context_below must lie in (0, 1] (None: no load gate)")
-        if context_budget is not None and context_budget <= 0:
-            raise ValueError("context_budget must be positive (None: no budget)")
+        self._gate = ContextGate(context_below, context_budget, clock)
         self._recognizer = recognizer
         batch = min(max_batch_size, recognizer.max_batch_size)
         self._policy = PolicyConfig(
@@ -113,18 +108,12 @@ class BatchScheduler:
             partial_share=partial_share,
             partial_wait=partial_wait,
         )
-        self._max_queue = max_queue
-        self._context_below = context_below
-        self._context_budget = context_budget
-        self._context_cost = ContextCost()
         self._clock = clock
         self._budget = PartialBudget(self._policy, clock())
         self._partial_cost = PartialCost()
-        self._queue: dict[int, Entry] = {}  # by key, in arrival order
-        self._partials: dict[str, Entry] = {}  # session_id → its queued partial
-        self._speculative: dict[str, Entry] = {}  # session_id → its queued speculative final
-        self._keys = itertools.count()
+        self._queue = RequestQueue(max_queue)
         self._wakeup = asyncio.Event()
+        self._planned = asyncio.Event()  # the loop has planned with every change so far
         self._room = asyncio.Event()  # set whenever the queue drops below its bound
         self._workers = [
             Worker(
@@ -137,7 +126,6 @@ class BatchScheduler:
         ]
         self._task: asyncio.Task[None] | None = None
         self._busy = BusyTime()  # recent (start, end) of batches
-        self._busy_finals = BusyTime()  # of the batches that held a final or a file request
         self._observers: list[BatchObserver] = []
         self.state = SchedulerState.CREATED
         self.death: EngineDead | None = None  # why it died (state DEAD)
@@ -192,7 +180,7 @@ class BatchScheduler:
 
     def depth_by_priority(self) -> dict[Priority, int]:
         depth = dict.fromkeys(Priority, 0)
-        for entry in self._queue.values():
+        for entry in self._queue:
             depth[entry.request.priority] += 1
         return depth
 
@@ -206,8 +194,12 @@ class BatchScheduler:
     def finals_utilization(self) -> float:
         """Fraction of the last `BusyTime.window` seconds the workers spent on batches that
         held a final or a file request (partial and speculative batches left out)."""
-        running = (w.started for w in self._workers if holds_finals(w))
-        return self._busy_finals.utilization(self._clock(), running, len(self._workers))
+        return self._gate.finals_utilization(self._workers)
+
+    def has_context_slack(self, oldest: float | None = None) -> bool:
+        """Whether live finals may be decoded behind their left context now (a batch
+        whose oldest final was cut at `oldest`): `ContextGate.has_slack`."""
+        return self._gate.has_slack(self._queue, self._workers, oldest)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._queue or any(w.batch for w in self._workers))
@@ -222,39 +214,28 @@ class BatchScheduler:
             raise self._refusal()
         now = self._clock()
         since = now
-        latest = self._latest(request.priority)
-        if latest is not None:
-            previous = latest.pop(request.session_id, None)
+        if request.priority in LATEST_ONLY:
+            previous = self._queue.supersede(request)
             if previous is not None:
-                del self._queue[previous.key]
                 if request.priority is Priority.PARTIAL:
                     since = previous.since  # the session has been waiting since then
                     self.stats.partials_superseded += 1
                 previous.fail(RequestSuperseded("a newer request replaced this one"))
-            elif len(self._queue) >= self._max_queue:
+            elif self._queue.full:
                 self.stats.partials_rejected += 1
                 raise SchedulerFull("recognition queue is full")
         else:
-            while len(self._queue) >= self._max_queue and self.state is SchedulerState.RUNNING:
+            while self._queue.full and self.state is SchedulerState.RUNNING:
                 self._room.clear()
                 await self._room.wait()
             if self.state is not SchedulerState.RUNNING:
                 raise self._refusal()
             # `now` stays the time of the call: a final's queue wait includes its wait for
             # room, so latency and admission control see the backpressure.
-        key = next(self._keys)
-        entry = Entry(request, asyncio.get_running_loop().create_future(), now, key, since)
-        self._queue[key] = entry
-        if latest is not None:
-            latest[request.session_id] = entry
-        self._wakeup.set()
+        future = asyncio.get_running_loop().create_future()
+        entry = self._queue.add(request, future, now, since)
+        self._wake()
         return entry.future
-
-    def _latest(self, priority: Priority) -> dict[str, Entry] | None:
-        """The queued requests of `priority` kept one per session (the newest), if it is so."""
-        if priority is Priority.PARTIAL:
-            return self._partials
-        return self._speculative if priority is Priority.SPECULATIVE else None
 
     def cancel(self, session_id: str, *, only: Priority | None = None) -> int:
         """Drop a session's queued requests (or only those of priority `only`); their
@@ -263,36 +244,33 @@ class BatchScheduler:
         A request already running finishes, and its result is discarded by the caller.
         Returns how many queued requests were dropped.
         """
-        dropped = [
-            e
-            for e in self._queue.values()
-            if e.request.session_id == session_id and only in (None, e.request.priority)
-        ]
+        dropped = self._queue.cancel(session_id, only)
         for entry in dropped:
-            del self._queue[entry.key]
             entry.future.cancel()
-        if only in (None, Priority.PARTIAL):
-            self._partials.pop(session_id, None)
-        if only in (None, Priority.SPECULATIVE):
-            self._speculative.pop(session_id, None)
         self._room.set()
         return len(dropped)
 
     def promote(self, request: RecognitionRequest) -> bool:
         """The SPECULATIVE `request` (the object submitted) is a final from now on."""
-        now = self._clock()
-        queued = self._speculative.get(request.session_id)
-        if queued is not None and queued.request is request:
-            del self._speculative[request.session_id]
-            queued.request = replace(request, priority=Priority.FINAL)
-            queued.since = queued.submitted_at = now  # its wait as a final starts now
-            self._wakeup.set()
+        if self._queue.promote(request, self._clock()):  # its wait as a final starts now
+            self._wake()
             return True
         for entry in (e for w in self._workers for e in w.batch):
             if entry.request is request:
                 entry.request = replace(request, priority=Priority.FINAL)
                 return True
         return False
+
+    async def planned(self) -> None:
+        """Wait until the loop has planned with every change so far (requests submitted
+        or promoted, batches ended): by then the batches it chose are launched and those
+        it chose to stop are told to. What it does later on a timer is not waited for."""
+        await self._planned.wait()
+
+    def _wake(self) -> None:
+        """Something changed: the loop plans again."""
+        self._planned.clear()
+        self._wakeup.set()
 
     def _refusal(self) -> SchedulerStopped | EngineDead:
         return self.death or SchedulerStopped(f"scheduler is {self.state.value}")
@@ -316,7 +294,7 @@ class BatchScheduler:
             now = self._clock()
             running = sorted((w for w in self._workers if w.batch), key=lambda w: w.started)
             decision = plan(
-                [e.view() for e in self._queue.values()],
+                [e.view() for e in self._queue],
                 [w.index for w in self._workers if not w.batch],
                 [w.view() for w in running],
                 self._budget,
@@ -330,6 +308,7 @@ class BatchScheduler:
             for start in decision.starts:
                 self._launch(self._workers[start.worker], start.keys, start.partial)
             self._wakeup.clear()
+            self._planned.set()
             timeout = None if decision.wake_at is None else max(0.0, decision.wake_at - now)
             try:
                 async with asyncio.timeout(timeout):
@@ -338,11 +317,7 @@ class BatchScheduler:
                 pass
 
     def _launch(self, worker: Worker, keys: Sequence[int], partial: bool) -> None:
-        entries = [self._queue.pop(key) for key in keys]
-        for entry in entries:
-            latest = self._latest(entry.request.priority)
-            if latest is not None and latest.get(entry.request.session_id) is entry:
-                del latest[entry.request.session_id]
+        entries = self._queue.take(keys)
         self._room.set()
         live = [e for e in entries if not e.future.done()]
         if not live:
@@ -370,10 +345,7 @@ class BatchScheduler:
         finally:
             ended = self._clock()
             self._busy.add(started, ended)
-            if holds_finals(worker):
-                self._busy_finals.add(started, ended)
-                if results is not None and any(e.request.priority is Priority.FINAL for e in live):
-                    self._context_cost.record(ended - started, behind_context=worker.behind_context)
+            self._gate.batch_ended(worker, started, ended, ran=results is not None)
             kind = Priority.PARTIAL if worker.partial else min(e.request.priority for e in live)
             self.stats.model_seconds[kind] += ended - started
             if worker.partial:
@@ -381,7 +353,7 @@ class BatchScheduler:
                 if results is not None:  # ran to its end: what a partial row costs
                     self._partial_cost.record(ended - started, len(live))
             worker.batch, worker.task = [], None
-            self._wakeup.set()
+            self._wake()
 
     async def _transcribe(
         self, worker: Worker, live: list[Entry]
@@ -430,76 +402,35 @@ class BatchScheduler:
             if not entry.future.done():
                 entry.future.set_result(result)
             if entry.request.priority is Priority.PARTIAL and result.transcription.text:
-                queued = self._partials.get(entry.request.session_id)
+                queued = self._queue.partial_of(entry.request.session_id)
                 if queued is not None:
                     queued.drafted = True  # its utterance has a partial now: not a first one
         return results
 
     def _utterances(self, worker: Worker, live: Sequence[Entry]) -> list[Utterance]:
         """The batch's utterances, live finals without their left context unless the
-        model has room for it (`has_context_slack`): a loaded server sheds the context's
-        cost (a longer encoder window, docs/performance.md) before it sheds rooms or makes
-        a final late. A file's utterances keep theirs (no listener waits on each final)."""
-        utterances = [e.request.utterance for e in live]
-        sheddable = [
-            u.left is not None and e.request.priority is not Priority.FILE
-            for e, u in zip(live, utterances, strict=True)
-        ]
-        cut = [
-            e.submitted_at if e.request.closed_at is None else e.request.closed_at
-            for e, shed in zip(live, sheddable, strict=True)
-            if shed
-        ]
-        if cut and not self.has_context_slack(oldest=min(cut)):
-            self.stats.contexts_shed += len(cut)
-            utterances = [
-                replace(u, left=None) if shed else u
-                for u, shed in zip(utterances, sheddable, strict=True)
-            ]
+        model has room for it (engine/context_gate.py): a loaded server sheds the
+        context's cost before it sheds rooms or makes a final late."""
+        utterances, shed = self._gate.utterances(live, self._queue, self._workers)
+        self.stats.contexts_shed += shed
         worker.behind_context = any(u.left is not None for u in utterances)
         return utterances
-
-    def has_context_slack(self, oldest: float | None = None) -> bool:
-        """Whether live finals may be decoded behind their left context now: no final
-        waiting in the queue, the finals' share of the model over the last `LOAD_WINDOW`
-        seconds (`finals_utilization`) below `context_below`, and a batch whose oldest
-        final was cut (or submitted) at `oldest` expected back within `context_budget`. A
-        rule whose setting is None does not apply; with both None there is no gate."""
-        if self._context_below is None and self._context_budget is None:
-            return True
-        if any(e.request.priority is Priority.FINAL for e in self._queue.values()):
-            return False
-        if self._context_below is not None and self.finals_utilization >= self._context_below:
-            return False
-        expected = self._context_cost.expected()
-        if self._context_budget is None or oldest is None or expected is None:
-            return True
-        return self._clock() - oldest + expected <= self._context_budget
 
     def _requeue(self, stopped: list[Entry]) -> None:
         """Put a stopped batch's requests back (partial and speculative batches are
         stopped; a speculative final promoted meanwhile goes back as a final), unless a
         newer partial or speculative request of their session came meanwhile."""
         for entry in stopped:
-            session = entry.request.session_id
             if entry.future.done() or self.state is not SchedulerState.RUNNING:
                 continue
-            latest = self._latest(entry.request.priority)
-            if latest is not None and session in latest:
+            if not self._queue.put_back(entry):
                 if entry.request.priority is Priority.PARTIAL:
                     self.stats.partials_superseded += 1
                 entry.fail(RequestSuperseded("a newer request replaced this one"))
-                continue
-            self._queue[entry.key] = entry
-            if latest is not None:
-                latest[session] = entry
 
     def _fail_all(self, error: Exception) -> None:
-        for entry in (*self._queue.values(), *(e for w in self._workers for e in w.batch)):
+        for entry in (*self._queue.clear(), *(e for w in self._workers for e in w.batch)):
             entry.fail(error)
-        self._queue.clear()
-        self._partials.clear()
-        self._speculative.clear()
 
     def _die(self, reason: str) -> None:
         """DEAD: fail what waits (and the batches running) now, and every later submit."""
@@ -511,9 +442,3 @@ class BatchScheduler:
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()  # died in a batch task: the loop has nothing left to plan
         self._room.set()  # finals waiting for room see the state and raise
-
-
-def holds_finals(worker: Worker) -> bool:
-    """Whether the worker's batch holds a final or a file request (not only partials or
-    speculative finals, which run on time finals leave)."""
-    return not worker.partial and any(e.request.priority <= Priority.FILE for e in worker.batch)

@@ -67,6 +67,11 @@ class Worker:
         speculative = all(e.request.priority is Priority.SPECULATIVE for e in self.batch)
         return Running(self.index, self.partial, self.stop.is_set(), speculative, self.expected_end)
 
+    def holds_finals(self) -> bool:
+        """Whether the batch holds a final or a file request (not only partials or
+        speculative finals, which run on time finals leave)."""
+        return not self.partial and any(e.request.priority <= Priority.FILE for e in self.batch)
+
 
 @dataclass(slots=True)
 class BusyTime:

@@ -11,6 +11,7 @@ use it too, so they run the WebSocket implementation production runs.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import socket
 import sys
@@ -20,6 +21,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from server.access import trusted_proxies
 from server.app import RecognizerFactory, create_app, drain, whisper_recognizer
 from server.logs import configure
 from server.sandbox import SandboxUnavailable
@@ -36,18 +38,23 @@ WS_IMPLEMENTATION = "websockets-sansio"
 
 def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """uvicorn's configuration for `settings`: WebSocket implementation, frame size,
-    keepalive pings (a half-open peer is dropped after ping interval + timeout)."""
+    keepalive pings (a half-open peer is dropped after ping interval + timeout), the
+    proxies trusted to name the client."""
     options: dict[str, Any] = {
-        "host": settings.host,
-        "port": settings.port,
+        "host": settings.server.host,
+        "port": settings.server.port,
         "ws": WS_IMPLEMENTATION,
-        "ws_max_size": settings.max_frame_bytes * 4,  # the app refuses > max_frame_bytes
+        "ws_max_size": settings.streams.max_frame_bytes * 4,  # the app refuses > max_frame_bytes
         "ws_per_message_deflate": False,
-        "ws_ping_interval": settings.ws_ping_interval_s,
-        "ws_ping_timeout": settings.ws_ping_timeout_s,
+        "ws_ping_interval": settings.streams.ws_ping_interval_s,
+        "ws_ping_timeout": settings.streams.ws_ping_timeout_s,
+        # The client address protected mode and uploads judge: X-Forwarded-For counts only
+        # from these peers (uvicorn's proxy-headers middleware; server/access.py).
+        "proxy_headers": True,
+        "forwarded_allow_ips": trusted_proxies(settings.auth.trusted_proxies),
         "lifespan": "on",
         "log_config": None,
-        "timeout_graceful_shutdown": int(settings.drain_timeout_s) + 5,
+        "timeout_graceful_shutdown": int(settings.server.drain_timeout_s) + 5,
     }
     return uvicorn.Config(app, **{**options, **overrides})
 
@@ -66,19 +73,29 @@ class ParleyServer(uvicorn.Server):
             self._captured_signals.remove(sig)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        state: AppState | None = getattr(self.app.state, "parley", None)
+        if state is not None and state.settings.server.drain_grace_s > 0:
+            # /readyz says 503 draining while the balancer's health check notices; new
+            # streams get 1013, the open ones go on.
+            state.registry.start_draining()
+            await asyncio.sleep(state.settings.server.drain_grace_s)
         for server in self.servers:  # stop accepting before the drain
             server.close()
-        state: AppState | None = getattr(self.app.state, "parley", None)
         if state is not None:
             await drain(state)
         await super().shutdown(sockets)
 
 
 def _parser() -> argparse.ArgumentParser:
-    epilog = "environment variables (read once at start):\n" + "\n".join(
-        f"  {name:<28} {meaning} (default: {default or 'unset'})"
-        for name, default, meaning in Settings.describe()
-    )
+    sections = [
+        f"{title}:\n"
+        + "\n".join(
+            f"  {name:<34} {meaning} (default: {default or 'unset'})"
+            for name, default, meaning in rows
+        )
+        for title, rows in Settings.describe_groups()
+    ]
+    epilog = "environment variables (read once at start), by group:\n\n" + "\n\n".join(sections)
     parser = argparse.ArgumentParser(
         prog="python -m server",
         description="Parley: real-time meeting transcription server.",
@@ -99,7 +116,7 @@ def main(argv: list[str] | None = None, recognizer: RecognizerFactory = whisper_
     except ValueError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    configure(settings.log_level, settings.log_format)
+    configure(settings.server.log_level, settings.server.log_format)
     try:
         app = create_app(settings, recognizer)
     except (ValueError, OSError, SandboxUnavailable) as exc:  # keys, keys file, sandbox

@@ -9,6 +9,9 @@
   when done; `?format=txt|srt|vtt` renders the finished transcript.
 - `DELETE /v1/transcriptions/{id}` cancels the job and forgets it.
 
+Any node answers the GET and the DELETE: the node that runs a job keeps it, the others
+read its record in the store (server/job_records.py) and ask its node to cancel it.
+
 Everything wrong with the file itself is answered on the POST: a 202 means the file is
 good audio and will be transcribed.
 """
@@ -19,19 +22,24 @@ import asyncio
 import datetime
 import logging
 import math
+import re
 import time
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from server.access import client_host, is_loopback
 from server.auth import ANONYMOUS, Principal, bearer, create_owned_source
 from server.decode_worker import Refusal
+from server.job_records import StoredJob
 from server.jobs import Job, JobOptions, JobsFull, JobStatus
+from server.sandbox import unsandboxed
 from server.settings import Settings
 from server.state import app_state
 from server.upload_form import FORM_OVERHEAD, receive_form, too_large
 from session.services import SessionServices
 from store.errors import StoreError
+from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 from wire.query import is_language, parse_flag, validate_id
 from wire.transcript import TranscriptFormat
@@ -44,6 +52,7 @@ OPTION_FIELDS = frozenset(
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
 EARLIEST_STARTED_AT = 946_684_800.0  # 2000-01-01T00:00:00Z
+JOB_ID = re.compile(r"[0-9a-f]{16}")  # secrets.token_hex(8): others are not looked up
 
 
 def _problem(
@@ -65,7 +74,7 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
     except ValueError:
         known = ", ".join(f.value for f in TranscriptFormat)
         raise bad("bad_format", f"format must be one of: {known}") from None
-    language = raw.get("language", settings.default_language)
+    language = raw.get("language", settings.streams.default_language)
     if not is_language(language):
         raise bad("bad_config", f"language must be an ISO 639-1 code or 'auto', not {language!r}")
     wait = parse_flag(raw.get("wait", "false"))
@@ -139,9 +148,7 @@ def _check_language(language: str | None, known: frozenset[str], model: str) -> 
 
 def _check_diarize(diarize: bool, services: SessionServices) -> None:
     if diarize and services.speakers is None:
-        raise Refusal(
-            400, "bad_config", "diarization is off on this server (PARLEY_DIARIZATION=false)"
-        )
+        raise Refusal(400, "bad_config", services.speakers_off)
 
 
 # Body bytes read and dropped before an early refusal (no key, bad options, no model, no job
@@ -174,7 +181,11 @@ async def create_transcription(request: Request) -> Response:
     try:
         tenant = _tenant_of(request)
     except ProtocolError as exc:
-        return await _refuse(request, 401, exc.code.value, exc.message)
+        return await _refuse(request, _auth_status(exc), exc.code.value, exc.message)
+    missing = state.jobs.sandbox.missing
+    if missing is not None and not is_loopback(client_host(request)):
+        code = ErrorCode.SANDBOX_UNAVAILABLE.value
+        return await _refuse(request, 503, code, unsandboxed(missing))
     query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
     unknown = set(request.query_params) - OPTION_FIELDS
     if unknown:
@@ -186,8 +197,8 @@ async def create_transcription(request: Request) -> Response:
     except Refusal as exc:
         return await _refuse(request, exc.status, exc.code, exc.message)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > settings.max_upload_bytes + FORM_OVERHEAD:
-        refused = too_large(settings.max_upload_bytes)  # say so before a byte is sent
+    if declared.isdigit() and int(declared) > settings.uploads.max_upload_bytes + FORM_OVERHEAD:
+        refused = too_large(settings.uploads.max_upload_bytes)  # say so before a byte is sent
         return _problem(refused.status, refused.code, refused.message)
     services, file_vad = state.services, state.file_vad
     unavailable = state.unavailable()
@@ -214,10 +225,10 @@ async def create_transcription(request: Request) -> Response:
             request.stream(),
             request.headers.get("content-type", ""),
             job.workdir / "upload",
-            max_file_bytes=settings.max_upload_bytes,
+            max_file_bytes=settings.uploads.max_upload_bytes,
             fields=OPTION_FIELDS,
-            idle_timeout_s=settings.upload_idle_timeout_s,
-            receive_timeout_s=settings.upload_receive_timeout_s,
+            idle_timeout_s=settings.uploads.upload_idle_timeout_s,
+            receive_timeout_s=settings.uploads.upload_receive_timeout_s,
         )
         options, wait = _parse_options({**query, **form.fields}, settings)
         _check_language(options.language, services.languages, state.recognizer_name)
@@ -237,7 +248,7 @@ async def create_transcription(request: Request) -> Response:
                 principal,
                 origin=job.created_at if options.started_at is None else options.started_at,
             )
-        state.jobs.start(job, audio, services, file_vad, source)
+        await state.jobs.start(job, audio, services, file_vad, source)
     except Refusal as exc:
         await state.jobs.discard(job)
         logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)
@@ -256,7 +267,7 @@ async def create_transcription(request: Request) -> Response:
         await state.jobs.discard(job)
         raise
     if wait:
-        return await _answer_when_done(job, settings.upload_wait_s)
+        return await _answer_when_done(job, settings.uploads.upload_wait_s)
     return _accepted(job)
 
 
@@ -280,8 +291,10 @@ async def _answer_when_done(job: Job, timeout: float) -> Response:
 
 def _tenant_of(request: Request) -> str | None:
     """With authentication on, uploads take an API key (`Authorization: Bearer`); its
-    tenant owns the job. None while authentication is off. Raises ProtocolError (401)."""
+    tenant owns the job. None while authentication is off. Raises ProtocolError (401; 403
+    `protected_mode` for a client that protected mode keeps out)."""
     auth = app_state(request).auth
+    auth.admit(client_host(request))
     return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
 
 
@@ -290,14 +303,28 @@ def _tenant(request: Request) -> str | Response | None:
     try:
         return _tenant_of(request)
     except ProtocolError as exc:
-        return _problem(401, exc.code.value, exc.message)
+        return _problem(_auth_status(exc), exc.code.value, exc.message)
 
 
-def _job(request: Request) -> Job | Response:
+def _auth_status(error: ProtocolError) -> int:
+    return 403 if error.close_code == CloseCode.FORBIDDEN else 401
+
+
+async def _job(request: Request) -> Job | StoredJob | Response:
+    """The job: this node's own, else as its node last wrote it in the store."""
     tenant = _tenant(request)
     if isinstance(tenant, Response):
         return tenant
-    job = app_state(request).jobs.get(request.path_params["job_id"])
+    state = app_state(request)
+    job_id = request.path_params["job_id"]
+    job: Job | StoredJob | None = state.jobs.get(job_id)
+    if job is None and JOB_ID.fullmatch(job_id):
+        try:
+            entry = await state.store.jobs.get(job_id)
+        except StoreError as exc:
+            return _problem(503, "overloaded", f"job store: {exc}", {"Retry-After": RETRY_AFTER_S})
+        if entry is not None:
+            job = StoredJob.from_entry(job_id, entry, state.settings.store.node_lease_s)
     if job is None or job.tenant != tenant:  # another tenant's job does not exist for you
         return _problem(404, "not_found", "no such transcription job (it may have expired)")
     return job
@@ -305,7 +332,7 @@ def _job(request: Request) -> Job | Response:
 
 async def get_transcription(request: Request) -> Response:
     """GET /v1/transcriptions/{id}[?format=json|txt|srt|vtt] — status, progress, result."""
-    job = _job(request)
+    job = await _job(request)
     if isinstance(job, Response):
         return job
     try:
@@ -324,9 +351,18 @@ async def get_transcription(request: Request) -> Response:
 
 
 async def delete_transcription(request: Request) -> Response:
-    """DELETE /v1/transcriptions/{id} — cancel the job if it runs, drop it and its files."""
-    job = _job(request)
+    """DELETE /v1/transcriptions/{id} — cancel the job if it runs, drop it and its files
+    (another node's job: it is gone for readers now; its node cancels it within
+    `job_sync_s`)."""
+    job = await _job(request)
     if isinstance(job, Response):
         return job
-    await app_state(request).jobs.cancel(job)
+    state = app_state(request)
+    if isinstance(job, Job):
+        await state.jobs.cancel(job)
+        return Response(status_code=204)
+    try:
+        await state.store.jobs.request_cancel(job.id)
+    except StoreError as exc:
+        return _problem(503, "overloaded", f"job store: {exc}", {"Retry-After": RETRY_AFTER_S})
     return Response(status_code=204)

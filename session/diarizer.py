@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.api import SAMPLE_RATE, SpeakerWindows
+from session.assignment import best_assignment
 from session.clustering import absorb_small, cluster, silhouette, spectral, unit, window_points
 
 FloatArray = npt.NDArray[np.float32]
@@ -321,28 +322,25 @@ class Diarizer:
         """Give each cluster the label it overlaps most, one cluster per label; the rest
         get labels not in use by any segment kept outside the window."""
         old = sorted({s.label for group in members for s in group}, key=_label_number)
-        overlap = np.zeros((len(members), max(1, len(old))))
+        # Columns past the old labels stand for fresh ones (overlap 0), so every cluster
+        # gets a column.
+        overlap = np.zeros((len(members), max(1, len(old), len(members))))
         for i, group in enumerate(members):
             for segment in group:
                 if segment.label in old:
                     overlap[i, old.index(segment.label)] += segment.weight
-        best: tuple[float, tuple[int, ...]] = (-1.0, ())
-        slots = list(range(max(len(old), len(members))))
-        for perm in itertools.permutations(slots, len(members)):
-            score = sum(overlap[i, j] for i, j in enumerate(perm) if j < len(old))
-            if score > best[0]:
-                best = (score, perm)
+        best = best_assignment(overlap)
         recent = {id(s) for group in members for s in group}
         taken = {s.label for s in self.segments if id(s) not in recent}
         names: list[str] = []
-        for i, j in enumerate(best[1]):
+        for i, j in enumerate(best):
             if j < len(old) and overlap[i, j] > 0:
                 names.append(old[j])
         in_use = set(names) | taken
         result: list[str] = []
         fresh = (f"{LABEL_PREFIX}{n}" for n in itertools.count(1))
         kept = iter(names)
-        for i, j in enumerate(best[1]):
+        for i, j in enumerate(best):
             if j < len(old) and overlap[i, j] > 0:
                 result.append(next(kept))
             else:

@@ -13,6 +13,8 @@ from session.telemetry import NullTelemetry, Telemetry
 from session.vad import DirectScorer, SileroVad, VadScorer
 from store.api import Store
 
+DIARIZATION_OFF = "diarization is off on this server (PARLEY_DIARIZATION=false)"
+
 
 @dataclass(frozen=True, slots=True)
 class SessionServices:
@@ -35,8 +37,10 @@ class SessionServices:
     context_languages: frozenset[str] | None = frozenset({"en"})
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     clock: Callable[[], float] = time.monotonic
-    # Speaker embeddings for `diarize=true` sources; None: diarization is off.
+    # Speaker embeddings for `diarize=true` sources; None: diarization is off, and
+    # `speakers_off` says why (a `diarize=true` request is refused with it).
     speakers: SpeakerEmbedding | None = None
+    speakers_off: str = DIARIZATION_OFF
     diarizer: DiarizerConfig = field(default_factory=DiarizerConfig)
 
 

@@ -15,7 +15,8 @@ class FakeRecognizer:
 
     `gate` (when set) makes each batch wait until the test releases it, so a test can
     queue requests while a batch is in flight; a gated batch that the scheduler stops
-    (`should_stop`) raises Interrupted and is recorded in `stopped`. `fail_on` makes a
+    (`should_stop`) raises Interrupted and is recorded in `stopped`; `checked` is set each
+    time a gated batch has asked `should_stop` (and recorded a stop). `fail_on` makes a
     batch containing an utterance of that length raise. Given `languages` beyond English
     it is multilingual: an utterance that pins no language is "detected" as `detects`
     (code, probability).
@@ -48,6 +49,7 @@ class FakeRecognizer:
         self.gate = threading.Semaphore(0) if gated else None
         self.entered = threading.Event()
         self.stopped: list[list[int]] = []  # batches stopped by `should_stop`
+        self.checked = threading.Event()  # a gated batch asked `should_stop`
 
     def release(self, batches: int = 1) -> None:
         """Let `batches` gated batches run (or pass the gate, when they come)."""
@@ -85,9 +87,12 @@ class FakeRecognizer:
             # Wait for the test to release the batch, or for the scheduler to stop it.
             deadline = time.monotonic() + 10
             while not self.gate.acquire(timeout=0.005):
-                if should_stop is not None and should_stop():
-                    self.stopped.append(sizes)
-                    raise Interrupted("stopped")
+                if should_stop is not None:
+                    if should_stop():
+                        self.stopped.append(sizes)
+                        self.checked.set()
+                        raise Interrupted("stopped")
+                    self.checked.set()
                 if time.monotonic() > deadline:
                     break
         if self.fail_on is not None and self.fail_on in sizes:

@@ -193,13 +193,23 @@ def test_repeats_itself_spots_an_utterance_said_twice() -> None:
 
 def test_repeats_context_spots_the_context_read_again() -> None:
     """Four words in a row of the context's text again (case and punctuation aside): the
-    context re-read; fewer, or words in another order, are not."""
+    context re-read; fewer in a longer text, or words in another order, are not."""
     said = "Ask what you can do for your country."
     assert context.repeats_context("I will ask what you can do for your country.", said)
     assert context.repeats_context("You can do for your country.", said)
     assert not context.repeats_context("What your country can do for you.", said)
     assert not context.repeats_context("Your country, ask.", said)
     assert not context.repeats_context("", said)
+
+
+def test_repeats_context_spots_a_short_final_that_is_all_context() -> None:
+    """A final shorter than four words that stands whole in the context's text, word for
+    word, is the context read again (the same short final once per utterance); the same
+    words out of order, or one word the context lacks, are not."""
+    assert context.repeats_context("That's the answer.", "Well. That's the answer.")
+    assert context.repeats_context("yes", "Yes.")
+    assert not context.repeats_context("The answer's that.", "Well. That's the answer.")
+    assert not context.repeats_context("That's an answer.", "Well. That's the answer.")
 
 
 @pytest.mark.slow

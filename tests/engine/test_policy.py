@@ -87,12 +87,12 @@ def test_finals_preempt_a_running_partial_batch_when_no_worker_is_free() -> None
 
 
 def test_finals_let_a_partial_batch_about_to_end_finish() -> None:
-    """A partial batch expected to end within `partial_wait` is not stopped; one further
-    from its end, or of unknown cost, is; speculative batches always are; partial_wait 0
-    stops every partial batch (as before)."""
+    """A partial batch expected to end within `partial_wait` of a new final is not
+    stopped; one further from its end, or of unknown cost, is; speculative batches always
+    are; partial_wait 0 stops every partial batch (as before)."""
     cfg = config(partial_wait=0.25)
     budget = PartialBudget(cfg, 0.0)
-    final = [Queued(7, FINAL, 1.9)]
+    final = [Queued(7, FINAL, 2.0)]
 
     def stops(other: Running, policy: PolicyConfig = cfg) -> list[int]:
         running = [Running(0, partial=False), other]
@@ -104,6 +104,22 @@ def test_finals_let_a_partial_batch_about_to_end_finish() -> None:
     assert stops(Running(1, partial=True)) == [1]
     assert stops(Running(1, partial=False, speculative=True, expected_end=2.1)) == [1]
     assert stops(Running(1, partial=True, expected_end=2.1), config(partial_wait=0.0)) == [1]
+
+
+def test_partial_wait_bounds_a_finals_wait_for_an_overdue_partial_batch() -> None:
+    """A partial batch left to finish for a final is stopped once the final has waited
+    `partial_wait`, however overdue the batch is (it was never stopped: `PARLEY_PARTIAL_
+    WAIT_MS` bounded nothing); the plan wakes at that moment to stop it."""
+    cfg = config(partial_wait=0.25)
+    budget = PartialBudget(cfg, 0.0)
+    final = [Queued(7, FINAL, 2.0)]
+    running = [Running(0, partial=False), Running(1, partial=True, expected_end=2.2)]
+    left = plan(final, [], running, budget, cfg, now=2.1)
+    assert left.preempt == [] and left.wake_at == pytest.approx(2.25)
+    assert plan(final, [], running, budget, cfg, now=2.25).preempt == [1]
+    assert plan(final, [], running, budget, cfg, now=9.0).preempt == [1]
+    # A final that has waited longer than `partial_wait` already stops it at once.
+    assert plan([Queued(7, FINAL, 1.0)], [], running, budget, cfg, now=2.1).preempt == [1]
 
 
 def test_partial_batches_are_sized_to_the_wait() -> None:

@@ -25,6 +25,7 @@ from engine.api import (
 )
 from engine.scheduler import BatchScheduler, SchedulerState
 from tests.fakes import FakeRecognizer
+from tests.tasks import blocked
 
 TIMEOUT = 5.0
 
@@ -45,6 +46,15 @@ async def occupy(
     busy = await scheduler.submit(request("busy", 1))
     await wait_entered(fake)
     return busy
+
+
+async def checked_after_plan(scheduler: BatchScheduler, fake: FakeRecognizer) -> None:
+    """Wait until the scheduler has planned with what was submitted, then until the running
+    gated batch has asked `should_stop` since: had the plan stopped it, it is in
+    `fake.stopped` by then."""
+    await asyncio.wait_for(scheduler.planned(), TIMEOUT)
+    fake.checked.clear()
+    await asyncio.wait_for(asyncio.to_thread(fake.checked.wait, TIMEOUT), TIMEOUT)
 
 
 @contextlib.asynccontextmanager
@@ -184,8 +194,7 @@ async def test_full_queue_rejects_partials_and_holds_finals(
     queued = [await scheduler.submit(request(f"s{i}", 10 + i)) for i in range(8)]
     with pytest.raises(SchedulerFull):
         await scheduler.submit(request("p", 99, Priority.PARTIAL))
-    waiting = asyncio.create_task(scheduler.submit(request("late", 50)))
-    await asyncio.sleep(0.05)
+    waiting = await blocked(scheduler.submit(request("late", 50)))
     assert not waiting.done()
     fake.release(4)
     late = await asyncio.wait_for(waiting, TIMEOUT)
@@ -227,8 +236,7 @@ async def test_a_dead_loop_fails_waiting_and_later_requests_at_once(
     busy = await occupy(scheduler, fake)
     queued = [await scheduler.submit(request(f"s{i}", 10 + i)) for i in range(7)]
     queued.append(await scheduler.submit(request("p", 20, Priority.PARTIAL)))
-    waiting = asyncio.create_task(scheduler.submit(request("late", 50)))  # queue is full
-    await asyncio.sleep(0.05)
+    waiting = await blocked(scheduler.submit(request("late", 50)))  # queue is full
     assert not waiting.done()
     fake.release()
     assert (await asyncio.wait_for(busy, TIMEOUT)).transcription.text == "n=1"
@@ -319,7 +327,7 @@ async def test_a_final_waits_for_a_partial_batch_about_to_end() -> None:
         await wait_entered(fake)
         assert fake.batches[-1] == [11, 12]  # two rows of 0.1 s fit 0.25 s
         final = await scheduler.submit(request("f", 20))
-        await asyncio.sleep(0.05)  # the gated batch polls should_stop meanwhile
+        await checked_after_plan(scheduler, fake)
         assert fake.stopped == [] and scheduler.stats.preempted_batches == 0
         fake.release()
         await wait_entered(fake)
@@ -498,7 +506,7 @@ async def test_a_running_speculation_once_promoted_is_not_stopped(
     await wait_entered(fake)
     assert scheduler.promote(speculated)
     final = await scheduler.submit(request("f", 20))
-    await asyncio.sleep(0.05)
+    await checked_after_plan(scheduler, fake)
     assert fake.stopped == []
     fake.release(2)
     await asyncio.wait_for(asyncio.gather(early, final), TIMEOUT)
@@ -544,11 +552,14 @@ async def test_a_final_with_another_queued_behind_it_sheds_its_left_context() ->
 async def test_a_busy_model_sheds_live_contexts_but_not_a_files() -> None:
     """With the model busy over the last seconds (utilization above the gate), a live
     final goes without its left context; a file's utterance keeps it."""
+    now = [0.0]
     fake = FakeRecognizer(max_batch_size=4, gated=True)
-    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0, context_below=0.001)
+    scheduler = BatchScheduler(
+        fake, max_batch_size=4, max_wait=0.0, context_below=0.001, clock=lambda: now[0]
+    )
     async with started(scheduler):
         busy = await occupy(scheduler, fake)
-        await asyncio.sleep(0.05)  # the model is busy: utilization well above 0.1 %
+        now[0] += 0.05  # the model is busy: utilization well above 0.1 %
         live = await scheduler.submit(with_left("live", 100))
         upload = await scheduler.submit(with_left("file", 200, Priority.FILE))
         assert not scheduler.has_context_slack()
@@ -560,22 +571,51 @@ async def test_a_busy_model_sheds_live_contexts_but_not_a_files() -> None:
     assert scheduler.stats.contexts_shed == 1
 
 
+async def test_an_essential_left_context_is_never_shed() -> None:
+    """A final that goes on from a client's cut in mid-speech keeps its left context on a
+    busy model, where a final cut at a pause sheds its own."""
+    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0, context_below=0.001)
+    async with started(scheduler):
+        busy = await occupy(scheduler, fake)
+        await asyncio.sleep(0.05)  # the model is busy: utilization well above 0.1 %
+        cold = await scheduler.submit(with_left("cold", 100))
+        left = LeftContext(np.zeros(16000, dtype=np.float32), "before", essential=True)
+        cut = RecognitionRequest(
+            "cut", Priority.FINAL, Utterance(np.zeros(300, np.float32), left=left)
+        )
+        going_on = await scheduler.submit(cut)
+        assert not scheduler.has_context_slack()
+        fake.release(2)
+        await asyncio.wait_for(asyncio.gather(busy, cold, going_on), TIMEOUT)
+    assert fake.batches == [[1], [100, 300]]
+    assert [len(u.audio) for u in fake.lefts] == [300]
+    assert scheduler.stats.contexts_shed == 1
+
+
 async def test_partials_alone_leave_a_final_its_left_context() -> None:
     """The gate reads the finals' share of the model, not partials': a worker busy with a
     partial (the model's utilization well above the gate) leaves a final its context."""
+    now = [0.0]
     fake = FakeRecognizer(max_batch_size=1, gated=True)
     scheduler = BatchScheduler(
-        fake, workers=2, max_batch_size=1, max_wait=0.0, partial_share=1.0, context_below=0.001
+        fake,
+        workers=2,
+        max_batch_size=1,
+        max_wait=0.0,
+        partial_share=1.0,
+        context_below=0.001,
+        clock=lambda: now[0],
     )
     async with started(scheduler):
         partial = await scheduler.submit(request("p", 1, Priority.PARTIAL))
         await wait_entered(fake)
-        await asyncio.sleep(0.05)
+        now[0] += 0.05
         assert scheduler.utilization > 0.001 and scheduler.finals_utilization == 0.0
         assert scheduler.has_context_slack()
         final = await scheduler.submit(with_left("f", 100))
         await wait_entered(fake)
-        await asyncio.sleep(0.05)
+        now[0] += 0.05
         assert scheduler.finals_utilization > 0.001  # a final's batch counts while it runs
         fake.release(2)
         await asyncio.wait_for(asyncio.gather(partial, final), TIMEOUT)
@@ -590,11 +630,14 @@ async def finals_alone_then_one_behind_context(
 ) -> tuple[BatchScheduler, FakeRecognizer]:
     """A final alone that holds the model ~0.1 s, then a final with a left context, under a
     latency budget of `budget` seconds (no load gate): the scheduler and recognizer after."""
+    now = [0.0]
     fake = FakeRecognizer(max_batch_size=1, gated=True)
-    scheduler = BatchScheduler(fake, max_batch_size=1, max_wait=0.0, context_budget=budget)
+    scheduler = BatchScheduler(
+        fake, max_batch_size=1, max_wait=0.0, context_budget=budget, clock=lambda: now[0]
+    )
     async with started(scheduler):
         busy = await occupy(scheduler, fake)
-        await asyncio.sleep(0.1)
+        now[0] += 0.1
         fake.release()
         await asyncio.wait_for(busy, TIMEOUT)
         final = await scheduler.submit(with_left("a", 100))

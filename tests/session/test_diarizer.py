@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engine.api import SpeakerWindows
 from engine.speakers import EMBEDDING_SIZE
 from session.clustering import cluster
-from session.diarizer import Diarizer, DiarizerConfig
+from session.diarizer import Diarizer, DiarizerConfig, Segment
 
 RNG = np.random.default_rng(7)
 CENTRES = [
@@ -84,3 +85,26 @@ def test_labels_stay_after_a_recluster() -> None:
     diarizer.recluster()
     assert diarizer.label_of("a") == "S1"
     assert diarizer.label_of("b0") == "S2"
+
+
+@pytest.mark.timeout(30)
+def test_twelve_speakers_keep_their_labels_through_a_relabelling() -> None:
+    """Naming 12 clusters is an assignment, not 12! permutations (479 M tries, minutes
+    under the GIL): each cluster keeps the label its segments carry, whatever the order."""
+    order = np.random.default_rng(3).permutation(12)
+    members = [
+        [
+            Segment(
+                key=f"u{i}",
+                start=float(i),
+                end=i + 0.9,
+                embedding=voice(i % 3),
+                weight=0.9,
+                label=f"S{order[i] + 1}",
+                windows=voice(i % 3)[None, :],
+                window_weights=np.array([0.9]),
+            )
+        ]
+        for i in range(12)
+    ]
+    assert Diarizer()._name(members) == [f"S{j + 1}" for j in order]

@@ -12,8 +12,8 @@ import pytest
 
 from engine.api import RecognitionRequest, RecognitionResult
 from engine.scheduler import BatchScheduler
-from session.committer import CONTEXT_CHARS
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
+from session.final_order import CONTEXT_CHARS
 from session.services import SessionServices, offline_services
 from store.memory import MemoryStore
 from tests.conftest import StoreFactory

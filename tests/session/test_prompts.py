@@ -12,7 +12,8 @@ import numpy as np
 
 from engine.api import Priority
 from engine.scheduler import BatchScheduler
-from session.committer import Committer, CommitterConfig, PendingFinal
+from session.committer import Committer, CommitterConfig
+from session.final_order import PendingFinal
 from session.segmenter import UtteranceEnded
 from store.memory import MemoryStore
 from store.records import FinalRecord

@@ -86,47 +86,53 @@ async def test_cancelled_request_does_not_disturb_the_others() -> None:
     np.testing.assert_allclose(result, direct, atol=1e-4)
 
 
-async def paced(recorder: Recorder, period: float, offset: float) -> None:
-    """One real-time stream: a frame every `period` seconds, starting `offset` in."""
-    loop = asyncio.get_running_loop()
-    start = loop.time() + offset
-    for tick in range(len(recorder.frames)):
-        await asyncio.sleep(max(0.0, start + tick * period - loop.time()))
+async def staggered(recorders: list[Recorder]) -> None:
+    """Real-time streams that arrive apart: at every frame tick, each stream's frame comes
+    in a loop turn of its own (stream i after i turns), as from polls a few ms apart. The
+    order is set by loop turns, not by the wall clock, so a loaded machine cannot reorder it."""
+
+    async def later(recorder: Recorder, tick: int, turns: int) -> None:
+        for _ in range(turns):
+            await asyncio.sleep(0)
         await recorder.feed(tick)
+
+    for tick in range(max(r.ticks for r in recorders)):
+        await asyncio.gather(*(later(r, tick, i) for i, r in enumerate(recorders)))
 
 
 async def test_a_batching_wait_gathers_real_time_streams_that_arrive_apart() -> None:
-    """Four real-time streams whose frames come 5 ms apart each land in their own loop turn:
-    without a wait nearly every model call scores one window; with a 15 ms wait the calls
-    hold several streams' windows, and every probability is the per-stream path's."""
+    """Four real-time streams whose frames come in separate loop turns: without a wait
+    nearly every model call scores one window; with a wait the calls hold several streams'
+    windows, and every probability is the per-stream path's."""
     model = SileroVad()
-    audio = clip("en_jfk").samples()[: FRAME * 40]  # 40 frames of 20 ms per stream
+    audio = clip("en_jfk").samples()[: FRAME * 12]  # 12 frames of 20 ms per stream
     direct = Recorder(DirectScorer(model), audio, 0)
     await run_together([direct])
     per_call = {}
-    for delay in (0.0, 0.015):
+    for delay in (0.0, 0.05):  # the wait outlasts the few loop turns the streams span
         batcher = VadBatcher(model, max_delay=delay)
         streams = [Recorder(batcher, audio, 0) for _ in range(4)]
-        await asyncio.gather(*(paced(r, 0.02, 0.005 * i) for i, r in enumerate(streams)))
+        await staggered(streams)
         for stream in streams:
             np.testing.assert_allclose(stream.probabilities, direct.probabilities, atol=1e-4)
         per_call[delay] = batcher.windows / batcher.calls
-    assert per_call[0.015] >= 1.5 * per_call[0.0], per_call
+    assert per_call[0.05] >= 1.5 * per_call[0.0], per_call
 
 
 async def test_a_batching_wait_does_not_pace_a_stream_that_runs_ahead() -> None:
     """A stream sent as fast as it is read (a replay, a burst after a stall) is back before
     any other stream was scored, so it does not wait: 200 frames take far less than
-    200 waits of 50 ms."""
+    200 of its waits."""
     model = SileroVad()
     audio = clip("en_jfk").samples()[: FRAME * 200]
-    batcher = VadBatcher(model, max_delay=0.05)
+    wait = 2.0  # so long that pacing would show: 200 waits are 400 s, the stream ~1 s
+    batcher = VadBatcher(model, max_delay=wait)
     fast = Recorder(batcher, audio, 0)
     loop = asyncio.get_running_loop()
     started = loop.time()
     await run_together([fast])
     elapsed = loop.time() - started
-    assert elapsed < 200 * 0.05 / 4, elapsed
+    assert elapsed < 200 * wait / 4, elapsed
     direct = Recorder(DirectScorer(model), audio, 0)
     await run_together([direct])
     np.testing.assert_allclose(fast.probabilities, direct.probabilities, atol=1e-4)
