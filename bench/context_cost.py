@@ -149,7 +149,7 @@ def breakdown(
         own, wide = r.window([alone]), r.window([u])
         for key, window in zip(keys[:2], (own, wide), strict=True):
             features = r._preprocess([alone], window)
-            parts[key].append(timed(partial(r._encoders.encode, window, features), repeats))
+            parts[key].append(timed(partial(r._whisper.encoders.encode, window, features), repeats))
         parts["alone"].append(timed(partial(r._forward, [alone], own), repeats))
         parts["alone, context's window"].append(timed(partial(r._forward, [alone], wide), repeats))
         parts["behind context"].append(timed(partial(r._forward, [u], wide), repeats))

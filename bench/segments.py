@@ -239,20 +239,22 @@ class Variants:
         if window is None and not forced:
             return r.transcribe([Utterance(audio, prompt=prompt)])[0].text
         utterance = Utterance(audio, prompt=prompt)
-        window = window or r._encoders.for_duration(utterance.duration + r.config.window_margin)
+        window = window or r._whisper.encoders.for_duration(
+            utterance.duration + r.config.window_margin
+        )
         features = r._preprocess([utterance], window)
-        hidden = r._encoders.encode(window, features)
+        hidden = r._whisper.encoders.encode(window, features)
         budget = token_budget(
-            utterance.duration, r.config.max_tokens_per_second, r._max_new_tokens_cap
+            utterance.duration, r.config.max_tokens_per_second, r._whisper.max_new_tokens_cap
         )
-        forced_ids = r._draft_tokens(forced)
-        started = r._greedy.start(hidden, None, [r._prefix(prompt)])
-        prompts = torch.tensor([[*r._prompt_tail, *forced_ids]], dtype=torch.long)
-        greedy = r._greedy.decode(started, prompts, [budget])
+        forced_ids = r._whisper.draft_tokens(forced)
+        started = r._whisper.greedy.start(hidden, None, [r._whisper.prefix(prompt)])
+        prompts = torch.tensor([[*r._whisper.prompt_tail, *forced_ids]], dtype=torch.long)
+        greedy = r._whisper.greedy.decode(started, prompts, [budget])
         row = read_row(
-            greedy.tokens[0].tolist(), greedy.logprobs[0], end_token=r._eot, budget=budget
+            greedy.tokens[0].tolist(), greedy.logprobs[0], end_token=r._whisper.eot, budget=budget
         )
-        return str(r._tokenizer.decode(row.tokens, skip_special_tokens=True)).strip()
+        return str(r._whisper.tokenizer.decode(row.tokens, skip_special_tokens=True)).strip()
 
 
 def moved(word: WordTiming, seconds: float) -> WordTiming:
@@ -306,7 +308,7 @@ async def main() -> None:
     def counted(
         batch: list[Utterance], window: float, should_stop: Callable[[], bool] | None = None
     ) -> list[Any]:
-        if window == recognizer._encoders.full_window:
+        if window == recognizer._whisper.encoders.full_window:
             full_passes.append(len(batch))
         return forward(batch, window, should_stop)
 

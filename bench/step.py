@@ -167,22 +167,22 @@ def decoder_rows(recognizer: WhisperRecognizer, hidden: torch.Tensor, count: int
     of `hidden`'s rows from the second generated token on (a text's first token, often a
     near tie among many, is the choice the shortlist rescues most: the rows part counts
     every choice), in the order decoded."""
-    greedy = recognizer._greedy
+    greedy = recognizer._whisper.greedy
     seen: list[torch.Tensor] = []
-    choose = greedy._choose
+    choose = greedy._decoder.choose
 
     def capture(states: torch.Tensor, suppress: torch.Tensor) -> object:
         if suppress is greedy._suppress:  # not the first position's suppression
             seen.append(states)
         return choose(states, suppress)
 
-    greedy._choose = capture  # type: ignore[method-assign,assignment]
+    greedy._decoder.choose = capture  # type: ignore[method-assign,assignment]
     try:
         batch = hidden.shape[0]
-        prompts = torch.tensor([recognizer._prompt_tail] * batch)
+        prompts = torch.tensor([recognizer._whisper.prompt_tail] * batch)
         greedy.decode(greedy.start(hidden), prompts, [40] * batch)
     finally:
-        del greedy._choose
+        del greedy._decoder.choose
     rows = torch.cat(seen)
     if rows.shape[0] < count:
         raise RuntimeError(f"{rows.shape[0]} decoder states, {count} wanted")
@@ -192,11 +192,13 @@ def decoder_rows(recognizer: WhisperRecognizer, hidden: torch.Tensor, count: int
 def projection_table(
     recognizer: WhisperRecognizer, hidden: torch.Tensor, settings: Settings
 ) -> list[str]:
-    projection = recognizer._model.proj_out
+    projection = recognizer._whisper.model.proj_out
     if not isinstance(projection, torch.nn.Linear):
         raise SystemExit("the projection table needs the float32 model (--quantize none first)")
     count = max(8, *settings.batch_sizes)
-    rows = recognizer._greedy._decoder.layer_norm(decoder_rows(recognizer, hidden, count))
+    rows = recognizer._whisper.model.model.decoder.layer_norm(
+        decoder_rows(recognizer, hidden, count)
+    )
     lines = [
         "| kernel | " + " | ".join(f"batch {b}" for b in settings.batch_sizes) + " | same alone |",
         "|---|" + "---|" * (len(settings.batch_sizes) + 1),
@@ -216,7 +218,7 @@ def encoder_states(recognizer: WhisperRecognizer, utterances: Sequence[Utterance
     window = recognizer.windows[-1]
     return torch.cat(
         [
-            recognizer._encoders.encode(window, recognizer._preprocess([u], window))
+            recognizer._whisper.encoders.encode(window, recognizer._preprocess([u], window))
             for u in utterances
         ]
     )
@@ -228,7 +230,7 @@ def step_cells(
     """One decoder step per batch size: the layers over a synthetic cache (their cost does
     not depend on the values), then the choice of each row's token on decoder states of
     real speech (the shortlist's does: a state it cannot vouch for is projected in full)."""
-    greedy = recognizer._greedy
+    greedy = recognizer._whisper.greedy
     real = decoder_rows(recognizer, hidden, max(settings.batch_sizes))
     cells = []
     for size in settings.batch_sizes:
@@ -238,8 +240,8 @@ def step_cells(
 
         def step(cache: object = cache, ids: torch.Tensor = ids, size: int = size) -> object:
             cache.lengths[:] = CACHED  # type: ignore[attr-defined]
-            greedy._step(cache, ids)  # type: ignore[arg-type]
-            return greedy._choose(real[:size], greedy._suppress)
+            greedy._decoder.feed(cache, ids)  # type: ignore[arg-type]
+            return greedy._decoder.choose(real[:size], greedy._suppress)
 
         cells.append(f"{timed(step, settings.repeats):.2f} ms")
     return cells
@@ -247,7 +249,7 @@ def step_cells(
 
 def encoder_cells(recognizer: WhisperRecognizer, settings: Settings) -> list[str]:
     audio = Utterance(clips(("en_jfk",))[0].audio()[: 16_000 * 4])
-    encode = recognizer._encoders.encode
+    encode = recognizer._whisper.encoders.encode
     repeats = max(3, settings.repeats // 3)
     cells = []
     for window in settings.windows:
@@ -260,10 +262,10 @@ def encoder_cells(recognizer: WhisperRecognizer, settings: Settings) -> list[str
 def rows_cell(recognizer: WhisperRecognizer, hidden: torch.Tensor) -> str:
     """Tokens and start logits of each row decoded alone against in the batch of all, and
     how many choices the int8 shortlist could not vouch for (projected again in full)."""
-    greedy = recognizer._greedy
-    prompt = recognizer._prompt_tail
+    greedy = recognizer._whisper.greedy
+    prompt = recognizer._whisper.prompt_tail
     choices = [0, 0]
-    choose = greedy._choose
+    choose = greedy._decoder.choose
 
     def counted(states: torch.Tensor, suppress: torch.Tensor) -> Choice:
         choice = choose(states, suppress)
@@ -271,13 +273,13 @@ def rows_cell(recognizer: WhisperRecognizer, hidden: torch.Tensor) -> str:
         choices[1] += int(choice.rescued.sum())
         return choice
 
-    greedy._choose = counted  # type: ignore[method-assign]
+    greedy._decoder.choose = counted  # type: ignore[method-assign]
     try:
         return rows_compared(greedy, prompt, hidden) + (
             f"; {choices[1]} of {choices[0]} choices rescued in full"
         )
     finally:
-        del greedy._choose
+        del greedy._decoder.choose
 
 
 def rows_compared(greedy: GreedyDecoder, prompt: list[int], hidden: torch.Tensor) -> str:

@@ -33,8 +33,8 @@ ratio to call it a loop; `repeats_itself` spots it, and the recognizer then deco
 utterance again without its context. It may also read the context again, or make up
 words, where the utterance is only the breath after a sentence: the context's speech in
 the window keeps the no-speech probability low (0.23 where alone the guard drops it).
-`repeats_context` spots the first; a low average log-probability the second (the
-recognizer, `_conditioning_failed`).
+`repeats_context` spots the first; a low average log-probability the second
+(`engine.window_policy.WindowPolicy.conditioning_failed`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,22 @@
-"""Per-utterance bookkeeping of greedy decoding: token budgets and reading a decoded row.
+"""Per-utterance bookkeeping of greedy decoding: token budgets, reading a decoded row, and
+the decoding the recognizer judges.
 
 `token_budget` bounds how many tokens an utterance may decode into, so one utterance that
 loops does not keep the whole batch decoding to the window's limit. `read_row` turns one
 row of decoded tokens (`engine.greedy`) into text tokens, the average log-probability
 (Whisper's `avg_logprob`: the mean over the tokens, the end token included) and whether the
-budget ran out.
+budget ran out. `Decoded` is one utterance's decoding with its text, before the
+hallucination guard (`engine.guard`) and the retry policy (`engine.window_policy`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from engine.api import WordTiming
 
 # Tokens every utterance may use however short it is ("Okay." is three with the end).
 BUDGET_FLOOR = 8
@@ -53,3 +57,21 @@ def read_row(tokens: list[int], logprobs: torch.Tensor, *, end_token: int, budge
         avg_logprob=float(logprobs[:counted].mean()) if counted else 0.0,
         exhausted=exhausted,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """One utterance's greedy decoding, before the guard."""
+
+    text: str
+    avg_logprob: float
+    no_speech_prob: float
+    language: str
+    language_probability: float | None  # None: pinned, not detected
+    exhausted: bool  # ran out of tokens without <|endoftext|>
+    tokens: list[int] = field(default_factory=list)  # the text tokens
+    logprobs: list[float] = field(default_factory=list)  # each text token's
+    words: tuple[WordTiming, ...] = ()
+    # Tokens between the prompt and the text: the left context's text (forced) and what
+    # the model wrote before this utterance's first word (`engine.context`).
+    lead: list[int] = field(default_factory=list)

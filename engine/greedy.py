@@ -1,14 +1,9 @@
-"""Greedy decoding of a batch with a lean decoder step over the model's own layers.
+"""Greedy decoding of a batch, with drafts, over `engine.decoder_step`.
 
-Why not transformers' `generate()`: on CPU a small Whisper's decoder step is a few
-milliseconds of arithmetic, and `generate()` plus the decoder's `forward` add about as much
-again in Python per step (cache objects, mask construction, logits processors, stopping
-criteria), measured at 3-4 ms a step on the 2-core dev machine; an utterance takes 20-40
-steps. This module runs the same arithmetic with none of that: the decoder's own
-submodules (embeddings, layer norms, projections, whichever kind `engine.int8` left them),
-a key/value cache preallocated once per batch, cross-attention keys and values computed
-once from the encoder states, and `scaled_dot_product_attention`. Its tokens equal
-`generate()`'s (tests/engine/test_greedy.py checks them on corpus speech).
+The decoder passes are `engine.decoder_step.DecoderStep`'s (the model's own layers over a
+key/value cache, several times cheaper per step than transformers' `generate()` on CPU).
+This module decides what each pass feeds and what is kept. Its tokens equal `generate()`'s
+(tests/engine/test_greedy.py checks them on corpus speech).
 
 One batch decodes in two calls:
 
@@ -34,7 +29,7 @@ previous one's text. Given that text as a row's draft, one decoder pass over all
 tells which of their tokens greedy decoding would pick anyway; each row keeps that prefix
 and decodes on from there, one step at a time. The steps drop from one per token to about
 one per token the draft got wrong or lacked, plus one. Rows then sit at different
-positions, so the cache tracks a length per row and attention masks per row.
+positions, which the cache and the decoder step keep apart (`engine.decoder_step`).
 
 The vocabulary projection and the choice of each token are the `head`'s
 (`engine.vocabulary`): every logit, or an int8 shortlist rescored in float32, whose tokens
@@ -56,8 +51,7 @@ may go on with text of its own (the transcript of audio at the start of its wind
 rows' prompts differ in length; `decode` takes each row's length and, as for prefixes,
 each row decodes on from its own last prompt token.
 
-What it does not do: beam search, temperature fallback, timestamps. There is no mask on
-the encoder states (Whisper was trained on zero-padded windows).
+What it does not do: beam search, temperature fallback, timestamps.
 """
 
 from __future__ import annotations
@@ -66,13 +60,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.nn import functional
-from transformers.models.whisper.modeling_whisper import (
-    WhisperAttention,
-    WhisperDecoder,
-    WhisperDecoderLayer,
-)
+from transformers.models.whisper.modeling_whisper import WhisperDecoder, WhisperDecoderLayer
 
+from engine.decoder_step import DecoderStep, KVCache
 from engine.recognizer import Interrupted
 from engine.vocabulary import Choice, VocabularyHead
 
@@ -89,38 +79,17 @@ class Greedy:
     logprobs: torch.Tensor
 
 
-class _Cache:
-    """Self-attention keys/values per layer, (batch, heads, positions, head_dim), each row
-    filled from the left to its own `lengths[row]`; cross-attention keys/values per layer,
-    computed once."""
-
-    def __init__(
-        self,
-        cross: list[tuple[torch.Tensor, torch.Tensor]],
-        positions: int,
-        like: torch.Tensor,
-    ) -> None:
-        batch, heads, _, head_dim = cross[0][0].shape
-        shape = (len(cross), batch, heads, positions, head_dim)
-        # Zeroed, not left uninitialised: rows at different lengths mask each other's
-        # unwritten slots, and a masked NaN still poisons attention (0 x NaN = NaN).
-        self.keys = like.new_zeros(shape)
-        self.values = like.new_zeros(shape)
-        self.lengths = torch.zeros(batch, dtype=torch.long, device=like.device)
-        self.cross = cross
-
-
 class Started:
     """A batch after <|startoftranscript|>: `logits` (batch, vocabulary) in float32 there,
     and the cache `GreedyDecoder.decode` continues from (once). `cross` are its
     cross-attention keys and values per layer (word timings reuse them)."""
 
-    def __init__(self, logits: torch.Tensor, cache: _Cache) -> None:
+    def __init__(self, logits: torch.Tensor, cache: KVCache) -> None:
         self.logits = logits
         self.cross = cache.cross
-        self._cache: _Cache | None = cache
+        self._cache: KVCache | None = cache
 
-    def take_cache(self) -> _Cache:
+    def take_cache(self) -> KVCache:
         cache, self._cache = self._cache, None
         if cache is None:
             raise RuntimeError("this batch was decoded already")
@@ -144,19 +113,11 @@ class GreedyDecoder:
         suppress_tokens: list[int],
         begin_suppress_tokens: list[int],
     ) -> None:
-        self._decoder = decoder
-        self._head = head
-        own: list[WhisperDecoderLayer] = list(decoder.layers)  # type: ignore[arg-type]
-        self._layers = own if layers is None else list(layers)
-        if len(self._layers) != len(own):
-            raise ValueError(f"need {len(own)} decoder layers, got {len(self._layers)}")
-        first: WhisperAttention = self._layers[0].self_attn
-        self._heads = int(first.num_heads)
-        self._head_dim = int(first.head_dim)
-        self._max_positions = int(decoder.embed_positions.weight.shape[0])
+        self._decoder = DecoderStep(decoder, head, layers)
+        self._max_positions = self._decoder.max_positions
         self._start = start_token
         self._end = end_token
-        device = decoder.embed_tokens.weight.device
+        device = self._decoder.device
         self._suppress = torch.tensor(suppress_tokens, dtype=torch.long, device=device)
         # At the first generated position the begin-suppressed tokens are excluded too.
         self._first_suppress = torch.tensor(
@@ -193,13 +154,13 @@ class GreedyDecoder:
             raise ValueError(
                 f"positions must be in [{width + 1}, {self._max_positions}], got {positions}"
             )
-        cache = _Cache(self._cross(hidden), positions, hidden)
+        cache = self._decoder.cache(hidden, positions)
         padded = [row + [self._end] * (width - len(row)) for row in rows]
         ids = torch.tensor(padded, dtype=torch.long, device=hidden.device)
-        states = self._step(cache, ids)
+        states = self._decoder.feed(cache, ids)
         cache.lengths = torch.tensor([len(row) for row in rows], device=hidden.device)
         last = states[torch.arange(batch, device=hidden.device), cache.lengths - 1]
-        return Started(self._project(last), cache)
+        return Started(self._decoder.logits(last), cache)
 
     def decode(
         self,
@@ -235,13 +196,15 @@ class GreedyDecoder:
         budgets, guesses = self._plan(batch, room, budgets, drafts)
         _check(should_stop)
         states = self._feed(cache, prompts, prompt_lengths)
-        first = self._choose(states, self._first_suppress)
+        first = self._decoder.choose(states, self._first_suppress)
         if any(guesses):
             _check(should_stop)
             base = cache.lengths.clone()
             width = max(len(guess) for guess in guesses)
             padded = [guess + [self._end] * (width - len(guess)) for guess in guesses]
-            fed = self._step(cache, torch.tensor(padded, dtype=torch.long, device=prompts.device))
+            fed = self._decoder.feed(
+                cache, torch.tensor(padded, dtype=torch.long, device=prompts.device)
+            )
             kept = self._keep(
                 first, [fed[i, : len(guess)] for i, guess in enumerate(guesses)], guesses
             )
@@ -284,15 +247,17 @@ class GreedyDecoder:
                 f"positions must be in [{width + 1}, {self._max_positions}], got {positions}"
             )
         _check(should_stop)
-        cache = _Cache(self._cross(hidden), positions, hidden)
+        cache = self._decoder.cache(hidden, positions)
         padded = [row + [self._end] * (width - len(row)) for row in rows]
-        states = self._step(cache, torch.tensor(padded, dtype=torch.long, device=hidden.device))
+        states = self._decoder.feed(
+            cache, torch.tensor(padded, dtype=torch.long, device=hidden.device)
+        )
         at = torch.arange(batch, device=hidden.device)
         sot = torch.tensor([len(head) - 1 for head in heads], device=hidden.device)
         last = torch.tensor([n - 1 for n in lead], device=hidden.device)
-        started = Started(self._project(states[at, sot]), cache)
+        started = Started(self._decoder.logits(states[at, sot]), cache)
         cache = started.take_cache()
-        first = self._choose(states[at, last], self._first_suppress)
+        first = self._decoder.choose(states[at, last], self._first_suppress)
         fed = [states[i, lead[i] : lead[i] + len(guess)] for i, guess in enumerate(guesses)]
         tokens, logprobs = self._keep(first, fed, guesses)
         # Each row's cache ends before its last kept token, which the next step feeds.
@@ -323,7 +288,7 @@ class GreedyDecoder:
 
     def _steps(
         self,
-        cache: _Cache,
+        cache: KVCache,
         tokens: list[list[int]],
         logprobs: list[list[float]],
         budgets: list[int],
@@ -339,7 +304,7 @@ class GreedyDecoder:
             pending = [self._end if done[i] else row[-1] for i, row in enumerate(tokens)]
             ids = torch.tensor(pending, dtype=torch.long, device=device)[:, None]
             before = cache.lengths.clone()
-            choice = self._choose(self._step(cache, ids)[:, -1], self._suppress)
+            choice = self._decoder.choose(self._decoder.feed(cache, ids)[:, -1], self._suppress)
             # A finished row stays where it is (it only rewrites its next, unused slot), so
             # rows that finished far ahead, on a long draft, cannot outgrow the cache.
             finished = torch.tensor(done, device=device)
@@ -358,12 +323,12 @@ class GreedyDecoder:
         )
 
     def _feed(
-        self, cache: _Cache, prompts: torch.Tensor, lengths: Sequence[int] | None
+        self, cache: KVCache, prompts: torch.Tensor, lengths: Sequence[int] | None
     ) -> torch.Tensor:
         """Decoder states (batch, d_model) at each row's last prompt token; the cache then
         ends there (a row's padding is overwritten by what it decodes next, unseen)."""
         base = cache.lengths.clone()
-        states = self._step(cache, prompts)
+        states = self._decoder.feed(cache, prompts)
         if lengths is None:
             return states[:, -1]
         own = torch.tensor(list(lengths), dtype=torch.long, device=prompts.device)
@@ -390,7 +355,7 @@ class GreedyDecoder:
                 continue
             # Position k's logits pick token k: the first from the prompt, then one per
             # draft token fed.
-            later = self._choose(fed[i], self._suppress)
+            later = self._decoder.choose(fed[i], self._suppress)
             picked = torch.cat([first.tokens[i : i + 1], later.tokens])
             chosen = torch.cat([first.logprobs[i : i + 1], later.logprobs])
             agree = picked[: len(draft)].eq(torch.tensor(draft, device=picked.device))
@@ -403,81 +368,6 @@ class GreedyDecoder:
             tokens.append(picked[:mine].tolist())
             logprobs.append(chosen[:mine].tolist())
         return tokens, logprobs
-
-    def _cross(self, hidden: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Cross-attention keys and values per layer, computed once per batch."""
-        return [
-            (
-                self._split(layer.encoder_attn.k_proj(hidden)),
-                self._split(layer.encoder_attn.v_proj(hidden)),
-            )
-            for layer in self._layers
-        ]
-
-    def _project(self, states: torch.Tensor) -> torch.Tensor:
-        """Float32 logits for every token, for decoder states (rows, d_model)."""
-        return self._head.logits(self._decoder.layer_norm(states))
-
-    def _choose(self, states: torch.Tensor, suppress: torch.Tensor) -> Choice:
-        """The greedy choice for decoder states (rows, d_model), `suppress` excluded."""
-        return self._head.choose(self._decoder.layer_norm(states), suppress)
-
-    def _step(self, cache: _Cache, ids: torch.Tensor) -> torch.Tensor:
-        """Decoder states (batch, n, d_model) for `ids` (batch, n), each row's placed after
-        its own cached tokens."""
-        batch, n = ids.shape
-        positions = cache.lengths[:, None] + torch.arange(n, device=ids.device)  # (batch, n)
-        span = int(cache.lengths.max()) + n
-        if span > cache.keys.shape[3]:
-            raise ValueError("decoding ran past the cache's positions")
-        # Query i of row b sees the keys at positions up to its own; none where all rows
-        # are at the same length and one token is new (it sees every key there is).
-        uniform = bool((cache.lengths == cache.lengths[0]).all())
-        mask = None
-        if n > 1 or not uniform:
-            keys_at = torch.arange(span, device=ids.device)
-            mask = (keys_at[None, None, :] <= positions[:, :, None])[:, None]
-        rows = torch.arange(batch, device=ids.device)[:, None]
-        decoder = self._decoder
-        x: torch.Tensor = decoder.embed_tokens(ids) + decoder.embed_positions.weight[positions]
-        for index, layer in enumerate(self._layers):
-            attention = layer.self_attn
-            h = layer.self_attn_layer_norm(x)
-            # (batch, heads, n, head_dim) written at [row, :, its positions]
-            cache.keys[index][rows, :, positions] = self._split(attention.k_proj(h)).transpose(1, 2)
-            cache.values[index][rows, :, positions] = self._split(attention.v_proj(h)).transpose(
-                1, 2
-            )
-            keys = cache.keys[index, :, :, :span]
-            values = cache.values[index, :, :, :span]
-            x = x + attention.out_proj(self._attend(attention, h, keys, values, mask))
-            cross = layer.encoder_attn
-            h = layer.encoder_attn_layer_norm(x)
-            keys, values = cache.cross[index]
-            x = x + cross.out_proj(self._attend(cross, h, keys, values, None))
-            h = layer.final_layer_norm(x)
-            x = x + layer.fc2(layer.activation_fn(layer.fc1(h)))
-        cache.lengths += n
-        return x
-
-    def _attend(
-        self,
-        attention: WhisperAttention,
-        h: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        # Scaled before the product, in Whisper's order (transformers keeps it for accuracy).
-        query = self._split(attention.q_proj(h) * attention.scaling)
-        out = functional.scaled_dot_product_attention(query, keys, values, mask, scale=1.0)
-        batch, _, n, _ = out.shape
-        return out.transpose(1, 2).reshape(batch, n, self._heads * self._head_dim)
-
-    def _split(self, states: torch.Tensor) -> torch.Tensor:
-        """(batch, n, heads * head_dim) to (batch, heads, n, head_dim)."""
-        batch, n, _ = states.shape
-        return states.view(batch, n, self._heads, self._head_dim).transpose(1, 2)
 
 
 def _check(should_stop: Callable[[], bool] | None) -> None:

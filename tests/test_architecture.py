@@ -19,6 +19,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "loadgen": frozenset({"wire"}),
 }
 ENGINE_API = "engine.api"  # the one module of the engine that session/ sees
+MAX_MODULE_LINES = 450  # one concept per module (docs/architecture.md)
 
 
 def module_name(path: Path) -> str:
@@ -115,6 +116,17 @@ def test_no_import_cycle() -> None:
         if name not in index:
             visit(name)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_every_module_stays_small() -> None:
+    """Every module of the parts is at most MAX_MODULE_LINES lines: one that grows past it
+    holds more than one concept and is split along them."""
+    long = [
+        f"{path.relative_to(REPO)}: {lines} lines"
+        for _, path in sorted(MODULES.items())
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(long)
 
 
 def test_the_walk_sees_every_import_form() -> None:

@@ -121,7 +121,7 @@ def test_int8_partials_leave_finals_as_they_were(
     assert [r.text for r in int8_partials.transcribe(finals)] == [r.text for r in want]
     mixed = int8_partials.transcribe([Utterance(jfk(3.2).audio, partial=True), finals[1]])
     assert mixed[1].text == want[1].text and mixed[1].words == want[1].words
-    decoder = int8_partials._model.model.decoder
+    decoder = int8_partials._whisper.model.model.decoder
     assert not any(isinstance(module, Int8Linear) for module in decoder.modules())
 
 

@@ -149,12 +149,12 @@ def test_shortlist_tokens_equal_float32s_alone_and_batched(
 def test_shortlist_drafts_change_nothing_but_the_work(shortlist: WhisperRecognizer) -> None:
     """Right, half-right and wrong drafts decode to the tokens of no draft."""
     selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:4]
-    greedy = shortlist._greedy
-    prompts = torch.tensor([shortlist._prompt_tail] * len(selected))
+    greedy = shortlist._whisper.greedy
+    prompts = torch.tensor([shortlist._whisper.prompt_tail] * len(selected))
     budgets = [60] * len(selected)
     with torch.inference_mode():
         batch = [Utterance(clip.audio()) for clip in selected]
-        hidden = shortlist._encoders.encode(30.0, shortlist._preprocess(batch, 30.0))
+        hidden = shortlist._whisper.encoders.encode(30.0, shortlist._preprocess(batch, 30.0))
         plain = greedy.decode(greedy.start(hidden), prompts, budgets)
         truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
         drafts = [truth[0], truth[1][: len(truth[1]) // 2], [400, 401], [*truth[3], 13, 13]]
