@@ -3,9 +3,13 @@
     python -m bench.capacity --rooms 4,8,16 --duration 60                  # partials on
     python -m bench.capacity --rooms 4,8,16 --interim both PARLEY_MAX_BATCH_SIZE=1
     python -m bench.capacity --find-max-rooms --rooms 2 --max-rooms 32     # double, bisect
+    python -m bench.capacity --stand-in --rooms 48 PARLEY_MODEL_WORKERS=1 \
+        PARLEY_FAKE_BATCH_TABLE=1:138,2:109,4:104,8:121,16:134,32:195,64:353  # a GPU's costs
 
 Each KEY=VALUE argument is a server environment variable, so one command measures one
-configuration. The command starts `python -m server` with them, then runs the load
+configuration. The command starts `python -m server` with them (`--stand-in`:
+`bench.fake_server`, the same server with a stand-in model of set batch times, for the
+front end's cost and the policy on a GPU's costs; its WER means nothing), then runs the load
 generator (`loadgen.run`) against it: at each listed room count (with partials on, off
 or both: `--interim`), or as a search for the most rooms within the SLO. Every run gets
 one row:
@@ -421,6 +425,9 @@ def main() -> int:
     parser.add_argument("--search-budget", type=float, default=900.0)
     parser.add_argument("--pause", type=float, default=3.0, help="seconds between runs")
     parser.add_argument("--report-dir", default="reports/capacity")
+    parser.add_argument(
+        "--stand-in", action="store_true", help="bench.fake_server's stand-in model"
+    )
     args = parser.parse_args()
     env = dict(os.environ, PARLEY_LOG_LEVEL="warning")
     for item in args.settings:
@@ -431,8 +438,9 @@ def main() -> int:
     report_dir = Path(args.report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     log = open(report_dir / "server.log", "wb")  # noqa: SIM115
+    module = "bench.fake_server" if args.stand_in else "server"
     server = subprocess.Popen(
-        [sys.executable, "-m", "server", "--port", str(port)],
+        [sys.executable, "-m", module, "--port", str(port)],
         cwd=REPO,
         env=env,
         stdout=log,

@@ -165,6 +165,14 @@ class Settings:
         "batches are sized to fit it (by the measured model time per partial); 0: batches "
         "of MAX_PARTIAL_BATCH, always stopped.",
     )
+    batch_cost: str = setting(
+        "auto",
+        "How a batch's model time grows with its rows: `per-row` (the CPU: partial batches "
+        "sized to fit PARTIAL_WAIT_MS by the measured cost of a row, finals shared out over "
+        "the workers), `flat` (a GPU, where a batch of 32 costs about one row: every ready "
+        "final in one batch, every queued partial up to MAX_PARTIAL_BATCH, engine/policy.py "
+        "rule 5), `auto`: flat on CUDA, per-row on the CPU.",
+    )
     batch_wait_ms: float = setting(
         20.0, "How long a batch may wait to fill after its oldest request arrived."
     )
@@ -416,6 +424,8 @@ class Settings:
             )
         if self.partial_quantize not in {"auto", "same", "int8-decoder"}:
             raise ValueError(f"{ENV_PREFIX}PARTIAL_QUANTIZE must be auto, same or int8-decoder")
+        if self.batch_cost not in {"auto", "per-row", "flat"}:
+            raise ValueError(f"{ENV_PREFIX}BATCH_COST must be auto, per-row or flat")
         if self.max_batch_size < 1 or self.max_queue < self.max_batch_size:
             raise ValueError("need MAX_BATCH_SIZE >= 1 and MAX_QUEUE >= MAX_BATCH_SIZE")
         if min(self.max_upload_bytes, self.upload_decoders, self.upload_max_jobs) < 1:
