@@ -117,7 +117,7 @@ def timed_recognizer(settings: Settings) -> TimedRecognizer:
     return TimedRecognizer(
         float(os.environ.get("PARLEY_FAKE_BATCH_MS", "30")) / 1000,
         float(os.environ.get("PARLEY_FAKE_UTTERANCE_MS", "10")) / 1000,
-        settings.max_batch_size,
+        settings.scheduler.max_batch_size,
         batch_table(table) if table else (),
     )
 

@@ -390,16 +390,16 @@ def serve(model: Path, port: int, tokens_per_second: float, weights: str) -> Non
     if weights == "real":
         app = create_app(settings)
     else:
-        if settings.device == "cpu":  # the CPU path only tests the script
+        if settings.model.device == "cpu":  # the CPU path only tests the script
             import torch
 
             torch.set_flush_denormal(True)  # random weights make denormals; slow on the CPU
 
         def factory(settings: Settings) -> Any:
             config = WhisperRecognizerConfig(
-                device=settings.device,
-                dtype=None if settings.dtype == "auto" else settings.dtype,  # type: ignore[arg-type]
-                max_batch_size=settings.max_batch_size,
+                device=settings.model.device,
+                dtype=None if settings.model.dtype == "auto" else settings.model.dtype,  # type: ignore[arg-type]
+                max_batch_size=settings.scheduler.max_batch_size,
                 max_tokens_per_second=tokens_per_second,
                 retry_loops_on_full_window=False,
             )

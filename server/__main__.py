@@ -38,16 +38,16 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
     """uvicorn's configuration for `settings`: WebSocket implementation, frame size,
     keepalive pings (a half-open peer is dropped after ping interval + timeout)."""
     options: dict[str, Any] = {
-        "host": settings.host,
-        "port": settings.port,
+        "host": settings.server.host,
+        "port": settings.server.port,
         "ws": WS_IMPLEMENTATION,
-        "ws_max_size": settings.max_frame_bytes * 4,  # the app refuses > max_frame_bytes
+        "ws_max_size": settings.streams.max_frame_bytes * 4,  # the app refuses > max_frame_bytes
         "ws_per_message_deflate": False,
-        "ws_ping_interval": settings.ws_ping_interval_s,
-        "ws_ping_timeout": settings.ws_ping_timeout_s,
+        "ws_ping_interval": settings.streams.ws_ping_interval_s,
+        "ws_ping_timeout": settings.streams.ws_ping_timeout_s,
         "lifespan": "on",
         "log_config": None,
-        "timeout_graceful_shutdown": int(settings.drain_timeout_s) + 5,
+        "timeout_graceful_shutdown": int(settings.server.drain_timeout_s) + 5,
     }
     return uvicorn.Config(app, **{**options, **overrides})
 
@@ -75,10 +75,15 @@ class ParleyServer(uvicorn.Server):
 
 
 def _parser() -> argparse.ArgumentParser:
-    epilog = "environment variables (read once at start):\n" + "\n".join(
-        f"  {name:<28} {meaning} (default: {default or 'unset'})"
-        for name, default, meaning in Settings.describe()
-    )
+    sections = [
+        f"{title}:\n"
+        + "\n".join(
+            f"  {name:<34} {meaning} (default: {default or 'unset'})"
+            for name, default, meaning in rows
+        )
+        for title, rows in Settings.describe_groups()
+    ]
+    epilog = "environment variables (read once at start), by group:\n\n" + "\n\n".join(sections)
     parser = argparse.ArgumentParser(
         prog="python -m server",
         description="Parley: real-time meeting transcription server.",
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None, recognizer: RecognizerFactory = whisper_
     except ValueError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    configure(settings.log_level, settings.log_format)
+    configure(settings.server.log_level, settings.server.log_format)
     try:
         app = create_app(settings, recognizer)
     except (ValueError, OSError, SandboxUnavailable) as exc:  # keys, keys file, sandbox

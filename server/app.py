@@ -39,7 +39,7 @@ from server.memory_trim import trim_memory_forever
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.sandbox import SandboxMode, open_sandbox
-from server.settings import Settings
+from server.settings import SettingError, Settings
 from server.state import AppState, ModelState
 from server.tokens import open_tokens
 from session.actor import CLOSE_TIMEOUT
@@ -56,22 +56,23 @@ RecognizerFactory = Callable[[Settings], Recognizer]
 
 
 def model_config(settings: Settings) -> ModelConfig:
+    model, context = settings.model, settings.context
     return ModelConfig(
-        model=settings.model,
-        cache=Path(settings.model_cache),
-        device=settings.device,
-        dtype=settings.dtype,  # type: ignore[arg-type]  # Settings checked the value
-        encoder_dtype=settings.encoder_dtype,  # type: ignore[arg-type]  # Settings checked it
-        quantize=settings.quantize,  # type: ignore[arg-type]  # Settings checked the value
-        partial_quantize=settings.partial_quantize,  # type: ignore[arg-type]  # checked too
-        drafts=settings.drafts,
-        prompt_tokens=settings.prompt_tokens,
-        context_window=settings.context_window_s,
-        context_own_window=settings.context_own_window,
-        word_timings=settings.word_timings,
-        workers=settings.model_workers,
-        torch_threads=settings.torch_threads,
-        max_batch_size=settings.max_batch_size,
+        model=model.model,
+        cache=Path(model.model_cache),
+        device=model.device,
+        dtype=model.dtype,  # type: ignore[arg-type]  # ModelSettings checked the value
+        encoder_dtype=model.encoder_dtype,  # type: ignore[arg-type]  # checked too
+        quantize=model.quantize,  # type: ignore[arg-type]  # checked too
+        partial_quantize=model.partial_quantize,  # type: ignore[arg-type]  # checked too
+        drafts=model.drafts,
+        prompt_tokens=context.prompt_tokens,
+        context_window=context.context_window_s,
+        context_own_window=context.context_own_window,
+        word_timings=model.word_timings,
+        workers=model.model_workers,
+        torch_threads=model.torch_threads,
+        max_batch_size=settings.scheduler.max_batch_size,
     )
 
 
@@ -79,27 +80,29 @@ def whisper_recognizer(settings: Settings) -> Recognizer:
     """The default recognizer (blocking): Whisper, as the settings say, in worker
     processes (`PARLEY_MODEL_PROCESSES`) or in this one."""
     config = model_config(settings)
-    if in_processes(settings.model_processes, config):  # type: ignore[arg-type]  # checked
+    if in_processes(settings.model.model_processes, config):  # type: ignore[arg-type]  # checked
         workers, threads = worker_plan(config)
-        return ProcessRecognizer(config, workers, threads, settings.malloc_trim_interval_s)
+        return ProcessRecognizer(config, workers, threads, settings.server.malloc_trim_interval_s)
     return load_whisper(config)
 
 
 def flat_batches(settings: Settings) -> bool:
     """Whether a batch costs about what one row does (`PARLEY_BATCH_COST`; auto: on CUDA)."""
-    if settings.batch_cost == "auto":
+    cost = settings.scheduler.batch_cost
+    if cost == "auto":
         return resolve_device(model_config(settings)) == "cuda"
-    return settings.batch_cost == "flat"
+    return cost == "flat"
 
 
 def segmenter_config(settings: Settings) -> SegmenterConfig:
+    segmenter = settings.segmenter
     return SegmenterConfig(
-        threshold=settings.vad_threshold,
-        min_silence=settings.min_silence_ms / 1000,
-        speculate_after=settings.speculate_after_ms / 1000,
-        pre_roll=settings.pre_roll_ms / 1000,
-        max_utterance=settings.max_utterance_s,
-        partial_interval=settings.partial_interval_s,
+        threshold=segmenter.vad_threshold,
+        min_silence=segmenter.min_silence_ms / 1000,
+        speculate_after=segmenter.speculate_after_ms / 1000,
+        pre_roll=segmenter.pre_roll_ms / 1000,
+        max_utterance=segmenter.max_utterance_s,
+        partial_interval=segmenter.partial_interval_s,
     )
 
 
@@ -116,62 +119,71 @@ async def _load_speakers() -> tuple[SpeakerEmbedder | None, str]:
 
 
 async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
-    settings = state.settings
+    """Load the models and start the scheduler in the background. Whatever fails on the
+    way (the load, or what is built from it) is logged with its traceback and reported
+    by `/readyz` (503, model `failed`, with the reason), never lost in the task."""
     try:
-        recognizer = state.recognizer = await asyncio.to_thread(factory, settings)
-        await asyncio.to_thread(recognizer.warmup)
-        vad_model = await asyncio.to_thread(SileroVad)
-        speakers, speakers_off = (
-            await _load_speakers() if settings.diarization else (None, DIARIZATION_OFF)
-        )
+        await _start_model(state, factory)
     except Exception as exc:
         logger.exception("model failed to load")
         state.model_state = ModelState.FAILED
         state.model_error = f"{type(exc).__name__}: {exc}"
-        return
+
+
+async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
+    settings = state.settings
+    recognizer = state.recognizer = await asyncio.to_thread(factory, settings)
+    await asyncio.to_thread(recognizer.warmup)
+    vad_model = await asyncio.to_thread(SileroVad)
+    speakers, speakers_off = (
+        await _load_speakers() if settings.speakers.diarization else (None, DIARIZATION_OFF)
+    )
+    segmenter = settings.segmenter
     vad: VadScorer = (
-        VadBatcher(vad_model, max_delay=settings.vad_batch_ms / 1000)
-        if settings.vad_batch
+        VadBatcher(vad_model, max_delay=segmenter.vad_batch_ms / 1000)
+        if segmenter.vad_batch
         else DirectScorer(vad_model)
     )
     state.file_vad = DirectScorer(vad_model)  # uploads score runs of windows, unbatched
     workers, threads = worker_plan(model_config(settings))
+    batching, context = settings.scheduler, settings.context
     scheduler = BatchScheduler(
         recognizer,
         workers=workers,
-        max_batch_size=settings.max_batch_size,
-        max_partial_batch=settings.max_partial_batch,
-        max_wait=settings.batch_wait_ms / 1000,
-        max_queue=settings.max_queue,
-        partial_share=settings.partial_share,
-        partial_wait=settings.partial_wait_ms / 1000,
-        context_below=settings.context_gate,
-        context_budget=settings.context_budget,
+        max_batch_size=batching.max_batch_size,
+        max_partial_batch=batching.max_partial_batch,
+        max_wait=batching.batch_wait_ms / 1000,
+        max_queue=batching.max_queue,
+        partial_share=batching.partial_share,
+        partial_wait=batching.partial_wait_ms / 1000,
+        context_below=context.context_gate,
+        context_budget=context.context_budget,
         flat_batches=flat_batches(settings),
         worker_init=partial(set_torch_threads, threads),
+    )
+    services = SessionServices(
+        scheduler=scheduler,
+        store=state.store,
+        vad=vad,
+        segmenter=segmenter_config(settings),
+        max_frame_bytes=settings.streams.max_frame_bytes,
+        outbox_limit=settings.streams.outbox_limit,
+        languages=recognizer.languages,
+        prompts=context.prompt_tokens > 0,
+        left_context=context.left_context_s,
+        context_wait=context.context_wait_ms / 1000,
+        context_languages=context.left_context_language_set,
+        telemetry=state.metrics,
+        speakers=speakers,
+        speakers_off=speakers_off,
+        diarizer=DiarizerConfig(max_speakers=settings.speakers.diarization_max_speakers),
     )
     scheduler.add_observer(state.metrics.observe_batch)
     scheduler.add_observer(state.capacity.observe_batch)
     scheduler.start()
     state.scheduler = scheduler
     state.recognizer_name = recognizer.name
-    state.services = SessionServices(
-        scheduler=scheduler,
-        store=state.store,
-        vad=vad,
-        segmenter=segmenter_config(settings),
-        max_frame_bytes=settings.max_frame_bytes,
-        outbox_limit=settings.outbox_limit,
-        languages=recognizer.languages,
-        prompts=settings.prompt_tokens > 0,
-        left_context=settings.left_context_s,
-        context_wait=settings.context_wait_ms / 1000,
-        context_languages=settings.left_context_language_set,
-        telemetry=state.metrics,
-        speakers=speakers,
-        speakers_off=speakers_off,
-        diarizer=DiarizerConfig(max_speakers=settings.diarization_max_speakers),
-    )
+    state.services = services
     state.model_state = ModelState.READY
     logger.info(
         "model %s ready: %d workers (%s), %d torch threads each",
@@ -186,7 +198,7 @@ async def drain(state: AppState) -> None:
     """Refuse new streams and let every session flush its finals (bounded). Sessions
     still waiting for the model after the drain timeout: the engine stops, and each says
     how many finals it lost (`session.ended`, close 1012) before uvicorn closes sockets."""
-    if await state.registry.drain(state.settings.drain_timeout_s):
+    if await state.registry.drain(state.settings.server.drain_timeout_s):
         return
     if state.scheduler is not None:
         await state.scheduler.stop()
@@ -199,47 +211,59 @@ def create_app(
     settings = settings or Settings.from_env()
     # Fails here, at start, on a bad key entry (ValueError), not on the first request.
     auth = build_authenticator(
-        api_keys=settings.api_keys,
-        api_keys_file=settings.api_keys_file,
+        api_keys=settings.auth.api_keys,
+        api_keys_file=settings.auth.api_keys_file,
         tokens=open_tokens(
-            settings.redis_url, settings.store_prefix, per_tenant=settings.max_tokens_per_tenant
+            settings.store.redis_url,
+            settings.store.store_prefix,
+            per_tenant=settings.auth.max_tokens_per_tenant,
         ),
-        allowed_origins=settings.allowed_origins,
-        fast_replay_tenants=settings.fast_replay_tenants,
-        token_ttl_s=settings.token_ttl_s,
+        allowed_origins=settings.auth.allowed_origins,
+        fast_replay_tenants=settings.auth.fast_replay_tenants,
+        token_ttl_s=settings.auth.token_ttl_s,
     )
-    if not auth.enabled:
-        logger.warning("no API keys configured: authentication is OFF (development mode)")
+    upload_dir = settings.uploads.upload_dir
+    if upload_dir is not None:  # made here, not at the first upload, so a bad one stops the start
+        try:
+            Path(upload_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SettingError(
+                "upload_dir", upload_dir, f"cannot make it a folder: {exc}"
+            ) from None
     # Fails here (SandboxUnavailable) when PARLEY_UPLOAD_SANDBOX=bwrap cannot be honoured.
     sandbox = open_sandbox(
-        SandboxMode(settings.upload_sandbox),
-        hidden=[Path(settings.api_keys_file)] if settings.api_keys_file else [],
+        SandboxMode(settings.uploads.upload_sandbox),
+        hidden=[Path(settings.auth.api_keys_file)] if settings.auth.api_keys_file else [],
     )
+    if not auth.enabled:  # warned once nothing above refused to start
+        logger.warning("no API keys configured: authentication is OFF (development mode)")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
-        registry = SessionRegistry(settings.max_sessions)
+        registry = SessionRegistry(settings.streams.max_sessions)
         state = AppState(
             settings=settings,
             store=open_store(
-                settings.redis_url,
-                prefix=settings.store_prefix,
-                ttl=TTLSettings(base_s=settings.meeting_ttl_s, decay_s=settings.meeting_ttl_s),
+                settings.store.redis_url,
+                prefix=settings.store.store_prefix,
+                ttl=TTLSettings(
+                    base_s=settings.store.meeting_ttl_s, decay_s=settings.store.meeting_ttl_s
+                ),
             ),
             registry=registry,
             metrics=Metrics(),
-            jobs=JobRegistry(settings, live_streams=lambda: len(registry), sandbox=sandbox),
+            jobs=JobRegistry(settings.uploads, live_streams=lambda: len(registry), sandbox=sandbox),
             auth=auth,
             capacity=CapacityMonitor(
-                settings.admit_max_queue_wait_ms / 1000, settings.max_batch_size
+                settings.streams.admit_max_queue_wait_ms / 1000, settings.scheduler.max_batch_size
             ),
-            stream_slots=Slots(settings.max_streams_per_key),
+            stream_slots=Slots(settings.streams.max_streams_per_key),
             listener_slots=ListenerQuota(
-                settings.max_listeners_per_meeting,
-                settings.max_listeners_per_tenant,
-                settings.max_listeners,
+                settings.streams.max_listeners_per_meeting,
+                settings.streams.max_listeners_per_tenant,
+                settings.streams.max_listeners,
             ),
-            waiting_auth=Slots(settings.max_waiting_auth),
+            waiting_auth=Slots(settings.auth.max_waiting_auth),
         )
         state.metrics.watch(
             lambda: state.scheduler,
@@ -251,8 +275,8 @@ def create_app(
         app.state.parley = state  # for the CLI's graceful shutdown hook
         state.loader = asyncio.create_task(_load_model(state, recognizer_factory))
         trimmer = (
-            asyncio.create_task(trim_memory_forever(settings.malloc_trim_interval_s))
-            if settings.malloc_trim_interval_s > 0
+            asyncio.create_task(trim_memory_forever(settings.server.malloc_trim_interval_s))
+            if settings.server.malloc_trim_interval_s > 0
             else None
         )
         try:
@@ -265,7 +289,7 @@ def create_app(
             await drain(state)
             await state.jobs.close()  # uploads are cancelled, not drained: they may be hours
             if state.scheduler is not None:
-                drained = await state.scheduler.drain(settings.drain_timeout_s)
+                drained = await state.scheduler.drain(settings.server.drain_timeout_s)
                 if not drained:
                     logger.warning("scheduler still busy at shutdown; failing what is left")
                 await state.scheduler.stop()
@@ -290,7 +314,7 @@ def create_app(
         Route("/readyz", rest.readyz, methods=["GET"]),
         Route("/metrics", rest.metrics, methods=["GET"]),
     ]
-    static_dir = Path(settings.static_dir)
+    static_dir = Path(settings.server.static_dir)
     if static_dir.is_dir():
         routes.append(Mount("/", StaticFiles(directory=static_dir, html=True), name="static"))
     return Starlette(routes=routes, lifespan=lifespan)

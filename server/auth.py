@@ -89,8 +89,14 @@ def parse_api_keys(inline: str | None, path: str | None) -> dict[bytes, str]:
     if inline:
         entries += [("PARLEY_API_KEYS", item) for item in inline.split(",")]
     if path:
-        lines = Path(path).read_text().splitlines()
-        entries += [(f"{path}:{n}", line.split("#", 1)[0]) for n, line in enumerate(lines, 1)]
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as exc:
+            raise ValueError(f"PARLEY_API_KEYS_FILE={path!r}: {exc.strerror or exc}") from None
+        entries += [
+            (f"PARLEY_API_KEYS_FILE {path}:{n}", line.split("#", 1)[0])
+            for n, line in enumerate(lines, 1)
+        ]
     keys: dict[bytes, str] = {}
     for where, item in entries:
         if not item.strip():

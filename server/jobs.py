@@ -32,7 +32,7 @@ import orjson
 from engine.api import SchedulerError
 from server.decode import DecodedAudio, DecodeLimits, decode_file
 from server.sandbox import UNCONFINED, Sandbox
-from server.settings import Settings
+from server.settings import UploadSettings
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import SessionServices
 from session.vad import VadScorer
@@ -192,7 +192,7 @@ class JobRegistry:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: UploadSettings,
         live_streams: Callable[[], int] = lambda: 0,
         sandbox: Sandbox = UNCONFINED,
     ) -> None:

@@ -192,7 +192,7 @@ async def readyz(request: Request) -> Response:
         "status": "ready" if ready and not reasons else ("degraded" if ready else "not_ready"),
         "checks": checks,
         "reasons": reasons,
-        "model": state.recognizer_name or state.settings.model,
+        "model": state.recognizer_name or state.settings.model.model,
         "sessions": len(state.registry),
     }
     return JSONResponse(body, status_code=200 if ready else 503)

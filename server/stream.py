@@ -47,7 +47,7 @@ async def stream_endpoint(websocket: WebSocket) -> None:
     try:
         principal = await _authenticate(state, handshake, meeting_id, Scope.STREAM)
         config = bind_participant(
-            parse_stream_config(meeting_id, query, state.settings.default_language),
+            parse_stream_config(meeting_id, query, state.settings.streams.default_language),
             principal,
             query,
         )
@@ -68,7 +68,7 @@ async def _authenticate(
         state.auth,
         meeting_id,
         scope,
-        timeout_s=state.settings.auth_timeout_s,
+        timeout_s=state.settings.auth.auth_timeout_s,
         waiting=state.waiting_auth,
     )
 
@@ -139,12 +139,14 @@ async def _serve_stream(
     budget = None
     if not principal.fast_replay:
         budget = RealtimeBudget(
-            state.settings.realtime_factor, state.settings.realtime_burst_s, time.monotonic()
+            state.settings.streams.realtime_factor,
+            state.settings.streams.realtime_burst_s,
+            time.monotonic(),
         )
     connection = LimitedConnection(
         socket,
-        idle_timeout_s=state.settings.idle_timeout_s,
-        max_duration_s=state.settings.max_session_s,
+        idle_timeout_s=state.settings.streams.idle_timeout_s,
+        max_duration_s=state.settings.streams.max_session_s,
         budget=budget,
         bytes_per_second=config.sample_rate * config.encoding.sample_width,
     )
@@ -306,7 +308,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
     finally:
         state.metrics.listeners.dec()
         state.listener_slots.release(meeting_id, principal.tenant)
-    timeout = state.settings.listener_send_timeout_s
+    timeout = state.settings.streams.listener_send_timeout_s
     if isinstance(error, SubscriberLagged):
         await _close_with(
             websocket,
@@ -366,7 +368,7 @@ async def _forward(
     # owner is confirmed; a listener that does not take a message in time is dropped.
     if after_seq > await state.store.last_seq(meeting_id):
         after_seq = 0  # the log is younger than the client's view (an in-memory store restarted)
-    timeout = state.settings.listener_send_timeout_s
+    timeout = state.settings.streams.listener_send_timeout_s
     sent = after_seq
     backlog = await state.store.finals(meeting_id, after_seq)
     for record in in_meeting_order(backlog):  # the replay in meeting time; live in seq order

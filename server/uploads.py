@@ -65,7 +65,7 @@ def _parse_options(raw: dict[str, str], settings: Settings) -> tuple[JobOptions,
     except ValueError:
         known = ", ".join(f.value for f in TranscriptFormat)
         raise bad("bad_format", f"format must be one of: {known}") from None
-    language = raw.get("language", settings.default_language)
+    language = raw.get("language", settings.streams.default_language)
     if not is_language(language):
         raise bad("bad_config", f"language must be an ISO 639-1 code or 'auto', not {language!r}")
     wait = parse_flag(raw.get("wait", "false"))
@@ -184,8 +184,8 @@ async def create_transcription(request: Request) -> Response:
     except Refusal as exc:
         return await _refuse(request, exc.status, exc.code, exc.message)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > settings.max_upload_bytes + FORM_OVERHEAD:
-        refused = too_large(settings.max_upload_bytes)  # say so before a byte is sent
+    if declared.isdigit() and int(declared) > settings.uploads.max_upload_bytes + FORM_OVERHEAD:
+        refused = too_large(settings.uploads.max_upload_bytes)  # say so before a byte is sent
         return _problem(refused.status, refused.code, refused.message)
     services, file_vad = state.services, state.file_vad
     unavailable = state.unavailable()
@@ -212,10 +212,10 @@ async def create_transcription(request: Request) -> Response:
             request.stream(),
             request.headers.get("content-type", ""),
             job.workdir / "upload",
-            max_file_bytes=settings.max_upload_bytes,
+            max_file_bytes=settings.uploads.max_upload_bytes,
             fields=OPTION_FIELDS,
-            idle_timeout_s=settings.upload_idle_timeout_s,
-            receive_timeout_s=settings.upload_receive_timeout_s,
+            idle_timeout_s=settings.uploads.upload_idle_timeout_s,
+            receive_timeout_s=settings.uploads.upload_receive_timeout_s,
         )
         options, wait = _parse_options({**query, **form.fields}, settings)
         _check_language(options.language, services.languages, state.recognizer_name)
@@ -254,7 +254,7 @@ async def create_transcription(request: Request) -> Response:
         await state.jobs.discard(job)
         raise
     if wait:
-        return await _answer_when_done(job, settings.upload_wait_s)
+        return await _answer_when_done(job, settings.uploads.upload_wait_s)
     return _accepted(job)
 
 

@@ -61,7 +61,7 @@ async def listen_endpoint(websocket: WebSocket) -> None:
             subprotocol_token=via_subprotocol[1] if via_subprotocol else None,
         )
         options = deepgram.parse_options(
-            query, meeting_id=meeting_id, default_language=state.settings.default_language
+            query, meeting_id=meeting_id, default_language=state.settings.streams.default_language
         )
         config = bind_participant(options.stream_config(), principal, _named(query))
     except WebSocketDisconnect:
@@ -73,7 +73,7 @@ async def listen_endpoint(websocket: WebSocket) -> None:
         options, request_id=request_id, model_name=state.recognizer_name or "loading"
     )
     connection = TranslatingConnection(
-        websocket, codec, max_frame_bytes=state.settings.max_frame_bytes
+        websocket, codec, max_frame_bytes=state.settings.streams.max_frame_bytes
     )
     await serve_source(
         state, handshake, config, {}, principal, connection=connection, acknowledge_finalize=True
@@ -93,7 +93,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         session_id=session_id,
         beta="realtime=v1" in websocket.headers.get("openai-beta", ""),
         vad=_vad(state),
-        default_language=state.settings.default_language,
+        default_language=state.settings.streams.default_language,
         model=websocket.query_params.get("model") or "whisper-1",
     )
     handshake = CompatHandshake(
@@ -104,7 +104,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     )
     query = dict(websocket.query_params)
     connection = TranslatingConnection(
-        websocket, codec, max_frame_bytes=state.settings.max_frame_bytes
+        websocket, codec, max_frame_bytes=state.settings.streams.max_frame_bytes
     )
     try:
         meeting_id = validate_id("meeting_id", query.get("meeting_id") or session_id)
@@ -121,7 +121,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         await handshake.accept()
         await websocket.send_text(codec.created())
         # The session is configured by messages, before its audio: serve them first.
-        async with asyncio.timeout(state.settings.idle_timeout_s):
+        async with asyncio.timeout(state.settings.streams.idle_timeout_s):
             if not await connection.prime():
                 return
         config = bind_participant(codec.stream_config(meeting_id, participant), principal, query)
@@ -129,7 +129,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         error = ProtocolError(
             ErrorCode.TIMEOUT,
             CloseCode.TIMEOUT,
-            f"no audio for {state.settings.idle_timeout_s:g} s",
+            f"no audio for {state.settings.streams.idle_timeout_s:g} s",
         )
         await refuse(state, handshake, error)
         return
@@ -149,7 +149,7 @@ def _named(query: dict[str, str]) -> dict[str, str]:
 def _vad(state: AppState) -> openai_realtime.Vad:
     settings = state.settings
     return openai_realtime.Vad(
-        threshold=settings.vad_threshold,
-        prefix_padding_ms=round(settings.pre_roll_ms),
-        silence_duration_ms=round(settings.min_silence_ms),
+        threshold=settings.segmenter.vad_threshold,
+        prefix_padding_ms=round(settings.segmenter.pre_roll_ms),
+        silence_duration_ms=round(settings.segmenter.min_silence_ms),
     )

@@ -146,7 +146,7 @@ async def test_deepgram_keepalive_holds_an_idle_stream_open(server: AppServer) -
 async def test_deepgram_bad_audio_gets_protocol_v1_protections(server: AppServer) -> None:
     """An odd-length linear16 frame closes 1007, a frame over the limit 1009, an unknown
     message 1007: each after an Error saying why (the same checks as protocol v1)."""
-    limit = server.state.settings.max_frame_bytes
+    limit = server.state.settings.streams.max_frame_bytes
     cases: list[tuple[bytes | str, int, str]] = [
         (bytes(641), 1007, "invalid_audio"),
         (bytes(limit + 2), 1009, "frame_too_large"),
@@ -199,7 +199,7 @@ async def test_openai_session_configuration_and_refusals(server: AppServer) -> N
         await received.wait_for(lambda r: bool(r.of_type("session.updated")), 5)
         updated = received.of_type("session.updated")[0].session
         assert updated.audio.input.transcription.model == "gpt-4o-transcribe"
-        own = round(server.state.settings.min_silence_ms)
+        own = round(server.state.settings.segmenter.min_silence_ms)
         assert updated.audio.input.turn_detection.silence_duration_ms == own  # Parley's own
         errors = received.of_type("error")
         assert [e.error.code for e in errors] == ["unsupported_audio_format", None]

@@ -75,12 +75,12 @@ def test_production_and_tests_run_one_websocket_implementation() -> None:
     """`python -m server` and the tests' servers take uvicorn's config from one function:
     the sans-I/O websockets implementation (not the deprecated legacy one), keepalive
     pings from the settings."""
-    config = uvicorn_config(Starlette(), Settings(ws_ping_interval_s=7.0))
+    config = uvicorn_config(Starlette(), Settings.from_env({}, ws_ping_interval_s=7.0))
     config.load()  # imports the protocol class: the legacy one warns (an error here)
     assert config.ws == WS_IMPLEMENTATION == "websockets-sansio"
     assert config.ws_protocol_class is WebSocketsSansIOProtocol
     assert (config.ws_ping_interval, config.ws_ping_timeout) == (7.0, 20.0)
-    assert config.ws_max_size == 4 * Settings().max_frame_bytes
+    assert config.ws_max_size == 4 * Settings().streams.max_frame_bytes
 
 
 async def test_a_half_open_listener_is_dropped_by_keepalive_pings(app: AppServer) -> None:

@@ -3,15 +3,17 @@ transcription. The real server, with a broken `resemblyzer` (no weights) first o
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import orjson
 import pytest
+from websockets.asyncio.client import connect
 
 from tests.conftest import ServerProcess, start_server
 from tests.corpus import clip
 from tests.httpclient import upload
-from tests.wsclient import stream_pcm
+from tests.wsclient import StreamResult, receive_all, stream_pcm, stream_url
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +58,10 @@ async def test_a_stream_still_transcribes_and_diarize_is_refused_with_the_reason
     finals = [m for m in plain.messages if m["type"] == "transcript.final"]
     assert "fellow americans" in " ".join(f["text"] for f in finals).lower()
     assert plain.close_code == 1000
-    refused = await stream_pcm(base, "optional-diarize", pcm[:32000], speed=0, diarize="true")
+    refused = StreamResult()
+    url = stream_url(base, "optional-diarize", participant="speaker", diarize="true")
+    async with connect(url) as ws:  # refused before any audio: send none, just listen
+        await asyncio.wait_for(receive_all(ws, refused), 60)
     errors = [m for m in refused.messages if m["type"] == "error"]
     assert errors and errors[0]["code"] == "bad_config", refused.messages
     assert "pretrained.pt" in errors[0]["message"]
