@@ -19,7 +19,7 @@ CPU path, to test the script here (the outside check `gpu`):
 
 `.gpu/tiny.en/` holds tiny.en's real weights packed to fit what travels: every 2-D matrix
 but the position tables in int8, one float16 scale per output row (symmetric, absmax /
-127), the rest in float16 (37 MiB against 72 MiB in float16). `run` dequantizes them into
+127), the rest in float16 (37.5 MiB against 72 MiB in float16). `run` dequantizes them into
 a checkpoint folder (float16 on CUDA, float32 on the CPU).
 
 What `run` does:
