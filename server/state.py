@@ -38,7 +38,6 @@ class AppState:
     jobs: JobRegistry
     auth: Authenticator
     capacity: CapacityMonitor
-    stream_slots: Slots  # per tenant
     listener_slots: ListenerQuota  # per meeting, per tenant, in all
     waiting_auth: Slots  # sockets waiting for their `auth` message, in all
     model_state: ModelState = ModelState.LOADING
