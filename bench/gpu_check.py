@@ -47,7 +47,8 @@ What `run` does:
    batch sizes; the partials' share of the model's time), from the finals' own `timing`
    and `/metrics` (bench/capacity.py's row and probe).
 
-Everything prints as one table (and `gpu_check.json` under `--out`).
+Everything prints as one table (and `gpu_check.json` under `--out`, with each load run's
+loadgen report in `load-<rooms>/`).
 """
 
 from __future__ import annotations
@@ -456,7 +457,7 @@ def load_rows(
     from bench.capacity import ServerProbe, wait_ready
     from bench.processes import free_port
     from loadgen.report import Limits
-    from loadgen.run import LoadSettings, prepare_corpus, run_load
+    from loadgen.run import LoadSettings, prepare_corpus, run_load, write_report
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -500,6 +501,7 @@ def load_rows(
                 before = probe.snapshot()
                 report = asyncio.run(run_load(settings, Limits(), corpus))
                 rows.append(server_row(report, probe.between(before, probe.snapshot()), weights))
+                write_report(report, log.parent / f"load-{count}")  # every final, for later
                 print(f"  {count} rooms: {rows[-1]}", flush=True)
                 time.sleep(3)  # let the last finals' batches clear
             return rows
