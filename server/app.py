@@ -84,7 +84,13 @@ def whisper_recognizer(settings: Settings) -> Recognizer:
     config = model_config(settings)
     if in_processes(settings.model.model_processes, config):  # type: ignore[arg-type]  # checked
         workers, threads = worker_plan(config)
-        return ProcessRecognizer(config, workers, threads, settings.server.malloc_trim_interval_s)
+        return ProcessRecognizer(
+            config,
+            workers,
+            threads,
+            settings.server.malloc_trim_interval_s,
+            hang_after=settings.model.worker_hang_s,
+        )
     return load_whisper(config)
 
 
@@ -278,6 +284,7 @@ def create_app(
             lambda: state.registry.meetings,
             lambda: state.store.failures,
             lambda: state.services.vad if state.services else None,
+            state.worker_health,
         )
         app.state.parley = state  # for the CLI's graceful shutdown hook
         state.loader = asyncio.create_task(_load_model(state, recognizer_factory))

@@ -165,9 +165,11 @@ async def readyz(request: Request) -> Response:
     capacity (`max_sessions`), so a balancer sends new streams to another node.
 
     A dead engine (the scheduler's loop died) is not ready, with its reason: nothing will
-    be transcribed again until the process restarts. The model's measured capacity
-    (`checks.capacity`) is reported but leaves the node ready (`degraded`): it refuses
-    new streams while it lasts, but still serves resumes, listeners, reads and uploads."""
+    be transcribed again until the process restarts. Nor is one whose model worker
+    processes are all down (died or hung, being restarted): ready again once one is up.
+    The model's measured capacity (`checks.capacity`) is reported but leaves the node
+    ready (`degraded`): it refuses new streams while it lasts, but still serves resumes,
+    listeners, reads and uploads."""
     state = app_state(request)
     checks: dict[str, str] = {"model": state.model_state.value}
     reasons: list[str] = []
@@ -180,6 +182,13 @@ async def readyz(request: Request) -> Response:
     death = None if scheduler is None else scheduler.death
     if death is not None:
         reasons.append(str(death))
+    workers = state.worker_health()
+    if workers is not None:
+        checks["model_workers"] = f"{workers.alive}/{workers.processes}"
+        if workers.alive == 0:
+            reasons.append(
+                "no model worker process is up (each is being restarted); finals wait for one"
+            )
     health = await state.store.health()
     checks["store"] = "ok" if health.ok else "degraded"
     if not health.ok:
@@ -195,7 +204,12 @@ async def readyz(request: Request) -> Response:
     checks["capacity"] = "ok" if refusal is None else "full"
     if refusal is not None:
         reasons.append(f"new streams refused: {refusal}")
-    ready = state.model_state is ModelState.READY and full is None and death is None
+    ready = (
+        state.model_state is ModelState.READY
+        and full is None
+        and death is None
+        and (workers is None or workers.alive > 0)
+    )
     body = {
         "ready": ready,
         "status": "ready" if ready and not reasons else ("degraded" if ready else "not_ready"),
