@@ -19,7 +19,13 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from engine.loading import ModelConfig, load_whisper, set_torch_threads, worker_plan
+from engine.loading import (
+    ModelConfig,
+    load_whisper,
+    resolve_device,
+    set_torch_threads,
+    worker_plan,
+)
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
@@ -88,6 +94,14 @@ def whisper_recognizer(settings: Settings) -> Recognizer:
     return load_whisper(config)
 
 
+def flat_batches(settings: Settings) -> bool:
+    """Whether a batch costs about what one row does (`PARLEY_BATCH_COST`; auto: on CUDA)."""
+    cost = settings.scheduler.batch_cost
+    if cost == "auto":
+        return resolve_device(model_config(settings)) == "cuda"
+    return cost == "flat"
+
+
 def segmenter_config(settings: Settings) -> SegmenterConfig:
     segmenter = settings.segmenter
     return SegmenterConfig(
@@ -152,6 +166,7 @@ async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
         partial_wait=batching.partial_wait_ms / 1000,
         context_below=context.context_gate,
         context_budget=context.context_budget,
+        flat_batches=flat_batches(settings),
         worker_init=partial(set_torch_threads, threads),
     )
     services = SessionServices(

@@ -254,6 +254,14 @@ class SchedulerSettings:
         "batches are sized to fit it (by the measured model time per partial); 0: batches "
         "of MAX_PARTIAL_BATCH, always stopped.",
     )
+    batch_cost: str = setting(
+        "auto",
+        "How a batch's model time grows with its rows: `per-row` (the CPU: partial batches "
+        "sized to fit PARTIAL_WAIT_MS by the measured cost of a row, finals shared out over "
+        "the workers), `flat` (a GPU, where a batch of 32 costs about one row: every ready "
+        "final in one batch, every queued partial up to MAX_PARTIAL_BATCH, engine/policy.py "
+        "rule 5), `auto`: flat on CUDA, per-row on the CPU.",
+    )
     batch_wait_ms: float = setting(
         20.0, "How long a batch may wait to fill after its oldest request arrived."
     )
@@ -273,6 +281,7 @@ class SchedulerSettings:
         at_least(self, "max_partial_batch", 1)
         at_least(self, "partial_wait_ms", 0)
         at_least(self, "batch_wait_ms", 0)
+        one_of(self, "batch_cost", ("auto", "per-row", "flat"))
         if not self.max_queue >= self.max_batch_size:
             raise SettingError(
                 "max_queue",

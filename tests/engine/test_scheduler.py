@@ -337,6 +337,46 @@ async def test_a_final_waits_for_a_partial_batch_about_to_end() -> None:
         assert fake.batches[-1] == [13]
 
 
+async def test_flat_batches_take_every_queued_partial_and_a_final_waits_for_them() -> None:
+    """With flat batches (a GPU) a row measured at 0.1 s does not hold later partial
+    batches to what fits `partial_wait` by rows: the next takes every queued partial (up
+    to `max_partial_batch`), is expected to take a batch's 0.1 s, and a final that finds
+    the worker on it waits instead of stopping it."""
+    now = [0.0]
+    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    scheduler = BatchScheduler(
+        fake,
+        max_batch_size=4,
+        max_wait=0.0,
+        max_queue=8,
+        partial_wait=0.25,
+        flat_batches=True,
+        clock=lambda: now[0],
+    )
+    async with started(scheduler):
+        first = await scheduler.submit(request("a", 10, Priority.PARTIAL))
+        await wait_entered(fake)
+        assert fake.batches == [[10]]  # the cost is not known yet: one row
+        partials = [
+            await scheduler.submit(request(s, n, Priority.PARTIAL))
+            for s, n in (("b", 11), ("c", 12), ("d", 13), ("e", 14), ("g", 15))
+        ]
+        now[0] += 0.1
+        fake.release()
+        await asyncio.wait_for(first, TIMEOUT)
+        await wait_entered(fake)
+        assert fake.batches[-1] == [11, 12, 13, 14]  # per row, 0.25 s would fit two
+        final = await scheduler.submit(request("f", 20))
+        await checked_after_plan(scheduler, fake)
+        assert fake.stopped == [] and scheduler.stats.preempted_batches == 0
+        fake.release()
+        await wait_entered(fake)
+        assert fake.batches[-1] == [20]
+        fake.release(2)
+        await asyncio.wait_for(asyncio.gather(final, *partials), TIMEOUT)
+        assert fake.batches[-1] == [15]
+
+
 async def test_a_stopped_partial_gives_way_to_a_newer_one_of_its_session(
     gated: tuple[BatchScheduler, FakeRecognizer],
 ) -> None:
