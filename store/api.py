@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
+from store.enrolled import SpeakerBook
 from store.records import FinalRecord, NewFinal, SourceState, StoreHealth
 
 SUBSCRIBER_QUEUE = 256  # events buffered per listener before it is judged too slow
@@ -17,6 +18,8 @@ DEFAULT_BUFFER_LIMIT = 10_000  # finals held in memory while Redis is unreachabl
 
 
 class Store(Protocol):
+    speakers: SpeakerBook  # the tenants' enrolled speakers (store/enrolled.py)
+
     async def create_source(
         self,
         meeting_id: str,

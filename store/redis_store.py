@@ -37,6 +37,7 @@ from store.records import (
     new_source,
 )
 from store.redis_buffer import PendingFinal, PendingSource, WriteBuffer
+from store.redis_enrolled import RedisSpeakerBook
 from store.redis_events import PING_S, RedisEvents, without_read_timeout
 from store.redis_link import UNREACHABLE, Link
 from store.redis_scripts import (
@@ -94,6 +95,7 @@ class RedisStore:
         self._resume = redis.register_script(LUA_RESUME)
         self._locks = KeyedLocks()
         self._link = Link()
+        self.speakers = RedisSpeakerBook(redis, prefix, self._link)
         self._buffer = WriteBuffer(
             buffer_limit,
             self._link,
