@@ -25,6 +25,7 @@ from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_e
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
 from session.actor import SessionActor
+from session.enrolled import load_voices
 from session.services import SessionServices
 from session.stream_state import Connection
 from store.api import Store
@@ -159,6 +160,11 @@ async def _serve_stream(
         replay=opened.replay,
         resumed=opened.resumed,
         acknowledge_finalize=acknowledge_finalize,
+        enrolled=(
+            await load_voices(state.store, principal.tenant, services.speaker_match)
+            if opened.config.diarize
+            else None
+        ),
     )
     try:
         state.registry.admit(actor)

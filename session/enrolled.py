@@ -13,11 +13,17 @@ corpus speakers). Plain numpy, no I/O.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from store.api import Store
+from store.errors import StoreError
+
+logger = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -76,6 +82,17 @@ class EnrolledVoices:
                 named[labels[i]] = self.names[j]
                 taken.add(int(j))
         return named
+
+
+async def load_voices(store: Store, tenant: str | None, threshold: float) -> EnrolledVoices:
+    """The tenant's enrolled voices, read when a diarized source starts (best effort: a
+    store that cannot be read leaves the source's voices unnamed, with a warning)."""
+    try:
+        speakers = await store.speakers.list(tenant)
+    except StoreError:
+        logger.warning("enrolled speakers not read: voices stay unnamed", exc_info=True)
+        speakers = []
+    return EnrolledVoices.of([(s.name, s.embedding) for s in speakers], threshold)
 
 
 def _unit(vector: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:

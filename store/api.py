@@ -18,7 +18,10 @@ DEFAULT_BUFFER_LIMIT = 10_000  # finals held in memory while Redis is unreachabl
 
 
 class Store(Protocol):
-    speakers: SpeakerBook  # the tenants' enrolled speakers (store/enrolled.py)
+    @property
+    def speakers(self) -> SpeakerBook:
+        """The tenants' enrolled speakers (store/enrolled.py)."""
+        ...
 
     async def create_source(
         self,
