@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float32]
 
-DEFAULT_THRESHOLD = 0.80
+DEFAULT_THRESHOLD = 0.75
 DEFAULT_MIN_SECONDS = 2.0
 
 

@@ -358,7 +358,7 @@ class SpeakerSettings:
         5_000_000, "Largest enrollment upload, in bytes (413 `upload_too_large`)."
     )
     speaker_match_similarity: float = setting(
-        0.80,
+        0.75,
         "How alike (cosine, 0-1) a voice must be to an enrolled speaker to show its name "
         "(bench/enrollment.py measures false accepts against misses).",
     )
