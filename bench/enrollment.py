@@ -5,8 +5,8 @@ Each corpus speaker with enough speech gives an enrollment (the first `--enrol-s
 of its speech, as `POST /v1/speakers` keeps it: VAD-kept windows, their mean embedding)
 and probes (its other speech, in pieces of `--probe-s` seconds: what a diarized cluster
 holds when it is first matched). The speakers are split in two halves by a seeded
-shuffle: the threshold is chosen on the tune half (the lowest whose false-accept rate is
-fewest misses plus false accepts, the highest of equals), and reported on the held-out half, which the choice never saw.
+shuffle: the threshold is chosen on the tune half (the fewest misses plus false accepts,
+the highest of equals), and reported on the held-out half, which the choice never saw.
 
 - miss: a probe of an enrolled speaker whose best match is not its own name (below the
   threshold, or another name above it);
@@ -146,9 +146,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # threshold (the safer side: a miss leaves an S-label, a false accept a wrong name).
     chosen = min(tables["tune"], key=lambda row: (row[1] + row[2], -row[0]))[0]
     print(f"\n{'threshold':>9} | {'tune miss':>9} {'tune FA':>8} | {'held miss':>9} {'held FA':>8}")
-    for (t, m1, f1, n1, i1), (_, m2, f2, n2, i2) in zip(
-        tables["tune"], tables["heldout"], strict=True
-    ):
+    for (t, m1, f1, _, _), (_, m2, f2, _, _) in zip(tables["tune"], tables["heldout"], strict=True):
         mark = "  <- chosen on tune" if t == chosen else ""
         print(f"{t:>9.3f} | {m1:>9.1%} {f1:>8.1%} | {m2:>9.1%} {f2:>8.1%}{mark}")
     _, _, _, n1, i1 = tables["tune"][0]

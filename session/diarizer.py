@@ -12,7 +12,9 @@ embeddings of its back-to-back windows (engine/speakers.py):
    centroid is most alike, or a new speaker ("S1", "S2", …, at most `max_speakers`) when
    none is alike enough and the part is long enough to tell.
 3. `recluster()` (every `recluster_every_s` of new speech, and at the end) clusters the
-   segments again with no speaker count given (session/clustering.py): spectral
+   segments again with no speaker count given (session/clustering.py). Under
+   `linkage_below_s` of speech: average linkage at an adaptive similarity (`linkage_cut`).
+   Past it: spectral
    clustering of their windows' embeddings (a segment goes where most of its windows
    go), the count from the eigengap; where that finds no valid split (one cluster, or
    one whose segments' silhouette is below `min_silhouette`: too few points for an
