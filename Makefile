@@ -5,9 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install run test lint bench
+.PHONY: install sandbox run test lint bench
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed sandbox
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,19 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev,multilingual]"
 	$(PY) -m pip install --quiet --no-deps "resemblyzer==0.1.4"  # see pyproject.toml
 	touch $@
+
+# bubblewrap confines the upload decoder (docs/operations.md); without it the server decodes
+# only loopback clients' uploads. Installed here when we can (Debian, as root), else we say how.
+sandbox:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing bubblewrap, the upload decoder's sandbox"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null \
+	  || echo "could not install bubblewrap: run apt-get update && apt-get install bubblewrap"; \
+	else \
+	  echo "bubblewrap (the upload decoder's sandbox) is missing: sudo apt-get install bubblewrap" \
+	    "(Fedora: sudo dnf install bubblewrap); until then only loopback clients' uploads are decoded"; \
+	fi
 
 run: install
 	$(PY) -m server

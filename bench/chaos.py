@@ -13,7 +13,8 @@ store of the bench's own. Meanwhile F faults strike at random moments, each one 
   always: it comes back with its data).
 
 Every client keeps its whole audio, resumes with its token and the last `seq` it saw,
-re-sends from `resume_from`, retries refusals with backoff, and finally sends `stop`.
+re-sends from `send_from` (saying so with `resend`: the audio before `resume_from` is the
+next final's left context), retries refusals with backoff, and finally sends `stop`.
 At the end each meeting's log (`GET …/transcript`) is compared with the same audio
 streamed once without faults (the baseline run, first):
 
@@ -89,6 +90,7 @@ class Socket:
     messages: list[dict[str, Any]] = field(default_factory=list)
     close_code: int | None = None
     fate: str = "open"  # open, closed, aborted, half-open
+    reader: asyncio.Task[None] | None = None  # the task reading it while it is current
 
 
 @dataclass
@@ -154,11 +156,15 @@ class Stream:
         self.current = sock
         self._interrupt.clear()
         receiver = asyncio.create_task(self._receive(sock))
+        sock.reader = receiver
         try:
             started = await self._first(sock, receiver)
             if started is None:
                 return
-            offset = round(started["resume_from"] * 16_000) * 2
+            start = started.get("send_from", started["resume_from"])
+            if "send_from" in started:  # re-send the left context's audio too
+                await ws.send(orjson.dumps({"type": "resend", "from": start}).decode())
+            offset = round(start * 16_000) * 2
             sending = asyncio.create_task(self._send(ws, offset))
             interrupted = asyncio.create_task(self._interrupt.wait())
             await asyncio.wait({sending, receiver, interrupted}, return_when="FIRST_COMPLETED")
@@ -218,9 +224,14 @@ class Stream:
 
 
 async def drain_stale(streams: list[Stream]) -> None:
-    """Read what each half-open socket was sent, up to its close."""
+    """Read what each half-open socket was sent, up to its close. Its own reader is
+    stopped first: one that went half-open while its client waited for the last finals
+    is still in `recv` (a second reader raises websockets' ConcurrencyError)."""
 
     async def read(sock: Socket) -> None:
+        if sock.reader is not None:
+            sock.reader.cancel()
+            await asyncio.gather(sock.reader, return_exceptions=True)
         sock.ws.transport.resume_reading()
         with contextlib.suppress(ConnectionClosed, TimeoutError):
             async with asyncio.timeout(10):

@@ -21,7 +21,8 @@ Rules:
   submitted it.
 - Left context is shed under load (`context_below`, `context_budget`): the load gate of
   engine/context_gate.py decides, per batch, whether live finals go behind their left
-  context or alone (`stats.contexts_shed`).
+  context or alone (`stats.contexts_shed`); an `essential` one (the final starts inside
+  a word) is always kept.
 - A batch's results come back as a list the same length as its input; a recognizer
   error (or a length mismatch) fails every future of that batch, and the workers go on.
 - If the scheduler itself fails (a bug, an observer that raises), it is DEAD: every

@@ -11,6 +11,7 @@ use it too, so they run the WebSocket implementation production runs.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import socket
 import sys
@@ -20,6 +21,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from server.access import trusted_proxies
 from server.app import RecognizerFactory, create_app, drain, whisper_recognizer
 from server.logs import configure
 from server.sandbox import SandboxUnavailable
@@ -36,7 +38,8 @@ WS_IMPLEMENTATION = "websockets-sansio"
 
 def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """uvicorn's configuration for `settings`: WebSocket implementation, frame size,
-    keepalive pings (a half-open peer is dropped after ping interval + timeout)."""
+    keepalive pings (a half-open peer is dropped after ping interval + timeout), the
+    proxies trusted to name the client."""
     options: dict[str, Any] = {
         "host": settings.server.host,
         "port": settings.server.port,
@@ -45,6 +48,10 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
         "ws_per_message_deflate": False,
         "ws_ping_interval": settings.streams.ws_ping_interval_s,
         "ws_ping_timeout": settings.streams.ws_ping_timeout_s,
+        # The client address protected mode and uploads judge: X-Forwarded-For counts only
+        # from these peers (uvicorn's proxy-headers middleware; server/access.py).
+        "proxy_headers": True,
+        "forwarded_allow_ips": trusted_proxies(settings.auth.trusted_proxies),
         "lifespan": "on",
         "log_config": None,
         "timeout_graceful_shutdown": int(settings.server.drain_timeout_s) + 5,
@@ -66,9 +73,14 @@ class ParleyServer(uvicorn.Server):
             self._captured_signals.remove(sig)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        state: AppState | None = getattr(self.app.state, "parley", None)
+        if state is not None and state.settings.server.drain_grace_s > 0:
+            # /readyz says 503 draining while the balancer's health check notices; new
+            # streams get 1013, the open ones go on.
+            state.registry.start_draining()
+            await asyncio.sleep(state.settings.server.drain_grace_s)
         for server in self.servers:  # stop accepting before the drain
             server.close()
-        state: AppState | None = getattr(self.app.state, "parley", None)
         if state is not None:
             await drain(state)
         await super().shutdown(sockets)

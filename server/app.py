@@ -25,6 +25,7 @@ from engine.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from engine.worker_processes import ProcessRecognizer, in_processes
 from server import rest, speakers_api, stream, uploads
+from server.access import start_line
 from server.auth import build_authenticator
 from server.compat import routes as compat_routes
 from server.jobs import JobRegistry
@@ -35,6 +36,7 @@ from server.registry import SessionRegistry
 from server.sandbox import SandboxMode, open_sandbox
 from server.settings import SettingError, Settings
 from server.state import AppState, ModelState
+from server.takeovers import watch_takeovers
 from server.tokens import open_tokens
 from session.actor import CLOSE_TIMEOUT
 from session.diarizer import DiarizerConfig
@@ -76,7 +78,13 @@ def whisper_recognizer(settings: Settings) -> Recognizer:
     config = model_config(settings)
     if in_processes(settings.model.model_processes, config):  # type: ignore[arg-type]  # checked
         workers, threads = worker_plan(config)
-        return ProcessRecognizer(config, workers, threads, settings.server.malloc_trim_interval_s)
+        return ProcessRecognizer(
+            config,
+            workers,
+            threads,
+            settings.server.malloc_trim_interval_s,
+            hang_after=settings.model.worker_hang_s,
+        )
     return load_whisper(config)
 
 
@@ -207,6 +215,7 @@ def create_app(
         allowed_origins=settings.auth.allowed_origins,
         fast_replay_tenants=settings.auth.fast_replay_tenants,
         token_ttl_s=settings.auth.token_ttl_s,
+        protected_mode=settings.auth.protected_mode,
     )
     upload_dir = settings.uploads.upload_dir
     if upload_dir is not None:  # made here, not at the first upload, so a bad one stops the start
@@ -221,30 +230,34 @@ def create_app(
         SandboxMode(settings.uploads.upload_sandbox),
         hidden=[Path(settings.auth.api_keys_file)] if settings.auth.api_keys_file else [],
     )
-    if not auth.enabled:  # warned once nothing above refused to start
-        logger.warning("no API keys configured: authentication is OFF (development mode)")
+    # Said once nothing above refused to start: keys, protected, or anonymous on purpose.
+    logger.log(*start_line(auth.access, settings.server.host, settings.server.port))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
-        registry = SessionRegistry(settings.streams.max_sessions)
+        registry = SessionRegistry(settings.streams.max_sessions, settings.streams.resume_headroom)
+        store = open_store(
+            settings.store.redis_url,
+            prefix=settings.store.store_prefix,
+            ttl=TTLSettings(
+                base_s=settings.store.meeting_ttl_s, decay_s=settings.store.meeting_ttl_s
+            ),
+            node_lease_s=settings.store.node_lease_s,
+        )
         state = AppState(
             settings=settings,
-            store=open_store(
-                settings.store.redis_url,
-                prefix=settings.store.store_prefix,
-                ttl=TTLSettings(
-                    base_s=settings.store.meeting_ttl_s, decay_s=settings.store.meeting_ttl_s
-                ),
-            ),
+            store=store,
             registry=registry,
             metrics=Metrics(),
-            jobs=JobRegistry(settings.uploads, live_streams=lambda: len(registry), sandbox=sandbox),
+            jobs=JobRegistry(
+                settings.uploads, store.jobs, live_streams=lambda: len(registry), sandbox=sandbox
+            ),
             auth=auth,
             capacity=CapacityMonitor(
                 settings.streams.admit_max_queue_wait_ms / 1000, settings.scheduler.max_batch_size
             ),
-            stream_slots=Slots(settings.streams.max_streams_per_key),
             listener_slots=ListenerQuota(
+                store.quotas,
                 settings.streams.max_listeners_per_meeting,
                 settings.streams.max_listeners_per_tenant,
                 settings.streams.max_listeners,
@@ -257,6 +270,7 @@ def create_app(
             lambda: state.registry.meetings,
             lambda: state.store.failures,
             lambda: state.services.vad if state.services else None,
+            state.worker_health,
         )
         app.state.parley = state  # for the CLI's graceful shutdown hook
         state.loader = asyncio.create_task(_load_model(state, recognizer_factory))
@@ -265,10 +279,11 @@ def create_app(
             if settings.server.malloc_trim_interval_s > 0
             else None
         )
+        takeovers = asyncio.create_task(watch_takeovers(store, registry), name="takeovers")
         try:
             yield {"parley": state}
         finally:
-            background = [task for task in (state.loader, trimmer) if task is not None]
+            background = [t for t in (state.loader, trimmer, takeovers) if t is not None]
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)

@@ -1,7 +1,8 @@
 """Who is calling, and which meetings they may touch.
 
 Authentication is off while no API key is configured (a developer's localhost): every
-caller is `ANONYMOUS` and every meeting is open. It is on as soon as one key is
+caller is `ANONYMOUS` and every meeting is open to it, and protected mode (server/access.py)
+keeps every caller but loopback ones out. It is on as soon as one key is
 configured (`PARLEY_API_KEYS`, `PARLEY_API_KEYS_FILE`):
 
 - bots send `Authorization: Bearer <api key>`;
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from server.access import Access, admit
 from server.tokens import TokenGrant, TokenStore
 from store.api import Store
 from store.errors import StoreError
@@ -195,9 +197,11 @@ class Authenticator:
         origins: OriginPolicy,
         fast_replay_tenants: str = "",
         token_ttl_s: float = 60.0,
+        protected_mode: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._keys = list(keys.items())
+        self.access = Access.of(keys=bool(self._keys), protected_mode=protected_mode)
         self._tokens = tokens
         self.origins = origins
         fast = {t.strip() for t in fast_replay_tenants.split(",") if t.strip()}
@@ -209,6 +213,11 @@ class Authenticator:
     @property
     def enabled(self) -> bool:
         return bool(self._keys)
+
+    def admit(self, client_host: str | None) -> None:
+        """Before any credential: raise ProtocolError 4403 `protected_mode` if this server
+        serves no meeting to this client (server/access.py)."""
+        admit(self.access, client_host)
 
     def key_tenant(self, key: str) -> str | None:
         """The tenant of an API key, None if no key matches. Compares every digest."""
@@ -407,6 +416,7 @@ def build_authenticator(
     allowed_origins: str | None,
     fast_replay_tenants: str,
     token_ttl_s: float,
+    protected_mode: bool = True,
 ) -> Authenticator:
     keys = parse_api_keys(api_keys, api_keys_file)
     return Authenticator(
@@ -415,4 +425,5 @@ def build_authenticator(
         origins=OriginPolicy.from_setting(allowed_origins, auth_enabled=bool(keys)),
         fast_replay_tenants=fast_replay_tenants,
         token_ttl_s=token_ttl_s,
+        protected_mode=protected_mode,
     )

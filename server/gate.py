@@ -15,6 +15,7 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from server.access import client_host
 from server.auth import (
     SUBPROTOCOL,
     TOKEN_SUBPROTOCOL,
@@ -80,13 +81,14 @@ async def authenticate(
     timeout_s: float,
     waiting: Slots,
 ) -> Principal:
-    """Check the Origin, then find and resolve the socket's credentials: the
-    Authorization header (API key or meeting token), the token subprotocol or the
-    `access_token` query parameter (meeting tokens only), or else an `auth` message,
-    which must come first and within `timeout_s` (while `waiting` has room: the sockets
-    waiting so are bounded). Raises ProtocolError (4401, 4403, 1013) or
+    """Check protected mode (server/access.py) and the Origin, then find and resolve the
+    socket's credentials: the Authorization header (API key or meeting token), the token
+    subprotocol or the `access_token` query parameter (meeting tokens only), or else an
+    `auth` message, which must come first and within `timeout_s` (while `waiting` has
+    room: the sockets waiting so are bounded). Raises ProtocolError (4401, 4403, 1013) or
     WebSocketDisconnect."""
     websocket = handshake.websocket
+    auth.admit(client_host(websocket))
     if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
         raise forbidden("this page's Origin may not open Parley sockets (PARLEY_ALLOWED_ORIGINS)")
     principal = await auth.presented(

@@ -8,6 +8,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from server.access import client_host
 from server.auth import Principal, Scope, bearer, meeting_access, unauthorized
 from server.limits import overloaded, quota_exceeded
 from server.metrics import CONTENT_TYPE
@@ -47,6 +48,7 @@ async def mint_token(request: Request) -> Response:
     state = app_state(request)
     auth = state.auth
     try:
+        auth.admit(client_host(request))
         principal = auth.key_principal(bearer(request.headers.get("authorization")))
         meeting_id = validate_id("meeting_id", request.path_params["meeting_id"])
         scope, participant, ttl_s = _token_request(await _small_body(request))
@@ -139,7 +141,9 @@ async def transcript(request: Request) -> Response:
 async def _reader(request: Request, meeting_id: str) -> Principal:
     """Who reads a transcript: an API key or a meeting token as the bearer, or a meeting
     token in `access_token` (the browser's download link)."""
-    principal = await app_state(request).auth.presented(
+    auth = app_state(request).auth
+    auth.admit(client_host(request))
+    principal = await auth.presented(
         request.headers.get("authorization"),
         request.query_params.get("access_token"),
         meeting_id,
@@ -156,10 +160,16 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready when the model is loaded and warmed, the scheduler runs, the store answers.
+    """Ready when the model is loaded and warmed, the scheduler runs, the store answers,
+    and the node takes new streams: 503 with the reason while it drains or is at
+    capacity (`max_sessions`), so a balancer sends new streams to another node.
 
     A dead engine (the scheduler's loop died) is not ready, with its reason: nothing will
-    be transcribed again until the process restarts."""
+    be transcribed again until the process restarts. Nor is one whose model worker
+    processes are all down (died or hung, being restarted): ready again once one is up.
+    The model's measured capacity (`checks.capacity`) is reported but leaves the node
+    ready (`degraded`): it refuses new streams while it lasts, but still serves resumes,
+    listeners, reads and uploads."""
     state = app_state(request)
     checks: dict[str, str] = {"model": state.model_state.value}
     reasons: list[str] = []
@@ -172,11 +182,23 @@ async def readyz(request: Request) -> Response:
     death = None if scheduler is None else scheduler.death
     if death is not None:
         reasons.append(str(death))
+    workers = state.worker_health()
+    if workers is not None:
+        checks["model_workers"] = f"{workers.alive}/{workers.processes}"
+        if workers.alive == 0:
+            reasons.append(
+                "no model worker process is up (each is being restarted); finals wait for one"
+            )
     health = await state.store.health()
     checks["store"] = "ok" if health.ok else "degraded"
     if not health.ok:
         reasons.append(f"store {health.backend}: {health.reason}")
-    checks["draining"] = str(state.registry.state.value == "draining").lower()
+    draining = state.registry.state.value == "draining"
+    checks["draining"] = str(draining).lower()
+    full = state.registry.full()
+    checks["sessions"] = "draining" if draining else ("full" if full else "ok")
+    if full is not None:
+        reasons.append(f"draining: {full}" if draining else f"at capacity: {full}")
     checks["upload_sandbox"] = state.jobs.sandbox.describe()
     refusal = state.capacity.refusal(scheduler)
     checks["capacity"] = "ok" if refusal is None else "full"
@@ -184,8 +206,9 @@ async def readyz(request: Request) -> Response:
         reasons.append(f"new streams refused: {refusal}")
     ready = (
         state.model_state is ModelState.READY
-        and state.registry.state.value == "open"
+        and full is None
         and death is None
+        and (workers is None or workers.alive > 0)
     )
     body = {
         "ready": ready,
@@ -194,6 +217,8 @@ async def readyz(request: Request) -> Response:
         "reasons": reasons,
         "model": state.recognizer_name or state.settings.model.model,
         "sessions": len(state.registry),
+        "access": state.auth.access.value,  # keys, protected or anonymous (server/access.py)
+        "node": state.store.node_id,
     }
     return JSONResponse(body, status_code=200 if ready else 503)
 

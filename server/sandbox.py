@@ -19,9 +19,11 @@ code as the decoder. `Sandbox.command()` wraps the decoder's command line in bub
   dies with the server.
 
 `open_sandbox()` checks at start that bubblewrap works here. `auto` (the default) uses it
-when it does and otherwise runs the decoder unconfined (rlimits, nice, a clean
-environment only) with a warning; `bwrap` refuses to start without it; `none` turns it
-off.
+when it does; otherwise the decoder runs unconfined (rlimits, nice, a clean environment
+only) for loopback clients, and uploads from anyone else are refused with 503
+`sandbox_unavailable` (server/uploads.py), with a warning at start. `bwrap` refuses to
+start without it; `off` (or `none`, its older name) turns it off for every client, on
+purpose.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ EXIT_SIGNAL_BASE = 128  # bwrap exits 128 + N when the sandboxed process died of
 class SandboxMode(enum.StrEnum):
     AUTO = "auto"  # bubblewrap when it works here, else unconfined with a warning
     BWRAP = "bwrap"  # bubblewrap or refuse to start
-    NONE = "none"  # unconfined: rlimits, nice and a clean environment only
+    OFF = "off"  # unconfined for every client, on purpose: rlimits, nice, a clean environment
+    NONE = "none"  # the same as OFF (its first name)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -109,12 +112,15 @@ class Sandbox:
     bwrap: str | None = None
     hidden: tuple[Path, ...] = ()  # files never visible inside, wherever they lie
     seccomp: bytes | None = None
+    missing: str | None = None  # unconfined because `auto` found no working bubblewrap: why
 
     @property
     def confined(self) -> bool:
         return self.bwrap is not None
 
     def describe(self) -> str:
+        if self.missing is not None:
+            return "missing"
         if self.bwrap is None:
             return "off"
         return "bubblewrap" + ("+seccomp" if self.seccomp is not None else "")
@@ -214,8 +220,9 @@ def _python_roots() -> list[Path]:
 
 def open_sandbox(mode: SandboxMode, *, hidden: Sequence[Path] = ()) -> Sandbox:
     """The sandbox `mode` asks for, checked to work here. Raises SandboxUnavailable when
-    `mode` is `bwrap` and bubblewrap cannot run."""
-    if mode is SandboxMode.NONE:
+    `mode` is `bwrap` and bubblewrap cannot run; under `auto` without it, an unconfined
+    sandbox that says what is `missing`."""
+    if mode in (SandboxMode.OFF, SandboxMode.NONE):
         return UNCONFINED
     sandbox = Sandbox(
         bwrap=shutil.which("bwrap"),
@@ -230,9 +237,21 @@ def open_sandbox(mode: SandboxMode, *, hidden: Sequence[Path] = ()) -> Sandbox:
     if mode is SandboxMode.BWRAP:
         raise SandboxUnavailable(f"PARLEY_UPLOAD_SANDBOX=bwrap, but {problem}")
     logger.warning(
-        "upload decoder runs WITHOUT a sandbox (network and files reachable): %s", problem
+        "upload decoder has no sandbox (%s): uploads from loopback clients are decoded "
+        "unconfined, others refused with 503 sandbox_unavailable (install bubblewrap, or set "
+        "PARLEY_UPLOAD_SANDBOX=off to decode them all unconfined)",
+        problem,
     )
-    return UNCONFINED
+    return Sandbox(missing=problem)
+
+
+def unsandboxed(missing: str) -> str:
+    """Why a remote client's upload is refused where the sandbox is missing."""
+    return (
+        f"this server decodes uploads without a sandbox ({missing}), so only from loopback "
+        "clients. Install bubblewrap, or set PARLEY_UPLOAD_SANDBOX=off to decode every "
+        "client's uploads unconfined"
+    )
 
 
 @functools.cache  # the answer holds for the process's life

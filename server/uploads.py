@@ -9,6 +9,9 @@
   when done; `?format=txt|srt|vtt` renders the finished transcript.
 - `DELETE /v1/transcriptions/{id}` cancels the job and forgets it.
 
+Any node answers the GET and the DELETE: the node that runs a job keeps it, the others
+read its record in the store (server/job_records.py) and ask its node to cancel it.
+
 Everything wrong with the file itself is answered on the POST: a 202 means the file is
 good audio and will be transcribed.
 """
@@ -19,19 +22,24 @@ import asyncio
 import datetime
 import logging
 import math
+import re
 import time
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from server.access import client_host, is_loopback
 from server.auth import ANONYMOUS, Principal, bearer, create_owned_source
 from server.decode_worker import Refusal
+from server.job_records import StoredJob
 from server.jobs import Job, JobOptions, JobsFull, JobStatus
+from server.sandbox import unsandboxed
 from server.settings import Settings
 from server.state import app_state
 from server.upload_form import FORM_OVERHEAD, receive_form, too_large
 from session.services import SessionServices
 from store.errors import StoreError
+from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 from wire.query import is_language, parse_flag, validate_id
 from wire.transcript import TranscriptFormat
@@ -44,6 +52,7 @@ OPTION_FIELDS = frozenset(
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
 EARLIEST_STARTED_AT = 946_684_800.0  # 2000-01-01T00:00:00Z
+JOB_ID = re.compile(r"[0-9a-f]{16}")  # secrets.token_hex(8): others are not looked up
 
 
 def _problem(
@@ -172,7 +181,11 @@ async def create_transcription(request: Request) -> Response:
     try:
         tenant = _tenant_of(request)
     except ProtocolError as exc:
-        return await _refuse(request, 401, exc.code.value, exc.message)
+        return await _refuse(request, _auth_status(exc), exc.code.value, exc.message)
+    missing = state.jobs.sandbox.missing
+    if missing is not None and not is_loopback(client_host(request)):
+        code = ErrorCode.SANDBOX_UNAVAILABLE.value
+        return await _refuse(request, 503, code, unsandboxed(missing))
     query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
     unknown = set(request.query_params) - OPTION_FIELDS
     if unknown:
@@ -235,7 +248,7 @@ async def create_transcription(request: Request) -> Response:
                 principal,
                 origin=job.created_at if options.started_at is None else options.started_at,
             )
-        state.jobs.start(job, audio, services, file_vad, source)
+        await state.jobs.start(job, audio, services, file_vad, source)
     except Refusal as exc:
         await state.jobs.discard(job)
         logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)
@@ -278,8 +291,10 @@ async def _answer_when_done(job: Job, timeout: float) -> Response:
 
 def _tenant_of(request: Request) -> str | None:
     """With authentication on, uploads take an API key (`Authorization: Bearer`); its
-    tenant owns the job. None while authentication is off. Raises ProtocolError (401)."""
+    tenant owns the job. None while authentication is off. Raises ProtocolError (401; 403
+    `protected_mode` for a client that protected mode keeps out)."""
     auth = app_state(request).auth
+    auth.admit(client_host(request))
     return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
 
 
@@ -288,14 +303,28 @@ def _tenant(request: Request) -> str | Response | None:
     try:
         return _tenant_of(request)
     except ProtocolError as exc:
-        return _problem(401, exc.code.value, exc.message)
+        return _problem(_auth_status(exc), exc.code.value, exc.message)
 
 
-def _job(request: Request) -> Job | Response:
+def _auth_status(error: ProtocolError) -> int:
+    return 403 if error.close_code == CloseCode.FORBIDDEN else 401
+
+
+async def _job(request: Request) -> Job | StoredJob | Response:
+    """The job: this node's own, else as its node last wrote it in the store."""
     tenant = _tenant(request)
     if isinstance(tenant, Response):
         return tenant
-    job = app_state(request).jobs.get(request.path_params["job_id"])
+    state = app_state(request)
+    job_id = request.path_params["job_id"]
+    job: Job | StoredJob | None = state.jobs.get(job_id)
+    if job is None and JOB_ID.fullmatch(job_id):
+        try:
+            entry = await state.store.jobs.get(job_id)
+        except StoreError as exc:
+            return _problem(503, "overloaded", f"job store: {exc}", {"Retry-After": RETRY_AFTER_S})
+        if entry is not None:
+            job = StoredJob.from_entry(job_id, entry, state.settings.store.node_lease_s)
     if job is None or job.tenant != tenant:  # another tenant's job does not exist for you
         return _problem(404, "not_found", "no such transcription job (it may have expired)")
     return job
@@ -303,7 +332,7 @@ def _job(request: Request) -> Job | Response:
 
 async def get_transcription(request: Request) -> Response:
     """GET /v1/transcriptions/{id}[?format=json|txt|srt|vtt] — status, progress, result."""
-    job = _job(request)
+    job = await _job(request)
     if isinstance(job, Response):
         return job
     try:
@@ -322,9 +351,18 @@ async def get_transcription(request: Request) -> Response:
 
 
 async def delete_transcription(request: Request) -> Response:
-    """DELETE /v1/transcriptions/{id} — cancel the job if it runs, drop it and its files."""
-    job = _job(request)
+    """DELETE /v1/transcriptions/{id} — cancel the job if it runs, drop it and its files
+    (another node's job: it is gone for readers now; its node cancels it within
+    `job_sync_s`)."""
+    job = await _job(request)
     if isinstance(job, Response):
         return job
-    await app_state(request).jobs.cancel(job)
+    state = app_state(request)
+    if isinstance(job, Job):
+        await state.jobs.cancel(job)
+        return Response(status_code=204)
+    try:
+        await state.store.jobs.request_cancel(job.id)
+    except StoreError as exc:
+        return _problem(503, "overloaded", f"job store: {exc}", {"Retry-After": RETRY_AFTER_S})
     return Response(status_code=204)

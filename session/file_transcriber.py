@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.api import SAMPLE_RATE, Priority
+from engine.api import SAMPLE_RATE
 from session.audio import FrameDecoder
 from session.committer import Committer, CommitterConfig
 from session.enrolled import EnrolledVoices
@@ -118,17 +118,12 @@ class FileTranscriber:
             dataclasses.replace(services.segmenter, partial_interval=0.0, speculate_after=0.0),
         )
         self._committer = Committer(
-            CommitterConfig(
+            CommitterConfig.for_source(
+                services,
                 session_id=options.source_id,
                 participant=options.participant,
-                priority=Priority.FILE,
-                timing=False,
-                requested_language=options.language,
-                model_languages=services.languages,
-                prompts=services.prompts,
-                left_context=services.left_context,
-                context_languages=services.context_languages,
-                clock=services.clock,
+                language=options.language,
+                live=False,
             ),
             services.scheduler,
             services.store,
@@ -147,7 +142,7 @@ class FileTranscriber:
             tail = self.progress.total_samples % WINDOW  # the last partial window: pad it
             if tail:
                 await self._segment(bytes((WINDOW - tail) * BYTES_PER_SAMPLE))
-            await self._handle(self._pipeline.cut())
+            await self._handle(self._pipeline.flush())
             while self._pending:
                 await self._commit(self._pending.popleft())
             await self._committer.finish()  # the file is done: its best speaker labels

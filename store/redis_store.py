@@ -19,7 +19,12 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from store.api import DEFAULT_BUFFER_LIMIT, DEFAULT_PREFIX, SUBSCRIBER_QUEUE
+from store.api import (
+    DEFAULT_BUFFER_LIMIT,
+    DEFAULT_NODE_LEASE_S,
+    DEFAULT_PREFIX,
+    SUBSCRIBER_QUEUE,
+)
 from store.errors import (
     ResumeTokenMismatch,
     SourceSuperseded,
@@ -27,6 +32,7 @@ from store.errors import (
     UnknownResumeToken,
 )
 from store.keyed_locks import KeyedLocks
+from store.memory_cluster import new_node_id
 from store.records import (
     FinalRecord,
     NewFinal,
@@ -38,7 +44,9 @@ from store.records import (
 )
 from store.redis_buffer import PendingFinal, PendingSource, WriteBuffer
 from store.redis_enrolled import RedisSpeakerBook
-from store.redis_events import PING_S, RedisEvents, without_read_timeout
+from store.redis_events import PING_S, RedisEvents, RedisTakeovers, without_read_timeout
+from store.redis_jobs import RedisJobs
+from store.redis_leases import RedisLeases
 from store.redis_link import UNREACHABLE, Link
 from store.redis_scripts import (
     LUA_APPEND,
@@ -79,6 +87,8 @@ class RedisStore:
         retry_delays: tuple[float, float] = (0.05, 1.0),
         owns_client: bool = False,
         pubsub_ping_s: float = PING_S,
+        node_lease_s: float = DEFAULT_NODE_LEASE_S,
+        node_id: str | None = None,
     ) -> None:
         self._redis = redis
         self._keys = Keys(prefix)
@@ -113,6 +123,10 @@ class RedisStore:
             read_wait_s=read_wait_s,
             ping_s=pubsub_ping_s,
         )
+        self.node_id = node_id or new_node_id()
+        self.quotas = RedisLeases(redis, prefix, self.node_id, self._link, node_lease_s)
+        self.jobs = RedisJobs(redis, prefix, self.quotas, self._link)
+        self.takeovers = RedisTakeovers(self._events, prefix, self.node_id)
         self._closed = False
 
     @classmethod
@@ -427,6 +441,7 @@ class RedisStore:
             )
         self._closed = True
         await self._buffer.stop()
+        await self.quotas.close()
         await self._events.close()
         if self._owns_client:
             await self._redis.aclose()

@@ -27,7 +27,8 @@ class CloseCode(enum.IntEnum):
     TRY_AGAIN_LATER = 1013  # at capacity; retry with backoff
     BAD_REQUEST = 4400  # bad query parameters (encoding, sample rate, ids)
     UNAUTHORIZED = 4401  # no, a bad, a used or an expired credential; or none in time
-    FORBIDDEN = 4403  # another tenant's meeting, an Origin not allowed, a token for elsewhere
+    FORBIDDEN = 4403  # another tenant's meeting, an Origin not allowed, a token for elsewhere,
+    # protected mode (no API key configured: loopback clients only)
     NOT_FOUND = 4404  # unknown meeting or resume token
     TIMEOUT = 4408  # idle too long without audio or keepalive
     CONFLICT = 4409  # resume of a source that is still connected
@@ -54,6 +55,8 @@ class ErrorCode(enum.StrEnum):
     CONFLICT = "conflict"
     MAX_DURATION = "max_duration"
     QUOTA_EXCEEDED = "quota_exceeded"
+    PROTECTED_MODE = "protected_mode"  # no API key configured, and the client is not loopback
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"  # no upload sandbox here, a remote client
 
 
 class Encoding(enum.StrEnum):

@@ -22,6 +22,7 @@ import orjson
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from server.access import client_host
 from server.auth import ANONYMOUS, Authenticator, Principal, Scope, forbidden, unauthorized
 from server.gate import Handshake, close_reason
 from server.logs import note_denial
@@ -174,8 +175,10 @@ async def compat_principal(
     """The principal of a compat socket: its Origin checked, then `Authorization: <scheme>
     <credential>` with one of the vendor's `schemes` (an API key or a meeting token), else
     a meeting token from a subprotocol or the `access_token` query parameter (never an API
-    key: those stay out of URLs and subprotocols). Raises ProtocolError 4401/4403."""
+    key: those stay out of URLs and subprotocols). Raises ProtocolError 4401/4403 (4403
+    `protected_mode` first, for a client that protected mode keeps out)."""
     websocket = handshake.websocket
+    auth.admit(client_host(websocket))
     if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
         raise forbidden("this page's Origin may not open Parley sockets (PARLEY_ALLOWED_ORIGINS)")
     if not auth.enabled:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from server.settings.base import SettingError, at_least, one_of, setting, within
+from server.settings.base import SettingError, at_least, one_of, positive, setting, within
 from wire.query import is_language
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -75,8 +75,8 @@ class ModelSettings:
     )
     model_workers: int = setting(
         0,
-        "Model workers, each running one batch at a time (threads sharing the model); 0 = "
-        "one per CPU core on the CPU, one on CUDA.",
+        "Model workers, each running one batch at a time; 0 = one per CPU this process may "
+        "use on the CPU (its affinity, capped by its cgroup CPU quota), one on CUDA.",
     )
     torch_threads: int = setting(
         0, "Threads for each model worker's CPU kernels; 0 = the cores shared out among them."
@@ -88,6 +88,12 @@ class ModelSettings:
         "copy of the model each); `off`, as threads of the server's process sharing one "
         "model; `auto`, processes on the CPU, threads on CUDA. On the 2-core CPU two "
         "processes ran ~1.3x the audio of two threads (docs/performance.md).",
+    )
+    worker_hang_s: float = setting(
+        10.0,
+        "A model worker process that runs a batch without a heartbeat (it beats at every "
+        "encoder row and decoder step) for this long is hung: it is killed and replaced, "
+        "and its batch runs again on another worker. Worker processes only.",
     )
 
     def __post_init__(self) -> None:
@@ -101,6 +107,7 @@ class ModelSettings:
         one_of(self, "model_processes", ("auto", "on", "off"))
         at_least(self, "model_workers", 0, " (0: automatic)")
         at_least(self, "torch_threads", 0, " (0: automatic)")
+        positive(self, "worker_hang_s")
         cpu_float32 = self.device != "cuda" and self.dtype in ("auto", "float32")
         for name in ("quantize", "partial_quantize"):
             value = getattr(self, name)

@@ -3,6 +3,7 @@ uploads and the store. Each group checks its own fields."""
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,6 +23,12 @@ class ServerSettings:
     host: str = setting("127.0.0.1", "Address to listen on (`0.0.0.0` for all interfaces).")
     port: int = setting(8000, "TCP port to listen on (the Procfile passes `$PORT`).")
     static_dir: str = setting("static", "Folder of the browser client, served at `/`.")
+    drain_grace_s: float = setting(
+        0.0,
+        "On SIGTERM, seconds the node keeps answering (`/readyz` 503 `draining`, new "
+        "streams 1013) before it stops listening and drains: time for a balancer's health "
+        "check to take it out of rotation.",
+    )
     drain_timeout_s: float = setting(
         10.0, "On shutdown, how long sessions get to flush their finals."
     )
@@ -39,6 +46,7 @@ class ServerSettings:
             raise SettingError("host", self.host, "must be an address or host name")
         within(self, "port", 0, 65535)
         at_least(self, "drain_timeout_s", 0)
+        at_least(self, "drain_grace_s", 0)
         at_least(self, "malloc_trim_interval_s", 0, " (0: never)")
         if self.log_level.lower() not in LOG_LEVELS:
             raise SettingError(
@@ -53,7 +61,17 @@ class StreamSettings:
 
     default_language: str = setting("en", "Language of a stream that does not say.")
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
-    max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")
+    max_sessions: int = setting(
+        64,
+        "Concurrent audio streams admitted; more get close 1013, and `/readyz` says 503 "
+        "(`at capacity`) while the node is full.",
+    )
+    resume_headroom: float = setting(
+        0.1,
+        "Resumed streams are admitted past `MAX_SESSIONS` by this share of it (at least 1), "
+        "so the streams of a node that died land on the survivors; past that they get 1013 "
+        "and retry through the balancer.",
+    )
     admit_max_queue_wait_ms: float = setting(
         3000.0,
         "New streams get close 1013 while finals waited longer than this for the model "
@@ -61,13 +79,16 @@ class StreamSettings:
         "0: off.",
     )
     max_streams_per_key: int = setting(
-        16, "Concurrent audio streams per tenant (authenticated only); more get close 4429."
+        16,
+        "Concurrent audio streams per tenant (authenticated only), across every node "
+        "sharing the Redis store; more get close 4429.",
     )
     max_listeners_per_meeting: int = setting(
-        64, "Listener sockets per meeting on this node; more get close 4429."
+        64, "Listener sockets per meeting, across every node; more get close 4429."
     )
     max_listeners_per_tenant: int = setting(
-        256, "Listener sockets per tenant on this node (authenticated only); more get close 4429."
+        256,
+        "Listener sockets per tenant (authenticated only), across every node; more get close 4429.",
     )
     max_listeners: int = setting(2048, "Listener sockets on this node in all; more get close 1013.")
     idle_timeout_s: float = setting(
@@ -115,6 +136,7 @@ class StreamSettings:
         ):
             at_least(self, name, 1)
         at_least(self, "admit_max_queue_wait_ms", 0, " (0: off)")
+        at_least(self, "resume_headroom", 0)
         at_least(self, "realtime_burst_s", 0)
         positive(
             self,
@@ -150,6 +172,19 @@ class AuthSettings:
         "on loopback hosts (`localhost`, `127.0.0.1`), and the own origin only by IP or "
         "`localhost`.",
     )
+    protected_mode: bool = setting(
+        True,
+        "While no API key is configured, serve meetings (streams, listeners, transcripts, "
+        "uploads, tokens, the compat sockets) to loopback clients only; others get 403 / "
+        "close 4403 `protected_mode`. `off`: serve anyone anonymously, on purpose. "
+        "`/healthz`, `/readyz` and `/metrics` are open either way.",
+    )
+    trusted_proxies: str = setting(
+        "127.0.0.1,::1",
+        "Proxies (IP addresses or CIDRs, comma separated) whose `X-Forwarded-For` names the "
+        "client: the address protected mode and uploads judge. List only the proxies "
+        "themselves; from anyone else the header is ignored. Empty: trust none.",
+    )
     token_ttl_s: float = setting(
         60.0, "Lifetime of a meeting token (single use) minted by POST /v1/meetings/{id}/tokens."
     )
@@ -168,6 +203,13 @@ class AuthSettings:
 
     def __post_init__(self) -> None:
         positive(self, "token_ttl_s", "auth_timeout_s")
+        for item in filter(None, (part.strip() for part in self.trusted_proxies.split(","))):
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:  # uvicorn would take a typo, or `*`, silently
+                raise SettingError(
+                    "trusted_proxies", self.trusted_proxies, f"{item!r} is not an IP or CIDR"
+                ) from None
         at_least(self, "max_tokens_per_tenant", 1)
         at_least(self, "max_waiting_auth", 1)
 
@@ -207,7 +249,9 @@ class UploadSettings:
         "auto",
         "Sandbox of the upload decoder: `bwrap` (bubblewrap: no network, none of the host's "
         "files; the server refuses to start without it), `auto` (bubblewrap when it works "
-        "here, else unconfined with a warning) or `none`.",
+        "here; else unconfined for loopback clients only, and remote uploads are refused "
+        "with 503 `sandbox_unavailable`), or `off` (unconfined for every client, on "
+        "purpose; `none` is the same).",
     )
     upload_max_jobs: int = setting(
         16,
@@ -234,6 +278,11 @@ class UploadSettings:
     upload_wait_s: float = setting(
         300.0, "How long `POST …?wait=true` holds the response before answering 202 instead."
     )
+    job_sync_s: float = setting(
+        1.0,
+        "How often a node writes its unfinished upload jobs' progress to the store (other "
+        "nodes read it) and picks up cancels asked through other nodes.",
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -253,10 +302,11 @@ class UploadSettings:
             "upload_decode_timeout_s",
             "upload_decode_cpu_s",
             "upload_job_ttl_s",
+            "job_sync_s",
         )
         # the decoder itself needs ~150 MiB to start
         at_least(self, "upload_decode_memory_mb", 256)
-        one_of(self, "upload_sandbox", ("auto", "bwrap", "none"))
+        one_of(self, "upload_sandbox", ("auto", "bwrap", "off", "none"))
         within(self, "upload_live_share", 0.05, 1)
         at_least(self, "upload_wait_s", 0)
 
@@ -274,6 +324,12 @@ class StoreSettings:
         "How long a meeting's transcript is kept after a write, before it grows with reads "
         "(up to 2x) and decays with idleness (docs/store.md).",
     )
+    node_lease_s: float = setting(
+        10.0,
+        "With Redis: how long a node's quota slots and its unfinished upload jobs outlive "
+        "it. A live node renews its lease every third of this; when it dies, its slots "
+        "free and its jobs read as failed (`node_lost`) this long after.",
+    )
 
     def __post_init__(self) -> None:
         url = self.redis_url
@@ -285,4 +341,4 @@ class StoreSettings:
             raise SettingError(
                 "store_prefix", prefix, f"must be 1-{MAX_PREFIX} characters without spaces"
             )
-        positive(self, "meeting_ttl_s")
+        positive(self, "meeting_ttl_s", "node_lease_s")

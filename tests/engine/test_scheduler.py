@@ -571,6 +571,28 @@ async def test_a_busy_model_sheds_live_contexts_but_not_a_files() -> None:
     assert scheduler.stats.contexts_shed == 1
 
 
+async def test_an_essential_left_context_is_never_shed() -> None:
+    """A final that goes on from a client's cut in mid-speech keeps its left context on a
+    busy model, where a final cut at a pause sheds its own."""
+    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0, context_below=0.001)
+    async with started(scheduler):
+        busy = await occupy(scheduler, fake)
+        await asyncio.sleep(0.05)  # the model is busy: utilization well above 0.1 %
+        cold = await scheduler.submit(with_left("cold", 100))
+        left = LeftContext(np.zeros(16000, dtype=np.float32), "before", essential=True)
+        cut = RecognitionRequest(
+            "cut", Priority.FINAL, Utterance(np.zeros(300, np.float32), left=left)
+        )
+        going_on = await scheduler.submit(cut)
+        assert not scheduler.has_context_slack()
+        fake.release(2)
+        await asyncio.wait_for(asyncio.gather(busy, cold, going_on), TIMEOUT)
+    assert fake.batches == [[1], [100, 300]]
+    assert [len(u.audio) for u in fake.lefts] == [300]
+    assert scheduler.stats.contexts_shed == 1
+
+
 async def test_partials_alone_leave_a_final_its_left_context() -> None:
     """The gate reads the finals' share of the model, not partials': a worker busy with a
     partial (the model's utilization well above the gate) leaves a final its context."""
