@@ -30,7 +30,7 @@ from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from engine.worker_processes import ProcessRecognizer, in_processes
-from server import rest, stream, uploads
+from server import rest, speakers_api, stream, uploads
 from server.access import start_line
 from server.auth import build_authenticator
 from server.compat import routes as compat_routes
@@ -185,6 +185,7 @@ async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
         speakers=speakers,
         speakers_off=speakers_off,
         diarizer=DiarizerConfig(max_speakers=settings.speakers.diarization_max_speakers),
+        speaker_match=settings.speakers.speaker_match_similarity,
     )
     scheduler.add_observer(state.metrics.observe_batch)
     scheduler.add_observer(state.capacity.observe_batch)
@@ -325,6 +326,10 @@ def create_app(
         Route("/v1/transcriptions/{job_id}", uploads.get_transcription, methods=["GET"]),
         Route("/v1/transcriptions/{job_id}", uploads.delete_transcription, methods=["DELETE"]),
         Route("/v1/meetings/{meeting_id}/tokens", rest.mint_token, methods=["POST"]),
+        Route("/v1/speakers", speakers_api.create_speaker, methods=["POST"]),
+        Route("/v1/speakers", speakers_api.list_speakers, methods=["GET"]),
+        Route("/v1/speakers/{speaker_id}", speakers_api.get_speaker, methods=["GET"]),
+        Route("/v1/speakers/{speaker_id}", speakers_api.delete_speaker, methods=["DELETE"]),
         Route("/healthz", rest.healthz, methods=["GET"]),
         Route("/readyz", rest.readyz, methods=["GET"]),
         Route("/metrics", rest.metrics, methods=["GET"]),

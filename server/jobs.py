@@ -20,6 +20,7 @@ it back). A cancel asked on another node reaches this one at its next write.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import secrets
@@ -37,6 +38,7 @@ from engine.api import SchedulerError
 from server.decode import DecodedAudio, DecodeLimits, decode_file
 from server.sandbox import UNCONFINED, Sandbox
 from server.settings import UploadSettings
+from session.enrolled import load_voices
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import SessionServices
 from session.vad import VadScorer
@@ -273,6 +275,18 @@ class JobRegistry:
             finally:
                 await asyncio.to_thread(upload.unlink, missing_ok=True)
 
+    @property
+    def root(self) -> Path:
+        """Where upload folders are made."""
+        return self._root
+
+    async def decode_other(self, src: Path, dst: Path, max_seconds: float) -> DecodedAudio:
+        """Decode a file that is no job's (an enrollment recording) in the sandbox, under
+        the same bound on decoders and the same limits but `max_seconds`."""
+        async with self._decoders:
+            limits = dataclasses.replace(self.limits, max_seconds=max_seconds)
+            return await decode_file(src, dst, limits, self.sandbox)
+
     async def start(
         self,
         job: Job,
@@ -367,6 +381,11 @@ class JobRegistry:
                     language=job.options.language,
                     meeting_source=source,
                     diarize=job.options.diarize,
+                    enrolled=(
+                        await load_voices(services.store, job.tenant, services.speaker_match)
+                        if job.options.diarize
+                        else None
+                    ),
                     in_flight=self._in_flight,
                     model_share=self._model_share,
                 )

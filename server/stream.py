@@ -25,6 +25,7 @@ from server.limits import LimitedConnection, RealtimeBudget, StreamSlot, overloa
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
 from session.actor import SessionActor
+from session.enrolled import load_voices
 from session.resume_context import ResumeContext, resume_context
 from session.services import SessionServices
 from session.stream_state import Connection
@@ -161,6 +162,11 @@ async def _serve_stream(
         resumed=opened.resumed,
         context=opened.context,
         acknowledge_finalize=acknowledge_finalize,
+        enrolled=(
+            await load_voices(state.store, principal.tenant, services.speaker_match)
+            if opened.config.diarize
+            else None
+        ),
     )
     try:
         state.registry.admit(actor, resumed=opened.resumed)

@@ -45,6 +45,7 @@ from session.ending import (
     refused,
     slow_consumer,
 )
+from session.enrolled import EnrolledVoices
 from session.final_order import PendingFinal
 from session.outbox import Outbox, OutboxDelivery, OutboxState
 from session.partial_sender import PartialSender
@@ -104,6 +105,8 @@ class SessionActor:
     context: ResumeContext | None = None
     # Answer each `finalize` with an internal `finalize.done` (the compat adapters ask).
     acknowledge_finalize: bool = False
+    # The tenant's enrolled voices (diarized sources name the ones that match).
+    enrolled: EnrolledVoices | None = None
     state: SessionState = SessionState.CONNECTING
 
     def __post_init__(self) -> None:
@@ -134,7 +137,7 @@ class SessionActor:
         self._speculator = Speculator(services.scheduler, services.telemetry)
         labeller = None
         if config.diarize and services.speakers is not None:
-            labeller = SpeakerLabeller(services.speakers, services.diarizer)
+            labeller = SpeakerLabeller(services.speakers, services.diarizer, self.enrolled)
         self._committer = Committer(
             CommitterConfig.for_source(
                 services,

@@ -37,6 +37,7 @@ from pathlib import Path
 from engine.api import SAMPLE_RATE
 from session.audio import FrameDecoder
 from session.committer import Committer, CommitterConfig
+from session.enrolled import EnrolledVoices
 from session.final_order import PendingFinal
 from session.pipeline import AudioPipeline
 from session.segmenter import SegmentEvent, UtteranceEnded
@@ -61,6 +62,7 @@ class FileOptions:
     # source_id must be its session_id); None: the file stands alone.
     meeting_source: SourceState | None = None
     diarize: bool = False  # label each final's speaker (services.speakers must be set)
+    enrolled: EnrolledVoices | None = None  # the tenant's named voices (diarize only)
     # How many of the file's requests may be in the scheduler now; asked before each
     # submission, so the server can lower it while live rooms are open.
     in_flight: Callable[[], int] = lambda: 4
@@ -109,7 +111,7 @@ class FileTranscriber:
         if options.diarize:
             if services.speakers is None:
                 raise ValueError("diarize needs the services' speaker embedder")
-            labeller = SpeakerLabeller(services.speakers, services.diarizer)
+            labeller = SpeakerLabeller(services.speakers, services.diarizer, options.enrolled)
         self._pipeline = AudioPipeline(
             FrameDecoder(Encoding.PCM_S16LE, SAMPLE_RATE),
             vad or services.vad,

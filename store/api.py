@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from store.enrolled import SpeakerBook
 from store.records import FinalRecord, NewFinal, SourceState, StoreHealth
 
 SUBSCRIBER_QUEUE = 256  # events buffered per listener before it is judged too slow
@@ -112,6 +113,11 @@ class Takeovers(Protocol):
 
 
 class Store(Protocol):
+    @property
+    def speakers(self) -> SpeakerBook:
+        """The tenants' enrolled speakers (store/enrolled.py)."""
+        ...
+
     @property
     def node_id(self) -> str:
         """This process, as the store's leases and jobs name it."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from store.api import SUBSCRIBER_QUEUE
+from store.enrolled import MemorySpeakerBook
 from store.errors import (
     ResumeTokenMismatch,
     SourceSuperseded,
@@ -67,6 +68,7 @@ class MemoryStore:
         self._token_hints: dict[str, tuple[str, float]] = {}  # hash → (meeting, expires_at)
         self._listeners: dict[str, set[Listener]] = {}
         self._next_sweep = clock() + self.SWEEP_EVERY_S
+        self.speakers = MemorySpeakerBook()
         self.node_id = new_node_id()
         self.quotas = MemoryQuotas()
         self.jobs = MemoryJobs(self.node_id)

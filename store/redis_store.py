@@ -42,6 +42,7 @@ from store.records import (
 )
 from store.redis_buffer import PendingFinal, PendingSource, WriteBuffer
 from store.redis_clients import close_client, redis_client, without_read_timeout
+from store.redis_enrolled import RedisSpeakerBook
 from store.redis_events import PING_S, RedisEvents, RedisTakeovers
 from store.redis_jobs import RedisJobs
 from store.redis_leases import RedisLeases
@@ -103,6 +104,7 @@ class RedisStore:
         self._resume = redis.register_script(LUA_RESUME)
         self._locks = KeyedLocks()
         self._link = Link()
+        self.speakers = RedisSpeakerBook(redis, prefix, self._link)
         self._buffer = WriteBuffer(
             buffer_limit,
             self._link,

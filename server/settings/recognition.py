@@ -361,6 +361,28 @@ class SpeakerSettings:
     diarization_max_speakers: int = setting(
         6, "Most speakers a diarized source is split into (1-26)."
     )
+    max_enrolled_speakers: int = setting(
+        50, "Most speakers a tenant may enrol (`POST /v1/speakers`); more: 409 `speakers_full`."
+    )
+    enrol_min_speech_s: float = setting(
+        3.0, "Least seconds of speech an enrollment recording must hold (422 `too_little_speech`)."
+    )
+    enrol_max_audio_s: float = setting(
+        30.0, "Longest enrollment recording, in seconds (422 `audio_too_long`)."
+    )
+    enrol_max_bytes: int = setting(
+        5_000_000, "Largest enrollment upload, in bytes (413 `upload_too_large`)."
+    )
+    speaker_match_similarity: float = setting(
+        0.75,
+        "How alike (cosine, 0-1) a voice must be to an enrolled speaker to show its name "
+        "(bench/enrollment.py measures false accepts against misses).",
+    )
 
     def __post_init__(self) -> None:
         within(self, "diarization_max_speakers", 1, MAX_SPEAKERS)
+        within(self, "max_enrolled_speakers", 1, 10_000)
+        within(self, "enrol_min_speech_s", 0.5, 30.0, " seconds")
+        within(self, "enrol_max_audio_s", self.enrol_min_speech_s, 300.0, " seconds")
+        within(self, "enrol_max_bytes", 1024, 100_000_000)
+        within(self, "speaker_match_similarity", 0.0, 1.0)
