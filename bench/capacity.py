@@ -3,9 +3,13 @@
     python -m bench.capacity --rooms 4,8,16 --duration 60                  # partials on
     python -m bench.capacity --rooms 4,8,16 --interim both PARLEY_MAX_BATCH_SIZE=1
     python -m bench.capacity --find-max-rooms --rooms 2 --max-rooms 32     # double, bisect
+    python -m bench.capacity --stand-in --rooms 48 PARLEY_MODEL_WORKERS=1 \
+        PARLEY_FAKE_BATCH_TABLE=1:138,2:109,4:104,8:121,16:134,32:195,64:353  # a GPU's costs
 
 Each KEY=VALUE argument is a server environment variable, so one command measures one
-configuration. The command starts `python -m server` with them, then runs the load
+configuration. The command starts `python -m server` with them (`--stand-in`:
+`bench.fake_server`, the same server with a stand-in model of set batch times, for the
+front end's cost and the policy on a GPU's costs; its WER means nothing), then runs the load
 generator (`loadgen.run`) against it: at each listed room count (with partials on, off
 or both: `--interim`), or as a search for the most rooms within the SLO. Every run gets
 one row:
@@ -20,7 +24,8 @@ one row:
   (`timing.inference`), and close → sent P50/P95 (`timing.total`);
 - model utilization: model-busy seconds over wall seconds per worker (`/metrics`:
   `parley_model_seconds_total`, or `parley_inference_seconds_sum` on older servers), and
-  the share of it spent on partials;
+  the share of it spent on partials; the batch sizes' P50/P95 (every batch, partials and
+  finals, as `parley_batch_size`'s bucket bounds) and mean;
 - speculative finals by outcome (`parley_speculative_finals_total`): used by their final,
   discarded after the model started on them (wasted model time), cancelled while queued;
 - server CPU in cores (the server process and its children, from /proc), and of it the
@@ -152,6 +157,25 @@ def _sum(samples: dict[str, float], prefix: str, label: str = "") -> float:
     return sum(v for k, v in samples.items() if k.startswith(prefix) and label in k)
 
 
+def histogram_quantile(
+    before: dict[str, float], after: dict[str, float], name: str, q: float
+) -> float | None:
+    """The `q` quantile of what histogram `name` observed between two scrapes: the upper
+    bound of the first bucket that holds it (None: nothing observed, or past the last)."""
+    buckets = sorted(
+        (float(key.split('le="')[1].split('"')[0]), value - before.get(key, 0.0))
+        for key, value in after.items()
+        if key.startswith(f"{name}_bucket{{")
+    )
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    for bound, count in buckets:
+        if count >= q * total:
+            return None if bound == float("inf") else bound
+    return None
+
+
 # session/partial_sender.py's reasons for a partial not sent
 PARTIAL_DROP_REASONS = (
     "queue_full",
@@ -230,6 +254,17 @@ class ServerProbe:
             ),
             **machine_shares(before.machine, after.machine),
             "model_utilization": busy / wall / workers,
+            "batch_mean": (
+                grew("parley_batch_size_sum") / batches
+                if (batches := grew("parley_batch_size_count")) > 0
+                else None
+            ),
+            "batch_p50": histogram_quantile(
+                before.metrics, after.metrics, "parley_batch_size", 0.5
+            ),
+            "batch_p95": histogram_quantile(
+                before.metrics, after.metrics, "parley_batch_size", 0.95
+            ),
             "partial_share": None if partial is None or busy <= 0 else partial / busy,
             "workers": workers,
         }
@@ -259,7 +294,9 @@ def row(report: dict[str, Any], server: dict[str, float | None], interim: bool) 
         "queue_wait_p50": queue["p50"],
         "queue_wait_p95": queue["p95"],
         "until_close_p50": latency.get("until_close", {}).get("p50"),
+        "until_close_p95": latency.get("until_close", {}).get("p95"),
         "inference_p50": latency["server"]["inference"]["p50"],
+        "inference_p95": latency["server"]["inference"]["p95"],
         "server_total_p50": latency["server"]["total"]["p50"],
         "server_total_p95": latency["server"]["total"]["p95"],
         **server,
@@ -278,6 +315,7 @@ COLUMNS = (
     ("until close P50 (s)", "until_close_p50", "{:.2f}"),
     ("inference P50 (s)", "inference_p50", "{:.2f}"),
     ("close → sent P50/P95 (s)", ("server_total_p50", "server_total_p95"), "{:.2f}"),
+    ("batch P50/P95 (bucket)", ("batch_p50", "batch_p95"), "{:.0f}"),
     ("model util.", "model_utilization", "{:.0%}"),
     ("partial share", "partial_share", "{:.0%}"),
     (
@@ -387,6 +425,9 @@ def main() -> int:
     parser.add_argument("--search-budget", type=float, default=900.0)
     parser.add_argument("--pause", type=float, default=3.0, help="seconds between runs")
     parser.add_argument("--report-dir", default="reports/capacity")
+    parser.add_argument(
+        "--stand-in", action="store_true", help="bench.fake_server's stand-in model"
+    )
     args = parser.parse_args()
     env = dict(os.environ, PARLEY_LOG_LEVEL="warning")
     for item in args.settings:
@@ -397,8 +438,9 @@ def main() -> int:
     report_dir = Path(args.report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     log = open(report_dir / "server.log", "wb")  # noqa: SIM115
+    module = "bench.fake_server" if args.stand_in else "server"
     server = subprocess.Popen(
-        [sys.executable, "-m", "server", "--port", str(port)],
+        [sys.executable, "-m", module, "--port", str(port)],
         cwd=REPO,
         env=env,
         stdout=log,

@@ -13,7 +13,8 @@ store of the bench's own. Meanwhile F faults strike at random moments, each one 
   always: it comes back with its data).
 
 Every client keeps its whole audio, resumes with its token and the last `seq` it saw,
-re-sends from `resume_from`, retries refusals with backoff, and finally sends `stop`.
+re-sends from `send_from` (saying so with `resend`: the audio before `resume_from` is the
+next final's left context), retries refusals with backoff, and finally sends `stop`.
 At the end each meeting's log (`GET …/transcript`) is compared with the same audio
 streamed once without faults (the baseline run, first):
 
@@ -43,7 +44,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import numpy as np
@@ -80,24 +81,39 @@ def speech(seed: int, seconds: float) -> bytes:
     return pcm
 
 
+class Endpoint(Protocol):
+    """Where streams connect: a server, or a balancer in front of several."""
+
+    @property
+    def ws_url(self) -> str: ...
+
+
 @dataclass
 class Socket:
     """One connection of a stream: what it received and how it ended."""
 
     ws: ClientConnection
     resumed: bool
+    started_at: float | None = None  # monotonic time of its `session.started`
     messages: list[dict[str, Any]] = field(default_factory=list)
     close_code: int | None = None
     fate: str = "open"  # open, closed, aborted, half-open
+    reader: asyncio.Task[None] | None = None  # the task reading it while it is current
 
 
 @dataclass
 class Stream:
     index: int
-    server: ServerProcess
+    server: Endpoint
     pcm: bytes
     speed: float
     meeting: str = ""
+    headers: dict[str, str] | None = None  # e.g. an API key's Authorization
+    # True: a live source, whose audio is due at its spoken time from the first connection
+    # (a resumed connection sends its backlog at once); False: each connection paces
+    # from where it resumes (bench/chaos)
+    spoken_pace: bool = False
+    began: float = 0.0
     token: str = ""
     last_seq: int = 0
     finals: dict[str, dict[str, Any]] = field(default_factory=dict)  # by utterance id
@@ -105,6 +121,8 @@ class Stream:
     refusals: Counter[str] = field(default_factory=Counter)
     ended: dict[str, Any] | None = None
     current: Socket | None = None
+    arrived: dict[str, float] = field(default_factory=dict)  # final id -> monotonic time
+    sent: list[tuple[int, float]] = field(default_factory=list)  # (end byte, monotonic)
     _interrupt: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -147,18 +165,27 @@ class Stream:
 
     async def _connection(self) -> None:
         ws = await connect(
-            self._url(), open_timeout=5, close_timeout=2, ping_interval=None, max_size=None
+            self._url(),
+            open_timeout=5,
+            close_timeout=2,
+            ping_interval=None,
+            max_size=None,
+            additional_headers=self.headers,
         )
         sock = Socket(ws, resumed=bool(self.token))
         self.sockets.append(sock)
         self.current = sock
         self._interrupt.clear()
         receiver = asyncio.create_task(self._receive(sock))
+        sock.reader = receiver
         try:
             started = await self._first(sock, receiver)
             if started is None:
                 return
-            offset = round(started["resume_from"] * 16_000) * 2
+            start = started.get("send_from", started["resume_from"])
+            if "send_from" in started:  # re-send the left context's audio too
+                await ws.send(orjson.dumps({"type": "resend", "from": start}).decode())
+            offset = round(start * 16_000) * 2
             sending = asyncio.create_task(self._send(ws, offset))
             interrupted = asyncio.create_task(self._interrupt.wait())
             await asyncio.wait({sending, receiver, interrupted}, return_when="FIRST_COMPLETED")
@@ -190,6 +217,7 @@ class Stream:
             self.refusals[str(errors[-1] if errors else sock.close_code)] += 1
             return None
         started = sock.messages[0]
+        sock.started_at = time.monotonic()
         self.token = self.token or started["resume_token"]
         return started
 
@@ -200,6 +228,7 @@ class Stream:
                 sock.messages.append(message)
                 if message["type"] == "transcript.final":
                     self.finals.setdefault(message["utterance_id"], message)
+                    self.arrived.setdefault(message["utterance_id"], time.monotonic())
                     self.last_seq = max(self.last_seq, message["seq"])
                 elif message["type"] == "session.ended" and message["reason"] == "stop":
                     self.ended = message
@@ -209,18 +238,30 @@ class Stream:
 
     async def _send(self, ws: ClientConnection, offset: int) -> None:
         started = time.monotonic()
-        for i, at in enumerate(range(offset, len(self.pcm), FRAME_BYTES)):
+        if self.spoken_pace:  # audio comes at the pace it was spoken: a backlog goes at once
+            self.began = self.began or started
+            started, offset_s = self.began, 0.0
+        else:
+            offset_s = offset / BYTES_PER_SECOND
+        for at in range(offset, len(self.pcm), FRAME_BYTES):
             await ws.send(self.pcm[at : at + FRAME_BYTES])
+            self.sent.append((at + FRAME_BYTES, time.monotonic()))
             if self.speed > 0:
-                wait = started + (i + 1) * FRAME_BYTES / BYTES_PER_SECOND / self.speed
+                due = (at + FRAME_BYTES) / BYTES_PER_SECOND - offset_s
+                wait = started + due / self.speed
                 await asyncio.sleep(max(0.0, wait - time.monotonic()))
         await ws.send(orjson.dumps({"type": "stop"}).decode())
 
 
 async def drain_stale(streams: list[Stream]) -> None:
-    """Read what each half-open socket was sent, up to its close."""
+    """Read what each half-open socket was sent, up to its close. Its own reader is
+    stopped first: one that went half-open while its client waited for the last finals
+    is still in `recv` (a second reader raises websockets' ConcurrencyError)."""
 
     async def read(sock: Socket) -> None:
+        if sock.reader is not None:
+            sock.reader.cancel()
+            await asyncio.gather(sock.reader, return_exceptions=True)
         sock.ws.transport.resume_reading()
         with contextlib.suppress(ConnectionClosed, TimeoutError):
             async with asyncio.timeout(10):

@@ -21,6 +21,11 @@ batched column embeds N rooms' utterances in shared calls, as the server does.
 
     flock -x /tmp/parley-cpu.lock .venv/bin/python -m bench.diarization
     .venv/bin/python -m bench.diarization --only corpus-2 --json out.json
+    .venv/bin/python -m bench.diarization --meetings tune:4 heldout:12 heldout-corpus:6
+
+`--meetings` runs bench/meetings.py's short four-voice meetings instead (the tune voices,
+held-out espeak-ng voices, rates and pitches, held-out corpus speakers), with a summary
+per set: words right, and meetings where 3-5 speakers were found.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench import meetings
 from bench.mixes import ALL, SAMPLE_RATE, FloatArray, Mix, Word, build
 from engine.api import SpeakerWindows
 from engine.speakers import SpeakerEncoder
@@ -201,12 +207,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--batch-rooms", type=int, default=8, help="rooms sharing an embedding call"
     )
+    parser.add_argument(
+        "--meetings", nargs="*", default=[], help="SET:COUNT of bench/meetings.py's sets"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     vad = SileroVad()
     encoder = SpeakerEncoder()
     config = DiarizerConfig()
-    mixes = build(args.only, vad, args.seed)
+    if args.meetings:
+        mixes = [
+            mix
+            for spec in args.meetings
+            for mix in meetings.build(spec.split(":")[0], int(spec.split(":")[1]), vad, args.seed)
+        ]
+    else:
+        mixes = build(args.only, vad, args.seed)
     outcomes: list[Outcome] = []
     all_events: list[list[UtteranceEnded]] = []
     for mix in mixes:
@@ -238,6 +254,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"of a core alone, {outcomes[0].batched_core_percent if outcomes else 0:.2f} % with "
         f"{args.batch_rooms} rooms per embedding call"
     )
+    for kind in sorted({o.name.rsplit("-", 1)[0] for o in outcomes}) if args.meetings else []:
+        group = [o for o in outcomes if o.name.rsplit("-", 1)[0] == kind]
+        right = sum(o.final * o.words for o in group) / max(1, sum(o.words for o in group))
+        lowest = min(o.final for o in group)
+        print(
+            f"{kind}: {right:.1%} of words right (lowest meeting {lowest:.1%}),"
+            f" 3-5 speakers found in {sum(3 <= o.found <= 5 for o in group)}/{len(group)}"
+        )
     if args.json:
         args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=2))
 

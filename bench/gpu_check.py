@@ -1,26 +1,32 @@
 """GPU check: Whisper throughput on CUDA by architecture, batch and dtype, then the server
-under load on CUDA. One prepared script, under 8 minutes, for a CUDA machine that has
-PyTorch and transformers but no network and none of Parley's other dependencies.
+under load on CUDA with tiny.en's real weights. One prepared script, under 8 minutes, for
+a CUDA machine that has PyTorch and transformers but no network and none of Parley's other
+dependencies.
 
 Here (the project's venv, package registries reachable), once:
 
-    python -m bench.gpu_check prepare            # fills .gpu/: wheels, tokenizer, clips
+    python -m bench.gpu_check prepare   # fills .gpu/: wheels, tokenizer, clips, tiny.en
 
-There (the working tree and .gpu/ carried; 64 MiB at most, so no real weights):
+There (the working tree and .gpu/ carried; 64 MiB in all):
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl
     PYTHONPATH=/tmp/site python3 -m bench.gpu_check run --out "$OUT"
 
-CPU path, to test the script here with tiny sizes:
+CPU path, to test the script here (the outside check `gpu`):
 
     python -m bench.gpu_check run --device cpu --dtypes float32 --archs tiny.en \
-        --batches 1 2 --rooms 1 --seconds 8 --server-arch tiny.en
+        --batches 1 --rooms 4 --seconds 40 --server-arch tiny.en --out DIR
+
+`.gpu/tiny.en/` holds tiny.en's real weights packed to fit what travels: every 2-D matrix
+but the position tables in int8, one float16 scale per output row (symmetric, absmax /
+127), the rest in float16 (37.5 MiB against 72 MiB in float16). `run` dequantizes them into
+a checkpoint folder (float16 on CUDA, float32 on the CPU).
 
 What `run` does:
 
 1. **Recognizer throughput.** For each architecture (tiny.en, base, large-v3-turbo,
-   large-v3: their published dimensions; random weights, since real ones do not fit in
-   what travels) it writes a checkpoint folder and loads it through the production
+   large-v3: their published dimensions; random weights, since only tiny.en's real ones
+   fit in what travels) it writes a checkpoint folder and loads it through the production
    recognizer (`engine.whisper.WhisperRecognizer`: window buckets, the lean greedy
    decoder). Every row decodes a fixed token budget (8 + `--tokens-per-second` per second
    of audio: the end token is suppressed, so random weights cannot stop early or run
@@ -29,13 +35,20 @@ What `run` does:
    Every architecture uses tiny.en's English vocabulary and special tokens (51,864
    entries; the multilingual models have 51,865-51,866: the same cost) and its own
    mel bins (128 for large-v3 and turbo).
-2. **The server under load.** `python -m server`'s app with `PARLEY_DEVICE=cuda` on the
-   large-v3-turbo checkpoint (through a recognizer wrapper that keeps every final's text,
-   which the hallucination guard would drop as a loop: the text is noise), and the load
-   generator at 32, 64 and 128 real-time rooms of corpus speech for `--seconds` each:
-   final latency P50/P95/P99, partial latency, finals per second, the model's batch size.
+2. **The server under load.** `python -m server`'s app with `PARLEY_DEVICE` set, on
+   tiny.en's real weights through the production recognizer and its guard
+   (`--server-weights real`, the default), or on `--server-arch`'s random weights
+   (`random`: through a wrapper that keeps every final's text, which the guard would drop
+   as a loop, and with the fixed token budget), and the load generator at `--rooms`
+   real-time rooms of corpus speech (32, 64, 128, 256; stopping after the first whose
+   final P95 passes 5 s) for `--seconds` each. Each row: final latency P50/P95/P99, WER
+   on the clips streamed, lost finals, and where a final's time went (`phases`, P50/P95:
+   until the server closed the utterance, queue wait, batch inference, close to sent;
+   batch sizes; the partials' share of the model's time), from the finals' own `timing`
+   and `/metrics` (bench/capacity.py's row and probe).
 
-Everything prints as one table (and `gpu_check.json` under `--out`).
+Everything prints as one table (and `gpu_check.json` under `--out`, with each load run's
+loadgen report in `load-<rooms>/`).
 """
 
 from __future__ import annotations
@@ -50,7 +63,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,6 +106,10 @@ WHEELS = (
 )
 TARGET_PYTHON = "3.12"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+CONFIG_FILES = ("config.json", "generation_config.json", "preprocessor_config.json")
+REAL = "tiny.en"  # the one model whose real weights travel, packed (`pack_weights`)
+SCALE = ".parley_scale"  # suffix of a packed matrix's per-row scales
+CARRY_LIMIT = 64 * 2**20  # what travels to the device: the working tree and .gpu/
 
 
 # ---------------------------------------------------------------------- prepare (here)
@@ -127,8 +143,66 @@ def prepare(out: Path) -> None:
             shutil.copy2(corpus_dir / row["path"], corpus / row["path"])
             kept.append(line)
     (corpus / "manifest.jsonl").write_text("\n".join(kept) + "\n")
+    pack_weights(source, out / REAL)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(f"{out}: {size / 2**20:.1f} MiB ({len(kept)} clips)")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    tree = sum((REPO / os.fsdecode(name)).stat().st_size for name in tracked if name)
+    print(
+        f"{out}: {size / 2**20:.1f} MiB ({len(kept)} clips); with the working tree "
+        f"{(size + tree) / 2**20:.1f} MiB of {CARRY_LIMIT / 2**20:.0f}"
+    )
+    if size + tree > CARRY_LIMIT:
+        raise SystemExit("too much to carry to the device")
+
+
+def pack_weights(source: Path, out: Path) -> None:
+    """`source`'s weights into `out`/model.safetensors: each 2-D matrix but the position
+    tables as int8 with one float16 scale per output row (absmax / 127), the rest float16;
+    and its config files."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    packed: dict[str, torch.Tensor] = {}
+    for name, tensor in load_file(source / "model.safetensors").items():
+        if tensor.dim() == 2 and "embed_positions" not in name:
+            weight = tensor.float()
+            scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12).half()
+            rows = torch.round(weight / scale.float()[:, None]).clamp(-127, 127)
+            packed[name], packed[name + SCALE] = rows.to(torch.int8), scale
+        else:
+            packed[name] = tensor.half()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(packed, out / "model.safetensors", metadata={"format": "pt"})
+    for name in CONFIG_FILES:
+        shutil.copy2(source / name, out / name)
+
+
+def unpack_weights(packed: Path, folder: Path, device: str) -> Path:
+    """A checkpoint folder of `pack_weights`' output, dequantized (float16 on CUDA,
+    float32 on the CPU), with the bundle's tokenizer."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    dtype = torch.float32 if device == "cpu" else torch.float16
+    tensors = load_file(packed / "model.safetensors")
+    weights = {
+        name: (
+            tensor.to(dtype) * tensors[name + SCALE].to(dtype)[:, None]
+            if name + SCALE in tensors
+            else tensor.to(dtype)
+        )
+        for name, tensor in tensors.items()
+        if not name.endswith(SCALE)
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    for name in CONFIG_FILES:
+        shutil.copy2(packed / name, folder / name)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(BUNDLE / "tokenizer" / name, folder / name)
+    return folder
 
 
 # ---------------------------------------------------------------------- checkpoints
@@ -303,8 +377,10 @@ class KeepsText:
         return [r if r.text else dataclasses.replace(r, text="noise") for r in results]
 
 
-def serve(model: Path, port: int, tokens_per_second: float) -> None:
-    """The server's app on `model`, its recognizer built as the throughput part builds it."""
+def serve(model: Path, port: int, tokens_per_second: float, weights: str) -> None:
+    """The server's app on `model`: real weights through the production recognizer (the
+    server's own factory and guard, `PARLEY_MODEL` naming the folder); random ones built
+    as the throughput part builds them, every text kept."""
     import uvicorn
 
     from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
@@ -312,70 +388,100 @@ def serve(model: Path, port: int, tokens_per_second: float) -> None:
     from server.settings import Settings
 
     settings = Settings.from_env(port=port)
-    if settings.model.device == "cpu":  # the CPU path only tests the script
-        import torch
+    if weights == "real":
+        app = create_app(settings)
+    else:
+        if settings.model.device == "cpu":  # the CPU path only tests the script
+            import torch
 
-        torch.set_flush_denormal(True)  # random weights make denormals; slow on the CPU
+            torch.set_flush_denormal(True)  # random weights make denormals; slow on the CPU
 
-    def factory(settings: Settings) -> Any:
-        config = WhisperRecognizerConfig(
-            device=settings.model.device,
-            dtype=None if settings.model.dtype == "auto" else settings.model.dtype,  # type: ignore[arg-type]
-            max_batch_size=settings.scheduler.max_batch_size,
-            max_tokens_per_second=tokens_per_second,
-            retry_loops_on_full_window=False,
-        )
-        return KeepsText(WhisperRecognizer(model, config, name=model.name))
+        def factory(settings: Settings) -> Any:
+            config = WhisperRecognizerConfig(
+                device=settings.model.device,
+                dtype=None if settings.model.dtype == "auto" else settings.model.dtype,  # type: ignore[arg-type]
+                max_batch_size=settings.scheduler.max_batch_size,
+                max_tokens_per_second=tokens_per_second,
+                retry_loops_on_full_window=False,
+            )
+            return KeepsText(WhisperRecognizer(model, config, name=model.name))
 
-    app = create_app(settings, recognizer_factory=factory)
+        app = create_app(settings, recognizer_factory=factory)
     uvicorn.run(app, host="127.0.0.1", port=port, ws="websockets", log_level="warning")
 
 
-def _batch_mean(url: str) -> float | None:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line.startswith("parley_batch_size_"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
-    count = values.get("parley_batch_size_count", 0.0)
-    return values.get("parley_batch_size_sum", 0.0) / count if count else None
+def server_row(report: dict[str, Any], probed: dict[str, Any], weights: str) -> dict[str, Any]:
+    """One server row: the latency, WER and where a final's time went (`phases`)."""
+    from bench.capacity import row
+
+    r = row(report, probed, interim=True)
+
+    def pair(p50: str, p95: str) -> list[float | None]:
+        return [r[p50], r[p95]]
+
+    return {
+        "rooms": r["rooms"],
+        "weights": weights,
+        "final_p50": r["final_p50"],
+        "final_p95": r["final_p95"],
+        "final_p99": r["final_p99"],
+        "wer": r["wer"],
+        "lost": r["lost"],
+        "errors": report["errors"],
+        "partial_p50": report["latency"]["partial"]["p50"],
+        "finals_per_s": report["totals"]["finals"] / report["totals"]["wall_seconds"],
+        "phases": {
+            "until_close": pair("until_close_p50", "until_close_p95"),
+            "queue": pair("queue_wait_p50", "queue_wait_p95"),
+            "inference": pair("inference_p50", "inference_p95"),
+            "close_to_sent": pair("server_total_p50", "server_total_p95"),
+            "batch": pair("batch_p50", "batch_p95"),
+            "batch_mean": r["batch_mean"],
+            "partial_share": r["partial_share"],
+            "model_utilization": r["model_utilization"],
+            "server_cpu_cores": r["server_cpu_cores"],
+        },
+    }
 
 
 def load_rows(
     model: Path,
     device: str,
+    weights: str,
     rooms: Sequence[int],
     seconds: float,
     tokens_per_second: float,
     deadline: float,
     log: Path,
 ) -> list[dict[str, Any]]:
-    from bench.capacity import wait_ready
+    from bench.capacity import ServerProbe, wait_ready
     from bench.processes import free_port
     from loadgen.report import Limits
-    from loadgen.run import LoadSettings, prepare_corpus, run_load
+    from loadgen.run import LoadSettings, prepare_corpus, run_load, write_report
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = dict(
         os.environ,
         PARLEY_DEVICE=device,
-        PARLEY_MAX_BATCH_SIZE="64",
+        PARLEY_MODEL=str(model),
         PARLEY_MAX_SESSIONS=str(max(rooms) + 8),
         PARLEY_ADMIT_MAX_QUEUE_WAIT_MS="0",  # measure overload, do not refuse it
         PARLEY_DIARIZATION="false",  # its speaker model ships in a 17 MB wheel; not measured
         PARLEY_LOG_LEVEL="warning",
     )
+    if device != "cpu":
+        env["PARLEY_MAX_BATCH_SIZE"] = "64"
     command = [sys.executable, "-m", "bench.gpu_check", "serve", "--model", str(model)]
     command += ["--port", str(port), "--tokens-per-second", str(tokens_per_second)]
+    command += ["--weights", weights]
     with log.open("wb") as output:
         server = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT
         )
         try:
             wait_ready(url, server, timeout=300)
+            probe = ServerProbe(url, server.pid)
             base = LoadSettings(
                 server=f"ws://127.0.0.1:{port}",
                 corpus=Path(os.environ.get("PARLEY_CORPUS") or BUNDLE / "corpus"),
@@ -383,27 +489,21 @@ def load_rows(
                 progress=False,
             )
             corpus = prepare_corpus(base)
-            rows = []
+            rows: list[dict[str, Any]] = []
             for count in rooms:
                 if time.monotonic() + seconds + 30 > deadline:
                     print(f"  skipped {count} rooms: the run's time budget is spent", flush=True)
                     continue
+                if rows and (rows[-1]["final_p95"] or 0) > 5:
+                    print(f"  skipped {count} rooms: final P95 passed 5 s", flush=True)
+                    continue
                 settings = dataclasses.replace(base, rooms=count)
+                before = probe.snapshot()
                 report = asyncio.run(run_load(settings, Limits(), corpus))
-                latency = report["latency"]
-                rows.append(
-                    {
-                        "rooms": count,
-                        "final": [latency["final"][k] for k in ("p50", "p95", "p99")],
-                        "partial_p50": latency["partial"]["p50"],
-                        "finals_per_s": report["totals"]["finals"]
-                        / report["totals"]["wall_seconds"],
-                        "lost": report["totals"]["lost"],
-                        "errors": report["errors"],
-                        "mean_batch": _batch_mean(url),
-                    }
-                )
+                rows.append(server_row(report, probe.between(before, probe.snapshot()), weights))
+                write_report(report, log.parent / f"load-{count}")  # every final, for later
                 print(f"  {count} rooms: {rows[-1]}", flush=True)
+                time.sleep(3)  # let the last finals' batches clear
             return rows
         finally:
             server.terminate()
@@ -416,11 +516,15 @@ def load_rows(
 # ---------------------------------------------------------------------- report
 
 
+def _figures(values: Sequence[float | None], fmt: str = "{:.2f}") -> str:
+    return " / ".join("—" if v is None else fmt.format(v) for v in values)
+
+
 def table(
     throughputs: Sequence[Throughput],
     loads: Sequence[dict[str, Any]],
     env: str,
-    server_arch: str = "large-v3-turbo",
+    server_arch: str = REAL,
 ) -> str:
     lines = [f"## GPU check ({env})", ""]
     if throughputs:
@@ -448,21 +552,30 @@ def table(
                 )
             lines.append(f"| {arch} | {dtype} | " + " | ".join(cells) + " |")
     if loads:
+        weights = loads[0]["weights"]
         lines += [
             "",
-            f"Server ({server_arch} architecture, random weights), real-time rooms:",
+            f"Server ({server_arch}, {weights} weights), real-time rooms; phases P50 / P95 (s):",
             "",
-            "| rooms | final P50 / P95 / P99 (s) | partial P50 (s) | finals/s | mean batch "
-            "| lost | errors |",
-            "|---|---|---|---|---|---|---|",
+            "| rooms | final P50 / P95 / P99 (s) | WER | lost | until close | queue | inference "
+            "| close → sent | batch P50 / P95 (mean) | partial share | partial P50 (s) "
+            "| finals/s | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in loads:
-            final = " / ".join("—" if v is None else f"{v:.2f}" for v in row["final"])
-            partial = "—" if row["partial_p50"] is None else f"{row['partial_p50']:.2f}"
-            batch = "—" if row["mean_batch"] is None else f"{row['mean_batch']:.1f}"
+            p = row["phases"]
+            final = _figures([row["final_p50"], row["final_p95"], row["final_p99"]])
+            wer = "—" if row["wer"] is None else f"{row['wer']:.3f}"
+            batch = _figures(p["batch"], "{:.0f}") + (
+                "" if p["batch_mean"] is None else f" ({p['batch_mean']:.1f})"
+            )
+            share = "—" if p["partial_share"] is None else f"{p['partial_share']:.0%}"
+            partial = _figures([row["partial_p50"]])
             lines.append(
-                f"| {row['rooms']} | {final} | {partial} | {row['finals_per_s']:.1f} | {batch} "
-                f"| {row['lost']} | {row['errors'] or 'none'} |"
+                f"| {row['rooms']} | {final} | {wer} | {row['lost']} "
+                f"| {_figures(p['until_close'])} | {_figures(p['queue'])} "
+                f"| {_figures(p['inference'])} | {_figures(p['close_to_sent'])} | {batch} "
+                f"| {share} | {partial} | {row['finals_per_s']:.1f} | {row['errors'] or 'none'} |"
             )
     return "\n".join(lines)
 
@@ -481,6 +594,8 @@ def run(args: argparse.Namespace) -> int:
     env = f"{name}, torch {torch.__version__}, transformers {transformers.__version__}"
     print(env, flush=True)
     work = Path(args.work)
+    real = args.server_weights == "real"
+    server_arch = REAL if real else args.server_arch
     throughputs: list[Throughput] = []
     folders: dict[str, Path] = {}
     for arch in args.archs:
@@ -497,36 +612,38 @@ def run(args: argparse.Namespace) -> int:
             args.tokens_per_second,
             args.repeats,
         )
-        if arch != args.server_arch:
+        if real or arch != server_arch:
             shutil.rmtree(folders.pop(arch))
     loads: list[dict[str, Any]] = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     if args.rooms:
-        if args.server_arch not in folders:
-            folders[args.server_arch] = write_checkpoint(
-                args.server_arch, work / args.server_arch, device
+        if real:
+            model = unpack_weights(BUNDLE / REAL, work / f"{REAL}-real", device)
+        else:
+            model = folders.get(server_arch) or write_checkpoint(
+                server_arch, work / server_arch, device
             )
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         loads = load_rows(
-            folders[args.server_arch],
+            model,
             device,
+            args.server_weights,
             args.rooms,
             args.seconds,
             args.tokens_per_second,
             deadline,
             out / "gpu_check.server.log",
         )
-    report = table(throughputs, loads, env, args.server_arch)
+    report = table(throughputs, loads, env, server_arch)
     print()
     print(report)
     print(f"\n(took {time.monotonic() - began:.0f} s)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(
         json.dumps(
             {
                 "env": env,
                 "throughput": [dataclasses.asdict(t) for t in throughputs],
+                "server_arch": server_arch,
                 "server": loads,
             },
             indent=2,
@@ -541,7 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0]
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("prepare", help="here: gather wheels, tokenizer and clips into .gpu/")
+    commands.add_parser("prepare", help="here: wheels, tokenizer, clips, tiny.en into .gpu/")
     runner = commands.add_parser("run", help="there: throughput, then the server under load")
     runner.add_argument("--device", default="cuda")
     runner.add_argument("--archs", nargs="+", default=list(ARCHS), choices=list(ARCHS))
@@ -549,8 +666,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     runner.add_argument("--repeats", type=int, default=3)
     runner.add_argument("--tokens-per-second", type=float, default=4.0)
+    runner.add_argument(
+        "--server-weights",
+        choices=("real", "random"),
+        default="real",
+        help="the server's model: tiny.en's real weights, or --server-arch's random ones",
+    )
     runner.add_argument("--server-arch", default="large-v3-turbo", choices=list(ARCHS))
-    runner.add_argument("--rooms", type=int, nargs="*", default=[32, 64, 128])
+    runner.add_argument("--rooms", type=int, nargs="*", default=[32, 64, 128, 256])
     runner.add_argument("--seconds", type=float, default=30.0, help="per load run")
     runner.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for everything")
     runner.add_argument("--work", default="/tmp/parley-gpu-check", help="checkpoint folders")
@@ -559,12 +682,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.add_argument("--model", type=Path, required=True)
     server.add_argument("--port", type=int, required=True)
     server.add_argument("--tokens-per-second", type=float, default=4.0)
+    server.add_argument("--weights", choices=("real", "random"), default="real")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         prepare(BUNDLE)
         return 0
     if args.command == "serve":
-        serve(args.model, args.port, args.tokens_per_second)
+        serve(args.model, args.port, args.tokens_per_second, args.weights)
         return 0
     return run(args)
 

@@ -50,6 +50,9 @@ class LeftContext:
     # The text's words, times in seconds from the start of `audio` (empty: not known):
     # where a recognizer may cut the context short at a word (`engine.context.filled`).
     words: tuple[WordTiming, ...] = ()
+    # The utterance goes on from this audio without a pause (a client cut the speech
+    # there): alone it would start inside a word, so a scheduler under load keeps it.
+    essential: bool = False
 
     @property
     def duration(self) -> float:

@@ -71,7 +71,7 @@ class ContextGate:
         model has room for it (`has_slack`); and how many contexts were shed."""
         utterances = [e.request.utterance for e in live]
         sheddable = [
-            u.left is not None and e.request.priority is not Priority.FILE
+            u.left is not None and not u.left.essential and e.request.priority is not Priority.FILE
             for e, u in zip(live, utterances, strict=True)
         ]
         cut = [

@@ -7,11 +7,11 @@ the server starts and answers `/healthz` while the model loads in the background
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from engine.cpus import available_cpus
 from engine.recognizer import Recognizer
 
 if TYPE_CHECKING:
@@ -36,9 +36,9 @@ class ModelConfig:
     `cache`. `device="auto"` picks cuda when present; `dtype="auto"` is float32 on the CPU
     and float16 on cuda; `encoder_dtype` the encoder's (`resolve_encoder_dtype`).
     `partial_quantize` the weights partials decode through (`resolve_partial_quantize`).
-    `workers` model workers run batches at once (`worker_plan`; 0: one per core on the
-    CPU, one on cuda), each with `torch_threads` threads (0: the cores shared out among
-    the workers).
+    `workers` model workers run batches at once (`worker_plan`; 0: one per CPU this
+    process may use on the CPU (`engine.cpus`: affinity and cgroup quota), one on cuda),
+    each with `torch_threads` threads (0: those CPUs shared out among the workers).
     """
 
     model: str = DEFAULT_MODEL
@@ -119,11 +119,12 @@ def native_bfloat16() -> bool:
 
 
 def worker_plan(config: ModelConfig) -> tuple[int, int]:
-    """(model workers, torch threads for each). On the CPU one worker per core with one
+    """(model workers, torch threads for each). On the CPU one worker per CPU this process
+    may use (`engine.cpus`: affinity and cgroup quota, not the host's count) with one
     thread each: a decoder step is ~150 small operations that a second thread hardly
     speeds up, while a second worker runs a second batch (docs/performance.md). On cuda
     one worker: the GPU batches rows; more workers would only contend for it."""
-    cores = os.cpu_count() or 1
+    cores = available_cpus()
     workers = config.workers or (cores if resolve_device(config) == "cpu" else 1)
     return workers, config.torch_threads or max(1, cores // workers)
 
@@ -144,7 +145,7 @@ def load_whisper(config: ModelConfig) -> Recognizer:
 
     # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
     # This is the loading thread's count; each model worker sets its own (`worker_plan`).
-    torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
+    torch.set_num_threads(config.torch_threads or available_cpus())
     device = resolve_device(config)
     whisper = WhisperRecognizerConfig(
         device=device,

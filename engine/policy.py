@@ -48,6 +48,15 @@ when to look again. The rules:
    (round robin) instead of some starving. A partial batch holds at most
    `max_partial_batch` rows, and no more than are expected to run within `partial_wait`
    (`PartialCost`), at least one; one until a partial batch has run to its end.
+5. **Flat batches (a GPU).** Where a batch costs about what one row does
+   (`flat_batches`: on CUDA up to batch 32, docs/performance.md), rows are not rationed
+   by their cost: a batch of finals takes every ready final (up to `max_batch_size`,
+   not shared out over the free workers), a partial batch every queued partial (up to
+   `max_partial_batch`), and a partial batch's expected end is its start plus what a
+   partial batch has cost (`PartialCost.per_batch`), not its rows times a row's cost.
+   Sized per row, as on the CPU, the first partial batch of one row measures a row at a
+   whole batch's cost, so every later one holds one row too and partials crawl; a batch
+   of 16 would look 16 times too long and finals would stop every partial batch.
 """
 
 from __future__ import annotations
@@ -73,6 +82,7 @@ class PolicyConfig:
     # The longest a final waits for a partial batch (rule 2), which partial batches are
     # sized to fit (rule 4); 0: partial batches of `max_partial_batch`, always stopped.
     partial_wait: float = 0.25
+    flat_batches: bool = False  # a batch costs about what one row does (rule 5)
 
     @property
     def partial_workers(self) -> int:
@@ -90,8 +100,8 @@ class PolicyConfig:
     def partial_batch(self, per_row: float | None) -> int:
         """Most partials in one batch when a partial row costs `per_row` model-seconds
         (None: not known yet, one row: it measures the cost soonest, and a batch that
-        finals stop measures nothing)."""
-        if self.partial_wait == 0:
+        finals stop measures nothing); with flat batches, `max_partial_batch` (rule 5)."""
+        if self.partial_wait == 0 or self.flat_batches:
             return self.max_partial_batch
         if per_row is None:
             return 1
@@ -130,8 +140,8 @@ class PartialBudget:
 
 
 class PartialCost:
-    """What one partial row costs the model, as measured: a moving average of the model
-    seconds per row of the partial batches that ran to their end (a stopped batch says
+    """What partials cost the model, as measured: moving averages of the model seconds per
+    row and per batch of the partial batches that ran to their end (a stopped batch says
     nothing of what it would have cost). None until the first one ends."""
 
     def __init__(self, weight: float = 0.2) -> None:
@@ -139,15 +149,20 @@ class PartialCost:
             raise ValueError(f"weight must lie in (0, 1], got {weight}")
         self._weight = weight
         self.per_row: float | None = None
+        self.per_batch: float | None = None
 
     def record(self, seconds: float, rows: int) -> None:
         if rows < 1 or seconds < 0:
             raise ValueError("a batch of at least one row, in non-negative time")
         self.per_row = moving_average(self.per_row, seconds / rows, self._weight)
+        self.per_batch = moving_average(self.per_batch, seconds, self._weight)
 
-    def expected_end(self, started: float, rows: int) -> float | None:
-        """When a partial batch of `rows` started at `started` should end (None: unknown)."""
-        return None if self.per_row is None else started + rows * self.per_row
+    def expected_end(self, started: float, rows: int, flat: bool = False) -> float | None:
+        """When a partial batch of `rows` started at `started` should end (None: unknown):
+        its rows times a row's cost, or with `flat` batches (rule 5) a batch's cost."""
+        if self.per_row is None or self.per_batch is None:
+            return None
+        return started + (self.per_batch if flat else rows * self.per_row)
 
 
 class ContextCost:
@@ -261,7 +276,8 @@ def plan(
         if not full and ready_at > now:
             wake.append(ready_at)
             break
-        size = min(config.max_batch_size, -(-len(urgent) // len(workers)))
+        share = len(urgent) if config.flat_batches else -(-len(urgent) // len(workers))
+        size = min(config.max_batch_size, share)
         batch, urgent = urgent[:size], urgent[size:]
         result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), partial=False))
     finals_left = any(q.priority is Priority.FINAL for q in urgent)

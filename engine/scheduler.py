@@ -21,7 +21,8 @@ Rules:
   submitted it.
 - Left context is shed under load (`context_below`, `context_budget`): the load gate of
   engine/context_gate.py decides, per batch, whether live finals go behind their left
-  context or alone (`stats.contexts_shed`).
+  context or alone (`stats.contexts_shed`); an `essential` one (the final starts inside
+  a word) is always kept.
 - A batch's results come back as a list the same length as its input; a recognizer
   error (or a length mismatch) fails every future of that batch, and the workers go on.
 - If the scheduler itself fails (a bug, an observer that raises), it is DEAD: every
@@ -89,6 +90,7 @@ class BatchScheduler:
         partial_wait: float = 0.25,
         context_below: float | None = None,
         context_budget: float | None = None,
+        flat_batches: bool = False,
         worker_init: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -106,6 +108,7 @@ class BatchScheduler:
             max_partial_batch=min(max_partial_batch, batch),
             partial_share=partial_share,
             partial_wait=partial_wait,
+            flat_batches=flat_batches,
         )
         self._clock = clock
         self._budget = PartialBudget(self._policy, clock())
@@ -323,7 +326,9 @@ class BatchScheduler:
             return
         worker.batch, worker.partial, worker.started = live, partial, self._clock()
         worker.expected_end = (
-            self._partial_cost.expected_end(worker.started, len(live)) if partial else None
+            self._partial_cost.expected_end(worker.started, len(live), self._policy.flat_batches)
+            if partial
+            else None
         )
         worker.stop.clear()
         worker.task = asyncio.create_task(self._run_batch(worker), name=f"batch-{worker.index}")

@@ -1,4 +1,4 @@
-"""Model workers as processes: a Recognizer whose batches run in child processes.
+"""Model workers as processes: a Recognizer whose batches run in supervised child processes.
 
 Why: with model workers as threads, every worker and the event loop share one GIL. A
 decoder step is ~150 small torch operations; each releases the GIL for its arithmetic and
@@ -9,247 +9,163 @@ while the server used 1.3-1.4 cores with the machine ~10 % idle (docs/performanc
 "Model workers as processes"). A process per worker has a GIL of its own; the event loop
 keeps its own.
 
-How: `ProcessRecognizer` starts `processes` children (spawned: a fork of a process with
-torch's and asyncio's threads is unsafe), each loading the model itself with `threads`
-torch threads and warming it up. `transcribe` takes an idle child, sends it the batch and
-blocks its caller (a scheduler worker thread, which holds no GIL while it waits) until
-the child answers. The scheduler never runs more batches at once than it has workers, so
-with one child per worker a call never waits for a child. A stop (`should_stop`) is passed
-on through a flag in shared memory that the child's recognizer polls as it would its own;
-the waiting thread looks at `should_stop` every `STOP_POLL_S`.
+How: `ProcessRecognizer` keeps `processes` slots, each holding a child (spawned: a fork
+of a process with torch's and asyncio's threads is unsafe) that loads the model itself
+with `threads` torch threads and warms it up (`engine.worker_child`). `transcribe` takes
+an idle child, sends it the batch and blocks its caller (a scheduler worker thread, which
+holds no GIL while it waits) until the child answers. The scheduler never runs more
+batches at once than it has workers, so with every child up a call never waits for one.
+A stop (`should_stop`) is passed on through a flag in shared memory that the child's
+recognizer polls as it would its own.
 
-A child that dies fails its batch (`WorkerProcessDied`) and is replaced before it is used
-again. Children ignore SIGINT (a Ctrl-C in a terminal reaches the whole process group: the
-server drains, then closes them) and end when their pipe closes, so they do not outlive a
-server that was killed.
-
-Messages are typed (`Batch`, `Close` in; `Ready`, `Done`, `Stopped`, `Failed` out); every
-payload is pickled by `multiprocessing.connection`. An utterance's audio is at most a few
-MB, microseconds to copy next to the tens of milliseconds a batch takes.
+Supervision (STYLE.md 18: alive is not healthy):
+- A child that dies while it runs a batch is seen within `STOP_POLL_S`; one that stops
+  beating (`engine.worker_child`: it polls the stop flag at every encoder row and decoder
+  step) for `hang_after` seconds (`PARLEY_WORKER_HANG_S`, 10 s) is hung and SIGKILLed, as
+  is one that does not answer a stop within `STOP_GRACE_S` (so a shutdown never waits on
+  it). Either way the batch runs again at once on another child, or on the replacement
+  when none is up (`MAX_ATTEMPTS` children at most, then it fails): its rows are not
+  lost. An idle child that dies is seen by the supervisor within `SUPERVISE_POLL_S`.
+- A lost child is replaced in the background by the supervisor thread, never in a batch's
+  path: the first time at once, then after a backoff that doubles (`backoff`) while the
+  slot keeps losing children without finishing a batch. A replacement that fails to load,
+  dies while loading or is not ready within `load_timeout` is killed and retried the
+  same way. A dead child is never handed a batch again.
+- `health()` says how many children are up and how many were replaced, by reason
+  (`died`, `hung`, `load_failed`): the server's /readyz and /metrics read it.
+- The supervisor thread starts every child, so that the kernel's parent-death signal
+  (bound to the starting thread) fires only when the pool is gone; `close()` ends them
+  all within `CLOSE_TIMEOUT_S` (a loading or hung child is killed, not waited for).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import collections
+import enum
 import logging
 import multiprocessing
-import queue
-import signal
+import multiprocessing.connection
 import threading
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.context import SpawnProcess
-from typing import Any, Literal
+from typing import Literal
 
 from engine.api import Transcription, Utterance
-from engine.loading import ModelConfig, load_whisper, resolve_device, set_torch_threads
-from engine.memory import malloc_trim
+from engine.loading import ModelConfig, resolve_device
 from engine.recognizer import Interrupted, StopCheck
+from engine.worker_child import (
+    STOP_POLL_S,
+    ChildProcess,
+    Ready,
+    WorkerLost,
+)
 
 logger = logging.getLogger(__name__)
 
-STOP_POLL_S = 0.003  # how often a waiting worker thread looks at `should_stop`
-READY_TIMEOUT_S = 600.0  # a child that has not loaded its model by then is given up
-CLOSE_TIMEOUT_S = 5.0  # how long a child gets to end after `Close` before it is killed
+SUPERVISE_POLL_S = 0.05  # how often the supervisor looks at idle and loading children
+READY_TIMEOUT_S = 300.0  # a child that has not loaded its model by then is given up
+HANG_AFTER_S = 10.0  # a child running a batch that has not beaten for this long is hung
+CLOSE_TIMEOUT_S = 2.0  # how long children get to end after `Close` before they are killed
+MAX_ATTEMPTS = 3  # children a batch may lose before it fails
+BACKOFF_BASE_S = 1.0  # the second restart in a row waits this long, each later one twice
+BACKOFF_MAX_S = 30.0
 
-
-class WorkerProcessDied(RuntimeError):
-    """A model worker process ended while it held a batch (or before it was ready)."""
-
-
-# ----------------------------------------------------------------------------- messages
-@dataclass(frozen=True, slots=True)
-class Batch:
-    utterances: list[Utterance]
+RESTART_REASONS = ("died", "hung", "load_failed")
 
 
 @dataclass(frozen=True, slots=True)
-class Close:
-    pass
+class WorkerHealth:
+    """The pool as /readyz and /metrics see it."""
+
+    processes: int  # slots
+    alive: int  # children loaded and serving (idle or busy)
+    restarts: dict[str, int]  # children replaced, by `RESTART_REASONS`
+    pids: tuple[int, ...] = ()  # the children's processes now (loading ones included)
+    busy: tuple[int, ...] = ()  # those running a batch
 
 
-@dataclass(frozen=True, slots=True)
-class Ready:
-    name: str
-    languages: frozenset[str]
-    max_batch_size: int
+def backoff(losses: int) -> float:
+    """The wait before restarting a slot that lost `losses` children in a row (without a
+    batch finished in between): none for the first, then 1, 2, 4 ... 30 s."""
+    return 0.0 if losses <= 1 else min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (losses - 2))
 
 
-@dataclass(frozen=True, slots=True)
-class Done:
-    transcriptions: list[Transcription]
+# ------------------------------------------------------------------------------- slots
+class SlotState(enum.Enum):
+    DOWN = "down"  # no child: one starts at `due`
+    LOADING = "loading"
+    IDLE = "idle"
+    BUSY = "busy"
 
 
-@dataclass(frozen=True, slots=True)
-class Stopped:
-    pass
+@dataclass(slots=True)
+class _Slot:
+    index: int
+    state: SlotState = SlotState.DOWN
+    child: ChildProcess | None = None
+    due: float = 0.0  # DOWN: when the next child starts; LOADING: when it is given up
+    losses: int = 0  # children lost (or failed to load) in a row, without a batch finished
 
 
-@dataclass(frozen=True, slots=True)
-class Failed:
-    error: str  # "TypeName: message"
-    details: str  # the child's traceback
+@dataclass(slots=True)
+class _Start:
+    """What the first load came to: the first Ready, or the first failure."""
 
-
-# ------------------------------------------------------------------------------- child
-def _child_main(
-    config: ModelConfig, threads: int, trim_interval: float, conn: Connection, stop: Any
-) -> None:
-    """A child's whole life: load, say Ready, then run batches until Close or EOF; after
-    a batch, give the heap's free pages back once `trim_interval` seconds have passed
-    since the last time (0: never)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING, format="model worker %(process)d: %(message)s")
-    try:
-        recognizer = load_whisper(config)
-        set_torch_threads(threads)  # after the load, which sets the loading thread's count
-        recognizer.warmup()
-    except Exception as exc:  # sent to the parent, which raises it
-        conn.send(Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        return
-    conn.send(Ready(recognizer.name, recognizer.languages, recognizer.max_batch_size))
-    trim = malloc_trim() if trim_interval > 0 else None
-    trimmed = time.monotonic()
-
-    def should_stop() -> bool:
-        return bool(stop.value)
-
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        if isinstance(message, Close):
-            return
-        if not isinstance(message, Batch):
-            conn.send(Failed(f"TypeError: unexpected message {message!r}", ""))
-            continue
-        try:
-            reply: Done | Stopped | Failed = Done(
-                recognizer.transcribe(message.utterances, should_stop)
-            )
-        except Interrupted:
-            reply = Stopped()
-        except Exception as exc:
-            reply = Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
-        conn.send(reply)
-        if trim is not None and time.monotonic() - trimmed >= trim_interval:
-            trim()
-            trimmed = time.monotonic()
-
-
-# ------------------------------------------------------------------------------ parent
-class _Child:
-    """One child process, its end of the pipe and its stop flag."""
-
-    def __init__(self, index: int, config: ModelConfig, threads: int, trim_interval: float) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.index = index
-        self.stop = context.RawValue(ctypes.c_bool, False)
-        self.conn, child_conn = context.Pipe()
-        self.process: SpawnProcess = context.Process(
-            target=_child_main,
-            args=(config, threads, trim_interval, child_conn, self.stop),
-            name=f"parley-model-{index}",
-            daemon=True,
-        )
-        self.process.start()
-        child_conn.close()
-
-    def wait_ready(self, timeout: float) -> Ready:
-        reply = self._receive(timeout)
-        if isinstance(reply, Failed):
-            raise RuntimeError(f"model worker process {self.index}: {reply.error}")
-        if not isinstance(reply, Ready):
-            raise RuntimeError(f"model worker process {self.index} sent {reply!r} first")
-        return reply
-
-    def run(
-        self, utterances: list[Utterance], should_stop: StopCheck | None
-    ) -> list[Transcription]:
-        self.stop.value = False
-        try:
-            self.conn.send(Batch(utterances))
-        except OSError:  # BrokenPipeError: it is gone
-            raise self._died() from None
-        while not self.conn.poll(STOP_POLL_S):
-            if not self.process.is_alive():
-                raise self._died()
-            if should_stop is not None and not self.stop.value and should_stop():
-                self.stop.value = True
-        reply = self._receive(0)
-        if isinstance(reply, Done):
-            return reply.transcriptions
-        if isinstance(reply, Stopped):
-            raise Interrupted("the batch was stopped")
-        if isinstance(reply, Failed):
-            logger.error("model worker process %d failed a batch:\n%s", self.index, reply.details)
-            raise RuntimeError(reply.error)
-        raise RuntimeError(f"model worker process {self.index} sent {reply!r}")
-
-    def _receive(self, timeout: float) -> object:
-        try:
-            if not self.conn.poll(timeout):
-                raise RuntimeError(
-                    f"model worker process {self.index} did not answer in {timeout:.0f} s"
-                )
-            return self.conn.recv()
-        except (EOFError, OSError):
-            raise self._died() from None
-
-    def _died(self) -> WorkerProcessDied:
-        self.process.join(1.0)
-        return WorkerProcessDied(
-            f"model worker process {self.index} died (exit code {self.process.exitcode})"
-        )
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError, ValueError):  # already gone
-            self.conn.send(Close())
-        self.process.join(CLOSE_TIMEOUT_S)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.conn.close()
+    ready: Ready | None = None
+    error: str | None = None
+    done: bool = False  # every slot up, or one failed
+    waiting: bool = True  # still in `__init__`: a failure is not retried, it is raised
+    slots_ready: int = 0
 
 
 class ProcessRecognizer:
-    """The Whisper recognizer `config` describes, run in `processes` child processes of
-    `threads` torch threads each (see the module doc), each trimming its heap every
-    `trim_interval` seconds between batches (`engine.memory`; 0: never). Blocks in
-    `__init__` until every child has loaded and warmed up its model; `close()` ends them."""
+    """The Whisper recognizer `config` describes, run in `processes` supervised child
+    processes of `threads` torch threads each (see the module doc), each trimming its heap
+    every `trim_interval` seconds between batches (`engine.memory`; 0: never); a child
+    that runs a batch without a heartbeat for `hang_after` seconds is hung. Blocks in
+    `__init__` until every child has loaded and warmed up its model (or one failed:
+    RuntimeError); `close()` ends them."""
 
     def __init__(
-        self, config: ModelConfig, processes: int, threads: int, trim_interval: float = 60.0
+        self,
+        config: ModelConfig,
+        processes: int,
+        threads: int,
+        trim_interval: float = 60.0,
+        *,
+        hang_after: float = HANG_AFTER_S,
+        load_timeout: float = READY_TIMEOUT_S,
     ) -> None:
         if processes < 1 or threads < 1:
             raise ValueError("need at least one process of at least one thread")
+        if hang_after <= 0 or load_timeout <= 0:
+            raise ValueError("hang_after and load_timeout must be positive")
         # Convert a packaged model once, here, not in every child at the same time.
         from engine.weights import resolve_model
 
         resolve_model(config.model, config.cache)
         self._config, self._threads, self._trim_interval = config, threads, trim_interval
-        self._lock = threading.Lock()
+        self._hang_after, self._load_timeout = hang_after, load_timeout
+        self._cond = threading.Condition()
         self._closed = False
-        self._children = [_Child(i, config, threads, trim_interval) for i in range(processes)]
-        try:
-            ready = [child.wait_ready(READY_TIMEOUT_S) for child in self._children]
-        except BaseException:
+        self._slots = [_Slot(i) for i in range(processes)]
+        self._idle: collections.deque[_Slot] = collections.deque()
+        self._restarts = dict.fromkeys(RESTART_REASONS, 0)
+        self._start = _Start()
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="parley-model-supervisor", daemon=True
+        )
+        self._supervisor.start()
+        with self._cond:
+            self._cond.wait_for(lambda: self._start.done)
+            self._start.waiting = False
+        if self._start.error is not None or self._start.ready is None:
             self.close()
-            raise
-        self._ready = ready[0]
-        self._idle: queue.SimpleQueue[_Child] = queue.SimpleQueue()
-        for child in self._children:
-            self._idle.put(child)
+            raise RuntimeError(self._start.error)
+        self._ready = self._start.ready
         logger.info(
-            "%s in %d worker processes (%d torch threads each)",
-            self._ready.name,
-            processes,
-            threads,
+            "%s in %d worker processes (%d torch threads each)", self.name, processes, threads
         )
 
     @property
@@ -266,42 +182,204 @@ class ProcessRecognizer:
 
     @property
     def processes(self) -> int:
-        return len(self._children)
+        return len(self._slots)
 
     def warmup(self) -> None:
         """Nothing to do: each child warmed its model up before it said it was ready."""
 
+    def health(self) -> WorkerHealth:
+        with self._cond:
+            up = (SlotState.IDLE, SlotState.BUSY)
+            return WorkerHealth(
+                processes=len(self._slots),
+                alive=sum(1 for s in self._slots if s.state in up),
+                restarts=dict(self._restarts),
+                pids=tuple(s.child.process.pid or 0 for s in self._slots if s.child),
+                busy=tuple(
+                    s.child.process.pid or 0
+                    for s in self._slots
+                    if s.child and s.state is SlotState.BUSY
+                ),
+            )
+
+    # ------------------------------------------------------------------ batches
+
     def transcribe(
         self, batch: Sequence[Utterance], should_stop: StopCheck | None = None
     ) -> list[Transcription]:
-        if self._closed:
-            raise RuntimeError("the model worker processes are closed")
-        child = self._idle.get()
-        try:
-            return child.run(list(batch), should_stop)
-        except WorkerProcessDied:
-            child = self._replace(child)
-            raise
-        finally:
-            self._idle.put(child)
+        utterances = list(batch)
+        lost: WorkerLost | None = None
+        for _ in range(MAX_ATTEMPTS):
+            slot = self._take(should_stop)
+            child = slot.child
+            assert child is not None  # an IDLE slot has one
+            try:
+                result = child.run(utterances, should_stop, self._hang_after)
+            except WorkerLost as exc:
+                child.kill()
+                self._lose(slot, child, exc.reason)
+                logger.error("%s; its batch of %d runs again", exc, len(utterances))
+                lost = exc
+                continue
+            except BaseException:
+                self._release(slot, finished=False)
+                raise
+            self._release(slot, finished=True)
+            return result
+        assert lost is not None
+        raise lost
 
-    def _replace(self, dead: _Child) -> _Child:
-        """A new child in a dead one's place (blocking while it loads its model)."""
-        logger.error("model worker process %d died; starting another", dead.index)
-        dead.close()
-        child = _Child(dead.index, self._config, self._threads, self._trim_interval)
-        with self._lock:
-            self._children[dead.index] = child
-        child.wait_ready(READY_TIMEOUT_S)
-        return child
+    def _take(self, should_stop: StopCheck | None) -> _Slot:
+        """An idle slot, now BUSY; waits for one (Interrupted when stopped meanwhile)."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RuntimeError("the model worker processes are closed")
+                if self._idle:
+                    slot = self._idle.popleft()
+                    slot.state = SlotState.BUSY
+                    return slot
+                if should_stop is not None and should_stop():
+                    raise Interrupted("stopped while waiting for a model worker process")
+                self._cond.wait(STOP_POLL_S * 3)
+
+    def _release(self, slot: _Slot, *, finished: bool) -> None:
+        with self._cond:
+            if slot.state is SlotState.BUSY:
+                slot.state = SlotState.IDLE
+                slot.losses = 0 if finished else slot.losses
+                self._idle.append(slot)
+                self._cond.notify_all()
+
+    def _lose(self, slot: _Slot, child: ChildProcess, reason: str) -> None:
+        """The slot's child is gone (`reason`: a RESTART_REASONS): restart it (backoff)."""
+        with self._cond:
+            if slot.child is not child or slot.state is SlotState.DOWN:
+                return
+            if slot in self._idle:
+                self._idle.remove(slot)
+            if not self._closed:  # `close()` kills busy children: no restart to count
+                self._restarts[reason] += 1
+            slot.losses += 1
+            slot.state, slot.child = SlotState.DOWN, None
+            slot.due = time.monotonic() + backoff(slot.losses)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ supervisor
+
+    def _supervise(self) -> None:
+        """Start children where slots are down and due, see them ready (or failed), and
+        notice idle children that died; at `close()`, end them (this thread started
+        them: their parent-death signal is bound to it)."""
+        try:
+            while not self._closed:
+                try:
+                    self._supervise_once()
+                except Exception:  # a bug: log it, and keep the pool supervised
+                    logger.exception("model worker supervisor")
+                    time.sleep(SUPERVISE_POLL_S)
+        finally:
+            self._end_children()
+
+    def _supervise_once(self) -> None:
+        with self._cond:
+            watched = [
+                (s, s.child)
+                for s in self._slots
+                if s.child is not None and s.state in (SlotState.LOADING, SlotState.IDLE)
+            ]
+            due = [s for s in self._slots if s.state is SlotState.DOWN]
+        waitables: list[object] = [
+            c.conn if s.state is SlotState.LOADING else c.process.sentinel for s, c in watched
+        ]
+        multiprocessing.connection.wait(waitables, SUPERVISE_POLL_S)  # type: ignore[arg-type]
+        now = time.monotonic()
+        for slot, child in watched:
+            if slot.state is SlotState.LOADING:
+                self._check_load(slot, child, now)
+            elif slot.state is SlotState.IDLE and not child.process.is_alive():
+                child.kill()
+                self._lose(slot, child, "died")
+                logger.error("idle model worker process %d died; restarting", slot.index)
+        for slot in due:
+            if slot.due <= now and not self._closed:
+                self._spawn(slot)
+
+    def _spawn(self, slot: _Slot) -> None:
+        # A replacement skips the warm-up: it decodes silence in every window (7 encoder
+        # passes, ~10 s at one thread on the loaded 2-core box) while finals wait for it,
+        # and a cold first batch took no longer than a warm one there (0.98 s vs 1.07 s).
+        warm = self._start.waiting
+        child = ChildProcess(slot.index, self._config, self._threads, self._trim_interval, warm)
+        with self._cond:
+            if self._closed or slot.state is not SlotState.DOWN:
+                closing = True
+            else:
+                closing = False
+                slot.state, slot.child = SlotState.LOADING, child
+                slot.due = time.monotonic() + self._load_timeout
+        if closing:
+            child.kill()
+
+    def _check_load(self, slot: _Slot, child: ChildProcess, now: float) -> None:
+        """A loading child that said Ready goes idle; one that failed, died or is late is
+        killed and its slot restarted later (the first load: `__init__` raises)."""
+        loaded = child.loaded()
+        if loaded is None and now < slot.due:
+            return
+        if isinstance(loaded, Ready):
+            with self._cond:
+                slot.state = SlotState.IDLE
+                self._idle.append(slot)
+                start = self._start
+                start.ready = start.ready or loaded
+                start.slots_ready += 1
+                start.done |= start.slots_ready >= len(self._slots)
+                self._cond.notify_all()
+            if not start.waiting:
+                logger.warning("model worker process %d is up again", slot.index)
+            return
+        error = loaded or f"not ready in {self._load_timeout:.0f} s"
+        child.kill()
+        with self._cond:
+            if self._start.waiting:  # the first load: `__init__` raises it
+                self._start.error = f"model worker process {slot.index}: {error}"
+                self._start.done = True
+                slot.state, slot.child, slot.due = SlotState.DOWN, None, float("inf")
+                self._cond.notify_all()
+                return
+        self._lose(slot, child, "load_failed")
+        logger.error(
+            "model worker process %d failed to load (%s); next try in %.0f s",
+            slot.index,
+            error,
+            backoff(slot.losses),
+        )
+
+    # ------------------------------------------------------------------ close
 
     def close(self) -> None:
-        """End every child (each finishes the batch it runs first, within a few seconds)."""
-        self._closed = True
-        with self._lock:
-            children = list(self._children)
-        for child in children:
-            child.close()
+        """End every child (see `_end_children`), and the supervisor."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._supervisor is not threading.current_thread():
+            self._supervisor.join(CLOSE_TIMEOUT_S + 10.0)
+
+    def _end_children(self) -> None:
+        """Idle children are asked to close and given `CLOSE_TIMEOUT_S`; loading, busy or
+        hung ones (or any still there then) are killed."""
+        with self._cond:
+            self._closed = True
+            slots = [(s, s.child) for s in self._slots if s.child is not None]
+        idle = [c for s, c in slots if s.state is SlotState.IDLE]
+        for child in idle:
+            child.ask_to_close()
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        for child in idle:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+        for _, child in slots:
+            child.kill()
 
 
 ProcessMode = Literal["auto", "on", "off"]

@@ -11,6 +11,7 @@ use it too, so they run the WebSocket implementation production runs.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import socket
 import sys
@@ -72,9 +73,14 @@ class ParleyServer(uvicorn.Server):
             self._captured_signals.remove(sig)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        state: AppState | None = getattr(self.app.state, "parley", None)
+        if state is not None and state.settings.server.drain_grace_s > 0:
+            # /readyz says 503 draining while the balancer's health check notices; new
+            # streams get 1013, the open ones go on.
+            state.registry.start_draining()
+            await asyncio.sleep(state.settings.server.drain_grace_s)
         for server in self.servers:  # stop accepting before the drain
             server.close()
-        state: AppState | None = getattr(self.app.state, "parley", None)
         if state is not None:
             await drain(state)
         await super().shutdown(sockets)

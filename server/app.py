@@ -19,12 +19,18 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from engine.loading import ModelConfig, load_whisper, set_torch_threads, worker_plan
+from engine.loading import (
+    ModelConfig,
+    load_whisper,
+    resolve_device,
+    set_torch_threads,
+    worker_plan,
+)
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from engine.worker_processes import ProcessRecognizer, in_processes
-from server import rest, stream, uploads
+from server import rest, speakers_api, stream, uploads
 from server.access import start_line
 from server.auth import build_authenticator
 from server.compat import routes as compat_routes
@@ -36,6 +42,7 @@ from server.registry import SessionRegistry
 from server.sandbox import SandboxMode, open_sandbox
 from server.settings import SettingError, Settings
 from server.state import AppState, ModelState
+from server.takeovers import watch_takeovers
 from server.tokens import open_tokens
 from session.actor import CLOSE_TIMEOUT
 from session.diarizer import DiarizerConfig
@@ -77,8 +84,22 @@ def whisper_recognizer(settings: Settings) -> Recognizer:
     config = model_config(settings)
     if in_processes(settings.model.model_processes, config):  # type: ignore[arg-type]  # checked
         workers, threads = worker_plan(config)
-        return ProcessRecognizer(config, workers, threads, settings.server.malloc_trim_interval_s)
+        return ProcessRecognizer(
+            config,
+            workers,
+            threads,
+            settings.server.malloc_trim_interval_s,
+            hang_after=settings.model.worker_hang_s,
+        )
     return load_whisper(config)
+
+
+def flat_batches(settings: Settings) -> bool:
+    """Whether a batch costs about what one row does (`PARLEY_BATCH_COST`; auto: on CUDA)."""
+    cost = settings.scheduler.batch_cost
+    if cost == "auto":
+        return resolve_device(model_config(settings)) == "cuda"
+    return cost == "flat"
 
 
 def segmenter_config(settings: Settings) -> SegmenterConfig:
@@ -145,6 +166,7 @@ async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
         partial_wait=batching.partial_wait_ms / 1000,
         context_below=context.context_gate,
         context_budget=context.context_budget,
+        flat_batches=flat_batches(settings),
         worker_init=partial(set_torch_threads, threads),
     )
     services = SessionServices(
@@ -163,6 +185,7 @@ async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
         speakers=speakers,
         speakers_off=speakers_off,
         diarizer=DiarizerConfig(max_speakers=settings.speakers.diarization_max_speakers),
+        speaker_match=settings.speakers.speaker_match_similarity,
     )
     scheduler.add_observer(state.metrics.observe_batch)
     scheduler.add_observer(state.capacity.observe_batch)
@@ -227,25 +250,29 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, AppState]]:
-        registry = SessionRegistry(settings.streams.max_sessions)
+        registry = SessionRegistry(settings.streams.max_sessions, settings.streams.resume_headroom)
+        store = open_store(
+            settings.store.redis_url,
+            prefix=settings.store.store_prefix,
+            ttl=TTLSettings(
+                base_s=settings.store.meeting_ttl_s, decay_s=settings.store.meeting_ttl_s
+            ),
+            node_lease_s=settings.store.node_lease_s,
+        )
         state = AppState(
             settings=settings,
-            store=open_store(
-                settings.store.redis_url,
-                prefix=settings.store.store_prefix,
-                ttl=TTLSettings(
-                    base_s=settings.store.meeting_ttl_s, decay_s=settings.store.meeting_ttl_s
-                ),
-            ),
+            store=store,
             registry=registry,
             metrics=Metrics(),
-            jobs=JobRegistry(settings.uploads, live_streams=lambda: len(registry), sandbox=sandbox),
+            jobs=JobRegistry(
+                settings.uploads, store.jobs, live_streams=lambda: len(registry), sandbox=sandbox
+            ),
             auth=auth,
             capacity=CapacityMonitor(
                 settings.streams.admit_max_queue_wait_ms / 1000, settings.scheduler.max_batch_size
             ),
-            stream_slots=Slots(settings.streams.max_streams_per_key),
             listener_slots=ListenerQuota(
+                store.quotas,
                 settings.streams.max_listeners_per_meeting,
                 settings.streams.max_listeners_per_tenant,
                 settings.streams.max_listeners,
@@ -258,6 +285,7 @@ def create_app(
             lambda: state.registry.meetings,
             lambda: state.store.failures,
             lambda: state.services.vad if state.services else None,
+            state.worker_health,
         )
         app.state.parley = state  # for the CLI's graceful shutdown hook
         state.loader = asyncio.create_task(_load_model(state, recognizer_factory))
@@ -266,10 +294,11 @@ def create_app(
             if settings.server.malloc_trim_interval_s > 0
             else None
         )
+        takeovers = asyncio.create_task(watch_takeovers(store, registry), name="takeovers")
         try:
             yield {"parley": state}
         finally:
-            background = [task for task in (state.loader, trimmer) if task is not None]
+            background = [t for t in (state.loader, trimmer, takeovers) if t is not None]
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -297,6 +326,10 @@ def create_app(
         Route("/v1/transcriptions/{job_id}", uploads.get_transcription, methods=["GET"]),
         Route("/v1/transcriptions/{job_id}", uploads.delete_transcription, methods=["DELETE"]),
         Route("/v1/meetings/{meeting_id}/tokens", rest.mint_token, methods=["POST"]),
+        Route("/v1/speakers", speakers_api.create_speaker, methods=["POST"]),
+        Route("/v1/speakers", speakers_api.list_speakers, methods=["GET"]),
+        Route("/v1/speakers/{speaker_id}", speakers_api.get_speaker, methods=["GET"]),
+        Route("/v1/speakers/{speaker_id}", speakers_api.delete_speaker, methods=["DELETE"]),
         Route("/healthz", rest.healthz, methods=["GET"]),
         Route("/readyz", rest.readyz, methods=["GET"]),
         Route("/metrics", rest.metrics, methods=["GET"]),

@@ -11,11 +11,16 @@ Bounds: at most `upload_max_jobs` unfinished jobs (more uploads get 503), and as
 finished ones, each kept `upload_job_ttl_s` (the oldest finished job goes first when
 more finish). Nothing else about uploads lives on the app: the registry holds the jobs,
 each job holds its own state.
+
+Other nodes see the jobs through the store (`Job.record()`, written on every change and
+every `job_sync_s` while unfinished, kept `upload_job_ttl_s`; server/job_records.py reads
+it back). A cancel asked on another node reaches this one at its next write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import secrets
@@ -33,9 +38,11 @@ from engine.api import SchedulerError
 from server.decode import DecodedAudio, DecodeLimits, decode_file
 from server.sandbox import UNCONFINED, Sandbox
 from server.settings import UploadSettings
+from session.enrolled import load_voices
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import SessionServices
 from session.vad import VadScorer
+from store.api import JobStore
 from store.errors import StoreError
 from store.records import SourceState
 from wire.transcript import TranscriptFormat, render, utterances
@@ -170,6 +177,17 @@ class Job:
             }
         return body
 
+    def record(self) -> bytes:
+        """What the store keeps of the job now, for other nodes (server/job_records.py)."""
+        record: dict[str, Any] = {
+            "job": self.describe(),
+            "tenant": self.tenant,
+            "labelled": self.options.labelled,
+        }
+        if self.status is JobStatus.DONE and self.progress is not None:
+            record["finals"] = [f.as_dict() for f in self.progress.finals]
+        return orjson.dumps(record)
+
     def render(self, fmt: TranscriptFormat) -> str:
         """The finished transcript as JSON (the job resource), TXT, SRT or VTT."""
         if fmt is TranscriptFormat.JSON or self.progress is None:
@@ -196,13 +214,17 @@ class JobRegistry:
     def __init__(
         self,
         settings: UploadSettings,
+        records: JobStore,
         live_streams: Callable[[], int] = lambda: 0,
         sandbox: Sandbox = UNCONFINED,
     ) -> None:
-        """`live_streams()` counts the open live streams: while there are any, a job keeps
-        only `upload_in_flight_live` requests in the scheduler. `sandbox` confines the
+        """`records`: where other nodes read the jobs (the store's). `live_streams()`
+        counts the open live streams: while there are any, a job keeps only
+        `upload_in_flight_live` requests in the scheduler. `sandbox` confines the
         decoder subprocesses."""
         self._settings = settings
+        self._records = records
+        self._sync: asyncio.Task[None] | None = None
         self.sandbox = sandbox
         self._live_streams = live_streams
         self._jobs: dict[str, Job] = {}
@@ -256,7 +278,19 @@ class JobRegistry:
             finally:
                 await asyncio.to_thread(upload.unlink, missing_ok=True)
 
-    def start(
+    @property
+    def root(self) -> Path:
+        """Where upload folders are made."""
+        return self._root
+
+    async def decode_other(self, src: Path, dst: Path, max_seconds: float) -> DecodedAudio:
+        """Decode a file that is no job's (an enrollment recording) in the sandbox, under
+        the same bound on decoders and the same limits but `max_seconds`."""
+        async with self._decoders:
+            limits = dataclasses.replace(self.limits, max_seconds=max_seconds)
+            return await decode_file(src, dst, limits, self.sandbox)
+
+    async def start(
         self,
         job: Job,
         audio: DecodedAudio,
@@ -266,7 +300,8 @@ class JobRegistry:
     ) -> None:
         """The upload is good audio: queue its transcription as the job's own task.
         `vad` scores its windows; `meeting_source`: the meeting source its finals are
-        logged as, if attached."""
+        logged as, if attached. The job's record is in the store when this returns, so
+        another node can read it as soon as the client has its id."""
         if self._closed:
             raise JobsFull("the server is shutting down")
         job.meeting_source = meeting_source
@@ -274,7 +309,10 @@ class JobRegistry:
         job.progress = FileProgress(total_samples=audio.samples)
         job.queued_at = time.monotonic()
         job.transition(JobStatus.QUEUED)
+        await self._publish(job)
         job.task = asyncio.create_task(self._run(job, services, vad), name=f"upload-{job.id}")
+        if self._sync is None:
+            self._sync = asyncio.create_task(self._sync_forever(), name="upload-jobs-sync")
 
     async def discard(self, job: Job) -> None:
         """Forget a job that never started (its upload was refused) and remove its files."""
@@ -282,17 +320,24 @@ class JobRegistry:
         await _remove(job.workdir)
 
     async def cancel(self, job: Job) -> None:
-        """Stop a job (if it still runs), remove its files, and forget it."""
+        """Stop a job (if it still runs), remove its files, and forget it (here and in
+        the store)."""
         if job.task is not None and not job.task.done():
             job.task.cancel()
             await asyncio.gather(job.task, return_exceptions=True)
         self._jobs.pop(job.id, None)
         await _remove(job.workdir)
+        try:
+            await self._records.delete(job.id)
+        except StoreError as exc:  # the record expires with its TTL
+            logger.warning("upload job %s: could not delete its record: %s", job.id, exc)
 
     async def close(self) -> None:
         """Shutdown: refuse new jobs, cancel every running one, remove every temp folder."""
         self._closed = True
         tasks = [j.task for j in self._jobs.values() if j.task is not None and not j.task.done()]
+        if self._sync is not None:
+            tasks.append(self._sync)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -301,12 +346,37 @@ class JobRegistry:
 
     # ------------------------------------------------------------------ the job's task
 
+    async def _publish(self, job: Job) -> bool:
+        """Write the job's record for other nodes; False if one of them asked to cancel it.
+        Best effort: while the store is unreachable the job runs on, unseen elsewhere."""
+        try:
+            return await self._records.put(
+                job.id,
+                job.record(),
+                finished=job.status.finished,
+                ttl_s=self._settings.upload_job_ttl_s,
+            )
+        except StoreError as exc:
+            logger.warning("upload job %s: could not write its record: %s", job.id, exc)
+            return True
+
+    async def _sync_forever(self) -> None:
+        """Every `job_sync_s`: each unfinished job's progress out, cancels in."""
+        while True:
+            await asyncio.sleep(self._settings.job_sync_s)
+            for job in [j for j in self._jobs.values() if j.task is not None]:
+                if job.status.finished or await self._publish(job):
+                    continue
+                logger.info("upload job %s cancelled through another node", job.id)
+                await self.cancel(job)
+
     async def _run(self, job: Job, services: SessionServices, vad: VadScorer) -> None:
         assert job.audio is not None and job.progress is not None
         try:
             async with self._runners:
                 job.started_at = time.monotonic()
                 job.transition(JobStatus.RUNNING)
+                await self._publish(job)
                 source = job.meeting_source
                 options = FileOptions(
                     source_id=f"upload-{job.id}" if source is None else source.session_id,
@@ -315,6 +385,11 @@ class JobRegistry:
                     meeting_source=source,
                     diarize=job.options.diarize,
                     keyterms=job.options.keyterms,
+                    enrolled=(
+                        await load_voices(services.store, job.tenant, services.speaker_match)
+                        if job.options.diarize
+                        else None
+                    ),
                     in_flight=self._in_flight,
                     model_share=self._model_share,
                 )
@@ -327,6 +402,7 @@ class JobRegistry:
             )
         except asyncio.CancelledError:
             job.transition(JobStatus.CANCELLED)
+            await self._publish(job)
             raise
         except (SchedulerError, StoreError) as exc:
             logger.warning("upload job %s failed: %s: %s", job.id, type(exc).__name__, exc)
@@ -338,6 +414,7 @@ class JobRegistry:
             job.transition(JobStatus.FAILED)
         finally:
             await _remove(job.workdir)
+        await self._publish(job)
 
     def _model_share(self) -> float:
         return self._settings.upload_live_share if self._live_streams() > 0 else 1.0

@@ -4,9 +4,11 @@
   idle for too long (4408) or running for too long (4413, after its finals), and reads
   audio no faster than `RealtimeBudget` allows (pacing, not refusal: a client that sends
   faster simply waits on TCP).
-- `Slots` counts held slots per key against one limit: streams per tenant (4429),
-  sockets waiting to authenticate (1013); `ListenerQuota` holds listeners per meeting
-  and per tenant (4429) and in all (1013).
+- `Slots` counts held slots per key against one limit, on this node: sockets waiting
+  to authenticate (1013), listeners in all (1013). `StreamSlot` (streams per tenant,
+  4429) and `ListenerQuota` (listeners per meeting and per tenant, 4429) hold leases in
+  the store's quotas: with Redis they count across every node, and a dead node's
+  expire with its lease (store/redis_leases.py).
 - `CapacityMonitor` watches the scheduler: when finals have recently waited too long for
   the model, or a full batch of finals is queued, new streams are refused with 1013.
   Partials are not a signal: they fill whatever the model has spare and thin out first.
@@ -23,6 +25,8 @@ from typing import Any
 from engine.api import Priority, RecognitionRequest, RecognitionResult
 from engine.scheduler import BatchScheduler
 from session.stream_state import Connection
+from store.api import Lease, QuotaClaim, Quotas
+from store.errors import QuotaFull, StoreError
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 
@@ -133,36 +137,95 @@ class Slots:
 ALL = ""  # the key of a Slots that counts one thing server-wide
 
 
-class ListenerQuota:
-    """Listener sockets per meeting, per tenant (authenticated) and in all, per node."""
+STREAMS = "streams"  # per tenant
+LISTENERS_PER_MEETING = "listeners-meeting"
+LISTENERS_PER_TENANT = "listeners-tenant"
 
-    def __init__(self, per_meeting: int, per_tenant: int, total: int) -> None:
-        self.meetings = Slots(per_meeting)
-        self.tenants = Slots(per_tenant)
+
+class ListenerQuota:
+    """Listener sockets per meeting and per tenant (authenticated), in the store's
+    quotas, and in all on this node."""
+
+    def __init__(self, quotas: Quotas, per_meeting: int, per_tenant: int, total: int) -> None:
+        self._quotas = quotas
+        self.per_meeting = per_meeting
+        self.per_tenant = per_tenant
         self.total = Slots(total)
 
     def held(self, meeting_id: str) -> int:
-        return self.meetings.held(meeting_id)
+        """The meeting's listeners on this node."""
+        return self._quotas.held(LISTENERS_PER_MEETING, meeting_id)
 
-    def acquire(self, meeting_id: str, tenant: str | None) -> None:
+    async def acquire(self, meeting_id: str, tenant: str | None) -> Lease:
         """Take a slot of each kind, or none: raise ProtocolError 4429 (the meeting's or
-        the tenant's quota) or 1013 (the server's bound)."""
+        the tenant's quota) or 1013 (this node's bound, or the store is unreachable)."""
         if not self.total.acquire(ALL):
             raise overloaded(f"server has {self.total.limit} listeners open (the limit)")
-        if tenant is not None and not self.tenants.acquire(tenant):
-            self.total.release(ALL)
-            raise quota_exceeded(f"tenant has {self.tenants.limit} listeners open (the limit)")
-        if not self.meetings.acquire(meeting_id):
-            self.total.release(ALL)
-            if tenant is not None:
-                self.tenants.release(tenant)
-            raise quota_exceeded(f"meeting has {self.meetings.limit} listeners already")
-
-    def release(self, meeting_id: str, tenant: str | None) -> None:
-        self.meetings.release(meeting_id)
+        claims = [QuotaClaim(LISTENERS_PER_MEETING, meeting_id, self.per_meeting)]
         if tenant is not None:
-            self.tenants.release(tenant)
+            claims.insert(0, QuotaClaim(LISTENERS_PER_TENANT, tenant, self.per_tenant))
+        try:
+            return await self._quotas.acquire(claims)
+        except QuotaFull as exc:
+            self.total.release(ALL)
+            if exc.name == LISTENERS_PER_TENANT:
+                raise quota_exceeded(
+                    f"tenant has {self.per_tenant} listeners open (the limit)"
+                ) from None
+            raise quota_exceeded(f"meeting has {self.per_meeting} listeners already") from None
+        except StoreError as exc:
+            self.total.release(ALL)
+            raise overloaded(f"quota store: {exc}") from None
+        except BaseException:
+            self.total.release(ALL)
+            raise
+
+    async def release(self, lease: Lease) -> None:
         self.total.release(ALL)
+        await self._quotas.release(lease)
+
+
+class StreamSlot:
+    """One stream's slot of its tenant's quota (none for anonymous streams), held under
+    its source's session id: a resume of the source takes the slot over instead of
+    counting twice while the old connection is still open (on any node)."""
+
+    def __init__(self, quotas: Quotas, tenant: str | None, limit: int) -> None:
+        self._quotas = quotas
+        self._claim = None if tenant is None else QuotaClaim(STREAMS, tenant, limit)
+        self._lease: Lease | None = None
+
+    async def take(self, session_id: str | None = None) -> None:
+        """Take the slot (under `session_id`, if known yet), or raise ProtocolError: 4429
+        at the tenant's limit, 1013 if the store is unreachable."""
+        if self._claim is None:
+            return
+        try:
+            self._lease = await self._quotas.acquire([self._claim], session_id)
+        except QuotaFull:
+            raise quota_exceeded(
+                f"tenant has {self._claim.limit} streams open (the limit)"
+            ) from None
+        except StoreError as exc:
+            raise overloaded(f"quota store: {exc}") from None
+
+    async def bind(self, session_id: str) -> None:
+        """The stream's source is known: hold the slot under its session id (take it now,
+        for a resumed source). Raises ProtocolError like `take`."""
+        if self._claim is None:
+            return
+        if self._lease is None:
+            await self.take(session_id)
+            return
+        try:
+            self._lease = await self._quotas.rebind(self._lease, session_id)
+        except StoreError as exc:
+            raise overloaded(f"quota store: {exc}") from None
+
+    async def release(self) -> None:
+        if self._lease is not None:
+            lease, self._lease = self._lease, None
+            await self._quotas.release(lease)
 
 
 def quota_exceeded(message: str) -> ProtocolError:

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult
 from engine.scheduler import BatchScheduler
+from engine.worker_processes import RESTART_REASONS, WorkerHealth
 from session.vad import VadScorer
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -119,6 +120,7 @@ class Metrics:
         meetings: Callable[[], int],
         store_failures: Callable[[], int],
         vad: Callable[[], VadScorer | None],
+        worker_health: Callable[[], WorkerHealth | None],
     ) -> None:
         """Register the live gauges, read from their owners at scrape time."""
 
@@ -171,7 +173,7 @@ class Metrics:
             )
             vad_windows.add_metric([], scorer.windows if scorer else 0)
             families = [active, rooms, depth, workers, busy, preempted, shed, tasks, store]
-            return [*families, vad_calls, vad_windows]
+            return [*families, vad_calls, vad_windows, *_worker_families(worker_health(), current)]
 
         self.registry.register(_LiveCollector(read))
 
@@ -211,3 +213,23 @@ class Metrics:
 
     def session_closed(self, reason: str, close_code: int) -> None:
         self.sessions.labels(reason, str(close_code)).inc()
+
+
+def _worker_families(health: WorkerHealth | None, scheduler: BatchScheduler | None) -> list[Metric]:
+    """The model workers up, and the worker processes restarted by reason (threads: every
+    worker is up, none is restarted)."""
+    alive = GaugeMetricFamily(
+        "parley_model_workers_alive",
+        "Model workers up and serving (a worker process being restarted is not)",
+    )
+    threads = scheduler.workers if scheduler else 0
+    alive.add_metric([], health.alive if health else threads)
+    restarts = CounterMetricFamily(
+        "parley_model_worker_restarts",
+        "Model worker processes replaced, by reason: died, hung (no heartbeat), "
+        "load_failed (a replacement that failed or timed out to load)",
+        labels=["reason"],
+    )
+    for reason in RESTART_REASONS:
+        restarts.add_metric([reason], health.restarts[reason] if health else 0)
+    return [alive, restarts]

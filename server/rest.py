@@ -160,10 +160,16 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready when the model is loaded and warmed, the scheduler runs, the store answers.
+    """Ready when the model is loaded and warmed, the scheduler runs, the store answers,
+    and the node takes new streams: 503 with the reason while it drains or is at
+    capacity (`max_sessions`), so a balancer sends new streams to another node.
 
     A dead engine (the scheduler's loop died) is not ready, with its reason: nothing will
-    be transcribed again until the process restarts."""
+    be transcribed again until the process restarts. Nor is one whose model worker
+    processes are all down (died or hung, being restarted): ready again once one is up.
+    The model's measured capacity (`checks.capacity`) is reported but leaves the node
+    ready (`degraded`): it refuses new streams while it lasts, but still serves resumes,
+    listeners, reads and uploads."""
     state = app_state(request)
     checks: dict[str, str] = {"model": state.model_state.value}
     reasons: list[str] = []
@@ -176,11 +182,23 @@ async def readyz(request: Request) -> Response:
     death = None if scheduler is None else scheduler.death
     if death is not None:
         reasons.append(str(death))
+    workers = state.worker_health()
+    if workers is not None:
+        checks["model_workers"] = f"{workers.alive}/{workers.processes}"
+        if workers.alive == 0:
+            reasons.append(
+                "no model worker process is up (each is being restarted); finals wait for one"
+            )
     health = await state.store.health()
     checks["store"] = "ok" if health.ok else "degraded"
     if not health.ok:
         reasons.append(f"store {health.backend}: {health.reason}")
-    checks["draining"] = str(state.registry.state.value == "draining").lower()
+    draining = state.registry.state.value == "draining"
+    checks["draining"] = str(draining).lower()
+    full = state.registry.full()
+    checks["sessions"] = "draining" if draining else ("full" if full else "ok")
+    if full is not None:
+        reasons.append(f"draining: {full}" if draining else f"at capacity: {full}")
     checks["upload_sandbox"] = state.jobs.sandbox.describe()
     refusal = state.capacity.refusal(scheduler)
     checks["capacity"] = "ok" if refusal is None else "full"
@@ -188,8 +206,9 @@ async def readyz(request: Request) -> Response:
         reasons.append(f"new streams refused: {refusal}")
     ready = (
         state.model_state is ModelState.READY
-        and state.registry.state.value == "open"
+        and full is None
         and death is None
+        and (workers is None or workers.alive > 0)
     )
     body = {
         "ready": ready,
@@ -199,6 +218,7 @@ async def readyz(request: Request) -> Response:
         "model": state.recognizer_name or state.settings.model.model,
         "sessions": len(state.registry),
         "access": state.auth.access.value,  # keys, protected or anonymous (server/access.py)
+        "node": state.store.node_id,
     }
     return JSONResponse(body, status_code=200 if ready else 503)
 

@@ -10,6 +10,7 @@ from starlette.requests import HTTPConnection
 
 from engine.recognizer import Recognizer
 from engine.scheduler import BatchScheduler
+from engine.worker_processes import ProcessRecognizer, WorkerHealth
 from server.auth import Authenticator
 from server.jobs import JobRegistry
 from server.limits import CapacityMonitor, ListenerQuota, Slots
@@ -38,7 +39,6 @@ class AppState:
     jobs: JobRegistry
     auth: Authenticator
     capacity: CapacityMonitor
-    stream_slots: Slots  # per tenant
     listener_slots: ListenerQuota  # per meeting, per tenant, in all
     waiting_auth: Slots  # sockets waiting for their `auth` message, in all
     model_state: ModelState = ModelState.LOADING
@@ -49,6 +49,12 @@ class AppState:
     recognizer: Recognizer | None = None
     recognizer_name: str = ""
     loader: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def worker_health(self) -> WorkerHealth | None:
+        """The model worker processes' health (None: the model runs in threads, or is
+        not loaded yet)."""
+        recognizer = self.recognizer
+        return recognizer.health() if isinstance(recognizer, ProcessRecognizer) else None
 
     def unavailable(self) -> str | None:
         """Why streams and uploads cannot start now (the model is not loaded, or the engine

@@ -21,10 +21,12 @@ from server.auth import (
     meeting_access,
 )
 from server.gate import Handshake, authenticate, close_reason
-from server.limits import LimitedConnection, RealtimeBudget, overloaded, quota_exceeded
+from server.limits import LimitedConnection, RealtimeBudget, StreamSlot, overloaded
 from server.registry import AdmissionRefused
 from server.state import AppState, app_state
 from session.actor import SessionActor
+from session.enrolled import load_voices
+from session.resume_context import ResumeContext, resume_context
 from session.services import SessionServices
 from session.stream_state import Connection
 from store.api import Store
@@ -92,20 +94,17 @@ async def serve_source(
     meeting's source in the store, limits, the session actor. Protocol v1 streams and the
     compat adapters (server/compat/) share every step; an adapter passes `connection`, its
     translating wrapper of the socket, and refuses through its own `handshake`."""
+    resuming = "resume_token" in query
+    slot = StreamSlot(
+        state.store.quotas, principal.tenant, state.settings.streams.max_streams_per_key
+    )
     try:
         services = _services_or_refuse(state)
-        if "resume_token" not in query:  # a resumed source was admitted before
-            _check_capacity(state)
+        _check_capacity(state, resumed=resuming)
+        if not resuming:  # a resumed source takes its own slot over once it is known
+            await slot.take()
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
-        return
-    tenant = principal.tenant
-    if tenant is not None and not state.stream_slots.acquire(tenant):
-        await refuse(
-            state,
-            handshake,
-            quota_exceeded(f"tenant has {state.stream_slots.limit} streams open (the limit)"),
-        )
         return
     try:
         await _serve_stream(
@@ -115,12 +114,12 @@ async def serve_source(
             config,
             query,
             principal,
+            slot,
             connection or handshake.websocket,
             acknowledge_finalize,
         )
     finally:
-        if tenant is not None:
-            state.stream_slots.release(tenant)
+        await slot.release()
 
 
 async def _serve_stream(
@@ -130,11 +129,13 @@ async def _serve_stream(
     config: StreamConfig,
     query: dict[str, str],
     principal: Principal,
+    slot: StreamSlot,
     socket: Connection,
     acknowledge_finalize: bool,
 ) -> None:
     try:
-        opened = await _open_source(state.store, config, query, principal)
+        opened = await _open_source(state.store, config, query, principal, services)
+        await slot.bind(opened.source.session_id)
         _check_language(opened.config.language, services.languages, state.recognizer_name)
         if opened.config.diarize and services.speakers is None:
             raise ProtocolError(ErrorCode.BAD_CONFIG, CloseCode.BAD_REQUEST, services.speakers_off)
@@ -143,9 +144,10 @@ async def _serve_stream(
         return
     budget = None
     if not principal.fast_replay:
-        budget = RealtimeBudget(
+        lead = opened.context.resume_from - opened.context.send_from if opened.context else 0.0
+        budget = RealtimeBudget(  # the re-sent lead (send_from) does not count
             state.settings.streams.realtime_factor,
-            state.settings.streams.realtime_burst_s,
+            state.settings.streams.realtime_burst_s + lead,
             time.monotonic(),
         )
     connection = LimitedConnection(
@@ -163,14 +165,22 @@ async def _serve_stream(
         resume_token=opened.token,
         replay=opened.replay,
         resumed=opened.resumed,
+        context=opened.context,
         acknowledge_finalize=acknowledge_finalize,
+        enrolled=(
+            await load_voices(state.store, principal.tenant, services.speaker_match)
+            if opened.config.diarize
+            else None
+        ),
     )
     try:
-        state.registry.admit(actor)
+        state.registry.admit(actor, resumed=opened.resumed)
     except AdmissionRefused as exc:
         await refuse(state, handshake, overloaded(exc.reason))
         return
     try:
+        if opened.resumed:  # the node still serving the old connection closes it (4409)
+            await state.store.takeovers.announce(config.meeting_id, actor.session_id)
         await handshake.accept()
         reason = await actor.run()
         logger.info(
@@ -215,12 +225,16 @@ def _services_or_refuse(state: AppState) -> SessionServices:
     return state.services
 
 
-def _check_capacity(state: AppState) -> None:
-    """Refuse a new stream (1013) past the stream bound or the model's measured capacity."""
+def _check_capacity(state: AppState, *, resumed: bool) -> None:
+    """Refuse a stream (1013) past the stream bound or, a new one, past the model's
+    measured capacity. A resumed stream may use the resume headroom (see
+    SessionRegistry.check_room): its words were already being transcribed somewhere."""
     try:
-        state.registry.check_room()
+        state.registry.check_room(resumed=resumed)
     except AdmissionRefused as exc:
         raise overloaded(exc.reason) from None
+    if resumed:
+        return
     reason = state.capacity.refusal(state.scheduler)
     if reason is not None:
         raise overloaded(reason)
@@ -245,14 +259,25 @@ class _OpenedSource:
     token: str
     replay: list[FinalRecord]
     resumed: bool
+    context: ResumeContext | None = None  # a resumed source's next final's left context
+
+
+# A resume reads the meeting's last this-many finals at least: the source's last ones,
+# for its next final's left context, are among them unless the others spoke that many since.
+RECENT_FINALS = 64
 
 
 async def _open_source(
-    store: Store, config: StreamConfig, query: dict[str, str], principal: Principal
+    store: Store,
+    config: StreamConfig,
+    query: dict[str, str],
+    principal: Principal,
+    services: SessionServices,
 ) -> _OpenedSource:
     """A new source of the meeting, or the one a `resume_token` names (with the finals the
-    client has not seen: this source's finals after `last_seq`). Either way, the meeting
-    must be the principal's: a new one becomes its (first writer wins)."""
+    client has not seen: this source's finals after `last_seq`, and the left context of
+    its next final). Either way, the meeting must be the principal's: a new one becomes
+    its (first writer wins)."""
     token = query.get("resume_token")
     meeting_id = config.meeting_id
     try:
@@ -267,11 +292,12 @@ async def _open_source(
         source = (await store.resume_source(meeting_id, token, participant)).with_origin(
             time.time()
         )
-        replay = [
-            f
-            for f in await store.finals(meeting_id, after_seq=last_seq)
-            if f.session_id == source.session_id
-        ]
+        recent = await store.finals(
+            meeting_id,
+            after_seq=max(0, min(last_seq, await store.last_seq(meeting_id) - RECENT_FINALS)),
+        )
+        mine = [f for f in recent if f.session_id == source.session_id]
+        replay = [f for f in mine if f.seq > last_seq]
     except UnknownResumeToken as exc:
         raise ProtocolError(ErrorCode.NOT_FOUND, CloseCode.NOT_FOUND, str(exc)) from None
     except ResumeRefused as exc:
@@ -281,7 +307,14 @@ async def _open_source(
     config = dataclasses.replace(config, participant=source.participant)
     if "language" not in query and source.language is not None:
         config = dataclasses.replace(config, language=source.language)  # keep its language
-    return _OpenedSource(config, source, token, replay, resumed=True)
+    limit = services.left_context
+    languages, language = services.context_languages, config.language
+    if language == "auto":
+        language = source.language or "auto"
+    if languages is not None and language != "auto" and language not in languages:
+        limit = 0.0  # as Committer._left_limit: no left context in this language
+    context = resume_context(mine, source, limit)
+    return _OpenedSource(config, source, token, replay, resumed=True, context=context)
 
 
 async def events_endpoint(websocket: WebSocket) -> None:
@@ -302,7 +335,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
         await refuse(state, handshake, exc)
         return
     try:
-        state.listener_slots.acquire(meeting_id, principal.tenant)
+        lease = await state.listener_slots.acquire(meeting_id, principal.tenant)
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
         return
@@ -312,7 +345,7 @@ async def events_endpoint(websocket: WebSocket) -> None:
         error = await _serve_listener(websocket, state, meeting_id, after_seq, owner)
     finally:
         state.metrics.listeners.dec()
-        state.listener_slots.release(meeting_id, principal.tenant)
+        await state.listener_slots.release(lease)
     timeout = state.settings.streams.listener_send_timeout_s
     if isinstance(error, SubscriberLagged):
         await _close_with(

@@ -19,9 +19,11 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from store.errors import StoreError, StoreOverloaded, StoreUnavailable
+from store.redis_clients import close_client, redis_client
 
 MAX_MEMORY_TOKENS = 100_000  # outstanding tokens one node holds before minting is refused
 PER_TENANT = 1000  # outstanding tokens per tenant (PARLEY_MAX_TOKENS_PER_TENANT)
+MAX_CONNECTIONS = 16  # to Redis, per node; more calls wait for one (up to the timeout)
 
 
 class TokenQuotaExceeded(StoreError):
@@ -128,7 +130,13 @@ class RedisTokens:
 
     @classmethod
     def from_url(cls, url: str, prefix: str, *, per_tenant: int = PER_TENANT) -> RedisTokens:
-        redis = Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+        redis = redis_client(
+            url,
+            socket_timeout=5.0,
+            connect_timeout=5.0,
+            max_connections=MAX_CONNECTIONS,
+            client_name="parley-tokens",
+        )
         return cls(redis, prefix, per_tenant=per_tenant)
 
     async def put(self, digest: str, grant: TokenGrant, ttl_s: float) -> None:
@@ -163,7 +171,7 @@ class RedisTokens:
         return grant if grant.expires_at > time.time() else None
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await close_client(self._redis)
 
 
 def open_tokens(redis_url: str | None, prefix: str, *, per_tenant: int = PER_TENANT) -> TokenStore:

@@ -9,6 +9,9 @@
   when done; `?format=txt|srt|vtt` renders the finished transcript.
 - `DELETE /v1/transcriptions/{id}` cancels the job and forgets it.
 
+Any node answers the GET and the DELETE: the node that runs a job keeps it, the others
+read its record in the store (server/job_records.py) and ask its node to cancel it.
+
 Everything wrong with the file itself is answered on the POST: a 202 means the file is
 good audio and will be transcribed.
 """
@@ -19,6 +22,7 @@ import asyncio
 import datetime
 import logging
 import math
+import re
 import time
 from collections.abc import Sequence
 
@@ -28,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 from server.access import client_host, is_loopback
 from server.auth import ANONYMOUS, Principal, bearer, create_owned_source
 from server.decode_worker import Refusal
+from server.job_records import StoredJob
 from server.jobs import Job, JobOptions, JobsFull, JobStatus
 from server.sandbox import unsandboxed
 from server.settings import Settings
@@ -49,6 +54,7 @@ OPTION_FIELDS = frozenset(
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
 EARLIEST_STARTED_AT = 946_684_800.0  # 2000-01-01T00:00:00Z
+JOB_ID = re.compile(r"[0-9a-f]{16}")  # secrets.token_hex(8): others are not looked up
 
 
 def _problem(
@@ -251,7 +257,7 @@ async def create_transcription(request: Request) -> Response:
                 principal,
                 origin=job.created_at if options.started_at is None else options.started_at,
             )
-        state.jobs.start(job, audio, services, file_vad, source)
+        await state.jobs.start(job, audio, services, file_vad, source)
     except Refusal as exc:
         await state.jobs.discard(job)
         logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)
@@ -313,11 +319,21 @@ def _auth_status(error: ProtocolError) -> int:
     return 403 if error.close_code == CloseCode.FORBIDDEN else 401
 
 
-def _job(request: Request) -> Job | Response:
+async def _job(request: Request) -> Job | StoredJob | Response:
+    """The job: this node's own, else as its node last wrote it in the store."""
     tenant = _tenant(request)
     if isinstance(tenant, Response):
         return tenant
-    job = app_state(request).jobs.get(request.path_params["job_id"])
+    state = app_state(request)
+    job_id = request.path_params["job_id"]
+    job: Job | StoredJob | None = state.jobs.get(job_id)
+    if job is None and JOB_ID.fullmatch(job_id):
+        try:
+            entry = await state.store.jobs.get(job_id)
+        except StoreError as exc:
+            return _problem(503, "overloaded", f"job store: {exc}", {"Retry-After": RETRY_AFTER_S})
+        if entry is not None:
+            job = StoredJob.from_entry(job_id, entry, state.settings.store.node_lease_s)
     if job is None or job.tenant != tenant:  # another tenant's job does not exist for you
         return _problem(404, "not_found", "no such transcription job (it may have expired)")
     return job
@@ -325,7 +341,7 @@ def _job(request: Request) -> Job | Response:
 
 async def get_transcription(request: Request) -> Response:
     """GET /v1/transcriptions/{id}[?format=json|txt|srt|vtt] — status, progress, result."""
-    job = _job(request)
+    job = await _job(request)
     if isinstance(job, Response):
         return job
     try:
@@ -344,9 +360,18 @@ async def get_transcription(request: Request) -> Response:
 
 
 async def delete_transcription(request: Request) -> Response:
-    """DELETE /v1/transcriptions/{id} — cancel the job if it runs, drop it and its files."""
-    job = _job(request)
+    """DELETE /v1/transcriptions/{id} — cancel the job if it runs, drop it and its files
+    (another node's job: it is gone for readers now; its node cancels it within
+    `job_sync_s`)."""
+    job = await _job(request)
     if isinstance(job, Response):
         return job
-    await app_state(request).jobs.cancel(job)
+    state = app_state(request)
+    if isinstance(job, Job):
+        await state.jobs.cancel(job)
+        return Response(status_code=204)
+    try:
+        await state.store.jobs.request_cancel(job.id)
+    except StoreError as exc:
+        return _problem(503, "overloaded", f"job store: {exc}", {"Retry-After": RETRY_AFTER_S})
     return Response(status_code=204)

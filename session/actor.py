@@ -41,13 +41,16 @@ from session.ending import (
     committer_failed,
     disconnected,
     first_ending,
+    last_messages,
     refused,
     slow_consumer,
 )
+from session.enrolled import EnrolledVoices
 from session.final_order import PendingFinal
 from session.outbox import Outbox, OutboxDelivery, OutboxState
 from session.partial_sender import PartialSender
 from session.pipeline import AudioPipeline, seconds
+from session.resume_context import ResendLead, ResumeContext, stored_vad_state
 from session.segmenter import (
     PartialDue,
     SegmentEvent,
@@ -65,7 +68,7 @@ from store.errors import StoreError
 from store.records import FinalRecord, SourceState
 from wire import build, keyterms
 from wire.codes import CloseCode, ErrorCode
-from wire.control import ControlType, parse_control
+from wire.control import ControlType, parse_control, parse_resend
 from wire.errors import ProtocolError
 from wire.messages import ServerMessage
 from wire.query import StreamConfig
@@ -85,9 +88,11 @@ class _Finalized:
 
 @dataclass(eq=False)  # identity semantics: actors live in sets
 class SessionActor:
-    """`source` is the stored state of this audio source when the stream starts: new, or
-    read by a resume (then the stream's timeline starts at `source.acked_until` and
-    `replay` holds the finals the client has not seen). The committer keeps it current."""
+    """`source` is the stored state of this audio source when the stream starts: new, or read by a
+    resume (then the stream's timeline starts at `source.acked_until` and `replay` holds the finals
+    the client has not seen; its VAD goes on from the state stored with its last final; `context`
+    names the logged utterances its next final is decoded behind, re-heard from the audio a client
+    that sends `resend` re-sends from `send_from`). The committer keeps `source` current."""
 
     websocket: Connection
     config: StreamConfig
@@ -96,8 +101,11 @@ class SessionActor:
     resume_token: str
     replay: list[FinalRecord] = field(default_factory=list)
     resumed: bool = False
+    context: ResumeContext | None = None
     # Answer each `finalize` with an internal `finalize.done` (the compat adapters ask).
     acknowledge_finalize: bool = False
+    # The tenant's enrolled voices (diarized sources name the ones that match).
+    enrolled: EnrolledVoices | None = None
     state: SessionState = SessionState.CONNECTING
 
     def __post_init__(self) -> None:
@@ -117,7 +125,9 @@ class SessionActor:
             start_sample=self.start_sample,
             first_index=self.source.next_utterance,
             telemetry=services.telemetry,
+            vad_start=stored_vad_state(self.source) if self.resumed else None,
         )
+        self._lead = ResendLead(self.context)
         self._outbox = Outbox(
             services.outbox_limit,
             on_partial_dropped=lambda: services.telemetry.partial_dropped("merged"),
@@ -126,21 +136,14 @@ class SessionActor:
         self._speculator = Speculator(services.scheduler, services.telemetry)
         labeller = None
         if config.diarize and services.speakers is not None:
-            labeller = SpeakerLabeller(services.speakers, services.diarizer)
+            labeller = SpeakerLabeller(services.speakers, services.diarizer, self.enrolled)
         self._committer = Committer(
-            CommitterConfig(
+            CommitterConfig.for_source(
+                services,
                 session_id=self.session_id,
                 participant=config.participant,
-                priority=Priority.FINAL,
-                timing=True,
-                requested_language=None if config.language == "auto" else config.language,
-                model_languages=services.languages,
-                prompts=services.prompts,
-                left_context=services.left_context,
-                context_wait=services.context_wait,
-                context_languages=services.context_languages,
-                clock=services.clock,
-                telemetry=services.telemetry,
+                language=None if config.language == "auto" else config.language,
+                live=True,
                 request_key=self.request_key,
                 keyterms=config.keyterms,
             ),
@@ -274,6 +277,7 @@ class SessionActor:
             resumed=self.resumed,
             last_seq=await self.services.store.last_seq(self.meeting_id),
             origin=self.source.origin,
+            send_from=self.context.send_from if self.context is not None else None,
         )
         opening = [build.encode(started)]
         language = self._committer.language
@@ -307,19 +311,8 @@ class SessionActor:
             # It reads too slowly for its backlog: drop it (a resume replays the finals).
             self._outbox.close_with(build.encode(ending.error.to_message()))
             return
-        if ending.reason in {EndReason.STOP, EndReason.SHUTDOWN}:
-            totals = self.totals
-            self._put(
-                build.session_ended(
-                    reason=ending.reason.value,
-                    audio_seconds=round(totals.audio_samples / SAMPLE_RATE, 3),
-                    utterances=totals.utterances,
-                    finals=totals.finals,
-                    finals_lost=self.lost,
-                )
-            )
-        if ending.error is not None:  # last: the close with its code follows
-            self._put(build.error(ending.error.code, ending.error_message(self.lost)))
+        for message in last_messages(ending, self.totals, self.lost):
+            self._put(message)
         self._outbox.close()
 
     @property
@@ -372,14 +365,19 @@ class SessionActor:
                 f"frame of {size} bytes exceeds the limit of {self.services.max_frame_bytes}",
             )
         if data is not None:
-            await self._handle(await self._pipeline.decode(data))
+            events = await self._pipeline.decode(data)
+            if (said := self._lead.heard(self._pipeline)) is not None:
+                self._committer.hear_before(said)
+            await self._handle(events)
             return None
         control = parse_control(text or "")
         if control is ControlType.CONFIGURE:  # for the utterances sent from now on
             self._committer.keyterms = keyterms.configure_keyterms(text or "")
-        if control is ControlType.STOP:
+        elif control is ControlType.RESEND:
+            self._lead.resend(parse_resend(text or ""), self._pipeline)
+        elif control is ControlType.STOP:
             return STOPPED
-        if control is ControlType.FINALIZE:
+        elif control is ControlType.FINALIZE:
             cut = self._pipeline.cut()
             await self._handle(cut)
             if self.acknowledge_finalize:
@@ -391,7 +389,8 @@ class SessionActor:
     async def _handle(self, events: list[SegmentEvent]) -> None:
         for event in events:
             if isinstance(event, SpeechStarted):
-                self._put(build.speech_started(seconds(event.sample)))
+                utterance_id = f"{self.session_id}-{event.index}"
+                self._put(build.speech_started(seconds(event.sample), utterance_id))
             elif isinstance(event, SpeechStopped):
                 self._put(build.speech_stopped(seconds(event.sample)))
             elif isinstance(event, PartialDue):
@@ -407,7 +406,9 @@ class SessionActor:
                 # A queued partial would never run before this final (finals outrank them).
                 self.services.scheduler.cancel(self.request_key, only=Priority.PARTIAL)
                 draft = self._partials.draft_for(event.index)
-                await self._finals.put(await self._committer.submit(event, draft))
+                pending = await self._committer.submit(event, draft)
+                pending.vad_state = self._pipeline.vad_state_at(event.index)
+                await self._finals.put(pending)
                 self._speculator.withdraw()  # what the final did not take
 
     # ------------------------------------------------------------------ committer, writer
@@ -436,8 +437,6 @@ class SessionActor:
             await self.websocket.send_text(build.encode(build.transcript_final(record)))
         while (message := await self._outbox.get()) is not None:
             await self.websocket.send_text(message)
-
-    # ------------------------------------------------------------------ helpers
 
     def _put(self, message: ServerMessage) -> None:
         self._outbox.put(build.encode(message))

@@ -52,7 +52,9 @@ from session.final_log import Delivery, FinalLog
 from session.final_order import FinalOrder, PendingFinal
 from session.language import LanguageGate, LanguagePinned
 from session.pipeline import FloatArray
+from session.said_before import SaidBefore
 from session.segmenter import UtteranceEnded, UtteranceMayEnd
+from session.services import SessionServices
 from session.speakers import SpeakerLabeller
 from session.telemetry import NullTelemetry, Telemetry
 from store.api import Store
@@ -96,6 +98,39 @@ class CommitterConfig:
     # Words the source expects (`Utterance.keyterms`); a stream's `configure` replaces
     # them (`Committer.keyterms`).
     keyterms: tuple[str, ...] = ()
+
+    @classmethod
+    def for_source(
+        cls,
+        services: SessionServices,
+        *,
+        session_id: str,
+        participant: str,
+        language: str | None,
+        live: bool,
+        request_key: str | None = None,
+        keyterms: tuple[str, ...] = (),
+    ) -> CommitterConfig:
+        """The committer of a live source (`live`) or of a file, from the services both
+        share: the same prompts, left context and languages. A live one also times its
+        finals, bounds its wait for the final before (context_wait) and reports to the
+        telemetry; a file's finals wait for theirs and outrank nothing live."""
+        return cls(
+            session_id=session_id,
+            participant=participant,
+            priority=Priority.FINAL if live else Priority.FILE,
+            timing=live,
+            requested_language=language,
+            model_languages=services.languages,
+            prompts=services.prompts,
+            left_context=services.left_context,
+            context_wait=services.context_wait if live else None,
+            context_languages=services.context_languages,
+            clock=services.clock,
+            telemetry=services.telemetry if live else NullTelemetry(),
+            request_key=request_key,
+            keyterms=keyterms,
+        )
 
     @property
     def engine_key(self) -> str:
@@ -160,6 +195,10 @@ class Committer:
         """Finals logged so far."""
         return self._log.finals
 
+    def hear_before(self, said: SaidBefore) -> None:
+        """A resumed source's last utterances, heard again (session.resume_context)."""
+        self._order.hear_before(said)
+
     def prompt_for_partial(self) -> str | None:
         """The prompt a partial of the utterance in progress decodes with
         (`FinalOrder.prompt_for_partial`)."""
@@ -173,7 +212,7 @@ class Committer:
         if self.gate.language is None or prompt is None:
             return None
         utterance = self._utterance(event.audio, draft, prompt)
-        return self._order.speculative(utterance, event.index, event.start)
+        return self._order.speculative(utterance, event.index, event.start, event.continues)
 
     def _utterance(self, audio: FloatArray, draft: str, prompt: str) -> Utterance:
         return Utterance(
@@ -184,7 +223,9 @@ class Committer:
         """Send the utterance `event` ended to the engine (or hold it for its language, or
         for its prompt: the final before it)."""
         utterance = self._utterance(event.audio, draft, "")  # the prompt: when admitted
-        pending = PendingFinal(event.index, event.start, event.end, utterance, self.config.clock())
+        pending = PendingFinal(
+            event.index, event.start, event.end, utterance, self.config.clock(), event.continues
+        )
         if self._labeller is not None:
             pending.speakers = self._labeller.embed(event.audio)
         await self._order.cut(pending)

@@ -12,7 +12,9 @@ embeddings of its back-to-back windows (engine/speakers.py):
    centroid is most alike, or a new speaker ("S1", "S2", …, at most `max_speakers`) when
    none is alike enough and the part is long enough to tell.
 3. `recluster()` (every `recluster_every_s` of new speech, and at the end) clusters the
-   segments again with no speaker count given (session/clustering.py): spectral
+   segments again with no speaker count given (session/clustering.py). Under
+   `linkage_below_s` of speech: average linkage at an adaptive similarity (`linkage_cut`).
+   Past it: spectral
    clustering of their windows' embeddings (a segment goes where most of its windows
    go), the count from the eigengap; where that finds no valid split (one cluster, or
    one whose segments' silhouette is below `min_silhouette`: too few points for an
@@ -37,7 +39,16 @@ import numpy.typing as npt
 
 from engine.api import SAMPLE_RATE, SpeakerWindows
 from session.assignment import best_assignment
-from session.clustering import absorb_small, cluster, silhouette, spectral, unit, window_points
+from session.clustering import (
+    absorb_small,
+    cluster,
+    linkage_cut,
+    silhouette,
+    spectral,
+    unit,
+    window_points,
+)
+from session.enrolled import EnrolledVoices
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -48,6 +59,7 @@ LABEL_PREFIX = "S"
 class DiarizerConfig:
     max_speakers: int = 6
     new_speaker_similarity: float = 0.72  # below this to every centroid: a new speaker
+    max_threshold: float = 0.95  # re-clustering raises the new-speaker threshold at most to
     min_silhouette: float = 0.4  # a split into speakers whose segments score below: none
     split_margin: float = 0.12  # sides of an utterance less alike than threshold - this: split
     min_new_speaker_s: float = 1.2  # shorter parts never open a new speaker
@@ -59,6 +71,10 @@ class DiarizerConfig:
     recluster_window: int = 400  # segments re-clustered (the most recent)
     max_points: int = 240  # windows clustered at most (more: neighbours averaged in runs)
     cut_search_s: float = 0.8  # a split moves to the quietest point within this of its boundary
+    linkage_below_s: float = 60.0  # less speech: average linkage (more: spectral clustering),
+    merge_similarity: float = 0.87  # ... merging clusters at least this alike, or at least
+    merge_margin: float = 0.08  # ... this below how alike the closest segments are,
+    merge_floor: float = 0.70  # ... but never clusters less alike than this
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_speakers <= 26:
@@ -109,6 +125,9 @@ class Diarizer:
     _sums: dict[str, FloatArray] = field(default_factory=dict)  # label → weighted sum
     _since_recluster: float = 0.0
     threshold: float = -1.0  # new-speaker similarity now: the config's, adapted by re-clustering
+    enrolled: EnrolledVoices | None = None  # the tenant's named voices: clusters that match
+    _names: dict[str, str] = field(default_factory=dict)  # cluster label → enrolled name
+    _shown: dict[str, str] = field(default_factory=dict)  # segment key → label last given out
 
     def __post_init__(self) -> None:
         if self.threshold < 0:
@@ -230,13 +249,43 @@ class Diarizer:
         self.segments.append(segment)
         self._add(segment)
         self._since_recluster += weight
-        return label
+        self._shown[key] = self._shown_label(label)
+        return self._shown[key]
 
     def label_of(self, key: str) -> str | None:
+        """The label a segment shows now: its enrolled speaker's name, or its S-label."""
         for segment in reversed(self.segments):
             if segment.key == key:
-                return segment.label
+                return self._names.get(segment.label, segment.label)
         return None
+
+    def renamed(self) -> list[Relabel]:
+        """Segments whose shown label changed since it was given out (a cluster matched an
+        enrolled speaker as it grew, or re-clustering moved it), with their new label."""
+        if self.enrolled:
+            self._names = self.enrolled.match(
+                {label: unit(total) for label, total in self._sums.items()}, self._seconds()
+            )
+        changed: list[Relabel] = []
+        for segment in self.segments:
+            label = self._names.get(segment.label, segment.label)
+            if self._shown.get(segment.key) != label:
+                self._shown[segment.key] = label
+                changed.append(Relabel(segment.key, label))
+        return changed
+
+    def _shown_label(self, label: str) -> str:
+        if self.enrolled:
+            self._names = self.enrolled.match(
+                {name: unit(total) for name, total in self._sums.items()}, self._seconds()
+            )
+        return self._names.get(label, label)
+
+    def _seconds(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for segment in self.segments:
+            out[segment.label] = out.get(segment.label, 0.0) + segment.weight
+        return out
 
     def due(self) -> bool:
         """Enough new speech since the last re-clustering to run another."""
@@ -248,11 +297,12 @@ class Diarizer:
         """Cluster the recent segments again; relabel those whose speaker changed."""
         self._since_recluster = 0.0
         recent = self.segments[-self.config.recluster_window :]
+        before = {s.key: self._names.get(s.label, s.label) for s in recent}
         for old in self.segments[: -self.config.recluster_window]:  # never clustered again
             old.windows, old.window_weights = old.embedding[None, :], np.array([old.weight])
         anchors = [s for s in recent if s.weight >= self.config.min_cluster_s]
         if len(anchors) < 2:
-            return []
+            return self.renamed()
         vectors = np.stack([s.embedding for s in anchors]).astype(np.float64)
         weights = np.array([s.weight for s in anchors])
         clusters = self._partition(anchors, vectors, weights)
@@ -267,16 +317,19 @@ class Diarizer:
             if id(segment) not in anchored:
                 sims = [float(segment.embedding @ c) for c in centroids]
                 members[int(np.argmax(sims))].append(segment)
-        changed: list[Relabel] = []
         for name, group in zip(self._name(members), members, strict=True):
-            for segment in sorted(group, key=lambda s: s.start):
-                if segment.label != name:
-                    segment.label = name
-                    changed.append(Relabel(segment.key, name))
+            for segment in group:
+                segment.label = name
         self._sums = {}
         for segment in self.segments:
             self._add(segment)
         self._sums = dict(sorted(self._sums.items(), key=lambda kv: _label_number(kv[0])))
+        changed = self.renamed()
+        told = {r.key for r in changed}
+        for segment in recent:  # the label moved back to the one last given out
+            label = self._names.get(segment.label, segment.label)
+            if segment.key not in told and before[segment.key] != label:
+                changed.append(Relabel(segment.key, label))
         return changed
 
     def _partition(
@@ -285,9 +338,19 @@ class Diarizer:
         vectors: npt.NDArray[np.float64],
         weights: npt.NDArray[np.float64],
     ) -> list[list[int]]:
-        """Clusters of `anchors` (indices): spectral on their windows, each segment where
-        most of its windows' seconds go; average linkage on the segments where spectral
-        gives no valid split."""
+        """Clusters of `anchors` (indices). Little speech (under `linkage_below_s`: a short
+        meeting): average linkage, merging while clusters are `merge_similarity` alike.
+        More: spectral on their windows, each segment where most of its windows' seconds
+        go; average linkage cut by silhouette where spectral gives no valid split."""
+        if float(weights.sum()) < self.config.linkage_below_s:
+            config = self.config
+            return linkage_cut(
+                vectors,
+                weights,
+                ceiling=config.merge_similarity,
+                margin=config.merge_margin,
+                floor=config.merge_floor,
+            )
         groups = [(s.windows, s.window_weights) for s in anchors]
         points, owners, seconds = window_points(groups, self.config.max_points)
         assigned = spectral(points, self.config.max_speakers)
@@ -316,7 +379,9 @@ class Diarizer:
         own = np.concatenate([vectors[c] @ centroids[i] for i, c in enumerate(clusters)])
         between = max(float(a @ b) for a, b in itertools.combinations(centroids, 2))
         middle = (float(np.percentile(own, 10)) + between) / 2
-        self.threshold = min(0.95, max(self.config.new_speaker_similarity, middle))
+        self.threshold = min(
+            self.config.max_threshold, max(self.config.new_speaker_similarity, middle)
+        )
 
     def _name(self, members: list[list[Segment]]) -> list[str]:
         """Give each cluster the label it overlaps most, one cluster per label; the rest

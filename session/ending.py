@@ -15,10 +15,13 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from engine.api import EngineDead, SchedulerStopped
+from engine.api import SAMPLE_RATE, EngineDead, SchedulerStopped
+from session.stream_state import SessionTotals
 from store.errors import SourceSuperseded, StoreError
+from wire import build
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
+from wire.messages import ServerMessage
 
 
 class EndReason(enum.Enum):
@@ -159,3 +162,23 @@ def committer_failed(error: BaseException) -> Ending:
             ),
         )
     raise RuntimeError("committer failed") from error
+
+
+def last_messages(ending: Ending, totals: SessionTotals, lost: int) -> list[ServerMessage]:
+    """What a client still there gets last: `session.ended` after `stop` or at shutdown
+    (with the count of finals lost), then `error` when the stream broke (the close with
+    its code follows)."""
+    messages: list[ServerMessage] = []
+    if ending.reason in {EndReason.STOP, EndReason.SHUTDOWN}:
+        messages.append(
+            build.session_ended(
+                reason=ending.reason.value,
+                audio_seconds=round(totals.audio_samples / SAMPLE_RATE, 3),
+                utterances=totals.utterances,
+                finals=totals.finals,
+                finals_lost=lost,
+            )
+        )
+    if ending.error is not None:
+        messages.append(build.error(ending.error.code, ending.error_message(lost)))
+    return messages

@@ -34,9 +34,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.api import SAMPLE_RATE, Priority
+from engine.api import SAMPLE_RATE
 from session.audio import FrameDecoder
 from session.committer import Committer, CommitterConfig
+from session.enrolled import EnrolledVoices
 from session.final_order import PendingFinal
 from session.pipeline import AudioPipeline
 from session.segmenter import SegmentEvent, UtteranceEnded
@@ -62,6 +63,7 @@ class FileOptions:
     meeting_source: SourceState | None = None
     diarize: bool = False  # label each final's speaker (services.speakers must be set)
     keyterms: tuple[str, ...] = ()  # words to expect (`engine.api.Utterance.keyterms`)
+    enrolled: EnrolledVoices | None = None  # the tenant's named voices (diarize only)
     # How many of the file's requests may be in the scheduler now; asked before each
     # submission, so the server can lower it while live rooms are open.
     in_flight: Callable[[], int] = lambda: 4
@@ -110,24 +112,19 @@ class FileTranscriber:
         if options.diarize:
             if services.speakers is None:
                 raise ValueError("diarize needs the services' speaker embedder")
-            labeller = SpeakerLabeller(services.speakers, services.diarizer)
+            labeller = SpeakerLabeller(services.speakers, services.diarizer, options.enrolled)
         self._pipeline = AudioPipeline(
             FrameDecoder(Encoding.PCM_S16LE, SAMPLE_RATE),
             vad or services.vad,
             dataclasses.replace(services.segmenter, partial_interval=0.0, speculate_after=0.0),
         )
         self._committer = Committer(
-            CommitterConfig(
+            CommitterConfig.for_source(
+                services,
                 session_id=options.source_id,
                 participant=options.participant,
-                priority=Priority.FILE,
-                timing=False,
-                requested_language=options.language,
-                model_languages=services.languages,
-                prompts=services.prompts,
-                left_context=services.left_context,
-                context_languages=services.context_languages,
-                clock=services.clock,
+                language=options.language,
+                live=False,
                 keyterms=options.keyterms,
             ),
             services.scheduler,
@@ -147,7 +144,7 @@ class FileTranscriber:
             tail = self.progress.total_samples % WINDOW  # the last partial window: pad it
             if tail:
                 await self._segment(bytes((WINDOW - tail) * BYTES_PER_SAMPLE))
-            await self._handle(self._pipeline.cut())
+            await self._handle(self._pipeline.flush())
             while self._pending:
                 await self._commit(self._pending.popleft())
             await self._committer.finish()  # the file is done: its best speaker labels

@@ -149,7 +149,8 @@ class FinalLog:
             speaker=part.speaker or None,
             origin=self.source.origin if self.source is not None else None,
         )
-        record = await self._append(final, end, pending.index, context, language)
+        vad_state = pending.vad_state if end == pending.end else None  # not a part's end
+        record = await self._append(final, end, pending.index, context, language, vad_state)
         self.finals += 1
         total = self._clock() - pending.closed_at
         timing = None
@@ -163,7 +164,13 @@ class FinalLog:
         return record
 
     async def _append(
-        self, final: NewFinal, end: int, index: int, context: str, language: str | None
+        self,
+        final: NewFinal,
+        end: int,
+        index: int,
+        context: str,
+        language: str | None,
+        vad_state: str | None,
     ) -> FinalRecord:
         """Append to the meeting's log with the source's next state, in one store step."""
         if self.source is None:
@@ -175,6 +182,7 @@ class FinalLog:
             next_utterance=index + 1,
             context=context,
             language=language,
+            vad_state=vad_state,
         )
         record = await self._store.append_final(self.source.meeting_id, final, acked)
         self.source = acked

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from engine.api import RecognitionResult, SpeakerWindows, Utterance
+from engine.api import LeftContext, RecognitionResult, SpeakerWindows, Utterance
 from session.language import LanguageGate
 from session.said_before import SaidBefore
 
@@ -55,10 +55,15 @@ class PendingFinal:
     end: int
     utterance: Utterance
     closed_at: float  # when it was submitted (or cut, while held)
+    # It goes on from the utterance before it, split by a client's cut in mid-speech: its
+    # left context is `essential` (session/segmenter.py).
+    continues: bool = False
     # None while held back until the source's language is known (language=auto only).
     future: asyncio.Future[RecognitionResult] | None = None
     # Its speaker embeddings, computed beside its recognition (diarized sources).
     speakers: asyncio.Task[SpeakerWindows | None] | None = None
+    # The VAD's state at `end`, stored with the source (a resume goes on from it).
+    vad_state: str | None = None
 
 
 class FinalOrder:
@@ -111,7 +116,9 @@ class FinalOrder:
             return ""
         return None if self._open else self.context
 
-    def speculative(self, utterance: Utterance, index: int, start: int) -> Utterance | None:
+    def speculative(
+        self, utterance: Utterance, index: int, start: int, continues: bool = False
+    ) -> Utterance | None:
         """`utterance` (with its prompt) as its final would go if cut now, with its left
         context; None while that is an open final's."""
         limit = self.left_limit()
@@ -119,7 +126,8 @@ class FinalOrder:
             return utterance
         if self._open:
             return None
-        return dataclasses.replace(utterance, left=self._said.before(index, start, limit))
+        left = _essential(self._said.before(index, start, limit), continues)
+        return dataclasses.replace(utterance, left=left)
 
     async def cut(self, pending: PendingFinal) -> None:
         """A final was cut: send it now, or let it wait for the one before it."""
@@ -139,6 +147,7 @@ class FinalOrder:
         if self.in_order():
             limit = 0.0 if alone else self.left_limit()
             left = self._said.before(pending.index, pending.start, limit) if limit > 0 else None
+            left = _essential(left, pending.continues)
             pending.utterance = dataclasses.replace(
                 pending.utterance,
                 prompt=self.context if self._prompts and not alone else "",
@@ -148,6 +157,11 @@ class FinalOrder:
             return False
         await self._send(pending)
         return True
+
+    def hear_before(self, said: SaidBefore) -> None:
+        """A resumed source's last utterances, heard again: the next final's left context
+        (session.resume_context)."""
+        self._said = said
 
     def heard(self, text: str) -> None:
         """A final of `text` is being logged: the next final's prompt ends with it."""
@@ -200,3 +214,17 @@ class FinalOrder:
             else:
                 await self._admit(self._waiting.popleft(), alone=True)
         return await future
+
+
+def _essential(left: LeftContext | None, continues: bool) -> LeftContext | None:
+    """The left context of an utterance that goes on from it without a pause (a client's
+    cut in mid-speech): essential (alone, its first word would be cut), and its text
+    without its last word, the one the cut fell in: the model hears that word whole
+    across the cut and writes it again as the utterance's first."""
+    if left is None or not continues:
+        return left
+    shorter = _essential(left.shorter, continues)
+    text, _, _ = left.text.rstrip().rpartition(" ")
+    return dataclasses.replace(
+        left, text=text, words=left.words[:-1], shorter=shorter, essential=True
+    )

@@ -6,6 +6,12 @@ decoded file in slices. Both then hand what it returns to the same steps: every
 source also turns `PartialDue` into partial requests and `SpeechStarted`/`SpeechStopped`
 into `vad.*` messages. Times are samples on the source's own timeline, which starts at
 `start_sample` (non-zero for a resumed stream).
+
+A resumed stream goes on from the VAD state stored with its last final (`vad_start`), so
+its VAD hears what the unbroken stream's heard; `vad_state_at(index)` gives the state to
+store with each final. It may also take a `lead`: audio the client re-sends from before
+`start_sample` (from `session.started`'s `send_from`) for the left context of its next
+final. The lead is kept (`lead_audio`), never scored or segmented: it was transcribed.
 """
 
 from __future__ import annotations
@@ -18,12 +24,13 @@ import numpy.typing as npt
 
 from engine.api import SAMPLE_RATE
 from session.audio import FrameDecoder
-from session.segmenter import Segmenter, SegmenterConfig, SegmentEvent
+from session.segmenter import Segmenter, SegmenterConfig, SegmentEvent, UtteranceEnded
 from session.telemetry import NullTelemetry, Telemetry
-from session.vad import WINDOW, VadScorer, VadStream
+from session.vad import WINDOW, VadScorer, VadState, VadStream
 
 FloatArray = npt.NDArray[np.float32]
 
+ENDED_KEPT = 16  # utterances whose end's VAD state waits to be taken
 SLICE_SAMPLES = 16 * WINDOW  # VAD windows scored between two yields (~3 ms on this box)
 
 
@@ -42,12 +49,36 @@ class AudioPipeline:
         start_sample: int = 0,
         first_index: int = 0,
         telemetry: Telemetry | None = None,
+        vad_start: VadState | None = None,
     ) -> None:
         self._decoder = decoder
-        self._vad = VadStream(vad)
+        self._vad = VadStream(vad, vad_start)
         self._segmenter = Segmenter(segmenter, start_sample=start_sample, first_index=first_index)
         self._telemetry = telemetry or NullTelemetry()
-        self.samples = 0  # samples taken in (after decoding)
+        self._start_sample = start_sample
+        self._ended_states: dict[int, str | None] = {}  # utterance index → VAD state at its end
+        self._lead: list[FloatArray] = []
+        self._lead_left = 0  # lead samples still to come
+        self.samples = 0  # samples taken in (after decoding; the lead not counted)
+
+    def expect_lead(self, samples: int) -> None:
+        """The next `samples` samples come from before `start_sample`: keep them aside."""
+        if self.samples or self._lead or self._lead_left:
+            raise RuntimeError("a lead comes first, and once")
+        self._lead_left = samples
+
+    @property
+    def lead_complete(self) -> bool:
+        """Whether a lead was expected and has come whole."""
+        return bool(self._lead) and not self._lead_left
+
+    def lead_audio(self) -> FloatArray:
+        """The lead as it came (the samples just before `start_sample`)."""
+        return np.concatenate(self._lead) if self._lead else np.zeros(0, np.float32)
+
+    def vad_state_at(self, index: int) -> str | None:
+        """The packed VAD state at the end of utterance `index` (None if unknown); once."""
+        return self._ended_states.pop(index, None)
 
     @property
     def position(self) -> int:
@@ -56,7 +87,13 @@ class AudioPipeline:
 
     async def decode(self, frame: bytes) -> list[SegmentEvent]:
         """One binary frame of the source's encoding and rate."""
-        return await self.push(self._decoder.decode(frame))
+        samples = self._decoder.decode(frame)
+        if self._lead_left:
+            lead = samples[: self._lead_left]
+            self._lead.append(lead)
+            self._lead_left -= len(lead)
+            samples = samples[len(lead) :]
+        return await self.push(samples)
 
     async def push(self, samples: FloatArray) -> list[SegmentEvent]:
         """Samples at the model's rate: score every whole VAD window, segment them.
@@ -72,14 +109,29 @@ class AudioPipeline:
             started = time.perf_counter()
             scored = await self._vad.process(samples[offset : offset + SLICE_SAMPLES])
             for window, probability in scored:
-                events.extend(self._segmenter.push(window, probability))
+                events.extend(self._noted(self._segmenter.push(window, probability)))
             self._telemetry.vad_processed(time.perf_counter() - started, len(scored))
         return events
 
     def cut(self) -> list[SegmentEvent]:
-        """End the utterance in progress now (`finalize`)."""
-        return self._segmenter.flush()
+        """End the utterance in progress now (`finalize`: in mid-speech, the speech goes on
+        as the next utterance, `Segmenter.finalize`)."""
+        return self._noted(self._segmenter.finalize())
+
+    def flush(self) -> list[SegmentEvent]:
+        """The audio is over: end the utterance in progress."""
+        return self._noted(self._segmenter.flush())
+
+    def _noted(self, events: list[SegmentEvent]) -> list[SegmentEvent]:
+        """Note the VAD state at the end of each utterance that ended (while it is kept)."""
+        for event in events:
+            if isinstance(event, UtteranceEnded):
+                at = event.end - self._start_sample
+                self._ended_states[event.index] = self._vad.state_at(at)
+                while len(self._ended_states) > ENDED_KEPT:  # a caller that takes none
+                    del self._ended_states[next(iter(self._ended_states))]
+        return events
 
     async def end(self) -> list[SegmentEvent]:
         """The audio is over: what the resampler still holds, then the utterance in progress."""
-        return [*await self.push(self._decoder.flush()), *self.cut()]
+        return [*await self.push(self._decoder.flush()), *self.flush()]

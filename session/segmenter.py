@@ -16,6 +16,15 @@ long, a pause of `soft_pause` ends it (a sentence break, not a word gap); past
 the rest starts the next utterance. A final's `end` then lags the live audio by at most
 `cut_search`, which bounds the latency a client sees for cut utterances.
 
+A client's cut (`finalize`, Deepgram's `Finalize`, OpenAI's `commit`) ends the utterance
+at once. In a pause it ends as at an endpoint. In mid-speech (`finalize`) it holds all
+the audio received, and the speech goes on as the next utterance from exactly there (no
+window of it is dropped, no `SpeechStopped`: the speaker did not stop), whose
+`UtteranceEnded.continues` says it begins inside the speech of the one before: decoded
+alone it would start in the middle of a word, so its final is decoded behind that one
+(session/committer.py). An utterance still too short to be a final is not cut: its audio
+goes on into the next final.
+
 Speculation (`speculate_after` > 0): once an utterance has been silent that long (at least
 `post_roll`), the audio its final would carry is already fixed, but the endpoint is
 `min_silence` away. `UtteranceMayEnd` hands that audio out early, once per silence run,
@@ -80,6 +89,7 @@ class SegmenterState(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class SpeechStarted:
     sample: int
+    index: int  # the utterance's number if it becomes one (a burst too short does not)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +111,9 @@ class UtteranceEnded:
     start: int
     end: int
     audio: FloatArray
+    # It starts where a client's cut split the speech (`Segmenter.finalize`): no pause
+    # lies between it and the utterance before it.
+    continues: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +125,7 @@ class UtteranceMayEnd:
     start: int
     end: int
     audio: FloatArray
+    continues: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +171,7 @@ class Segmenter:
             else 0
         )
         self._speculated = False  # an UtteranceMayEnd is out for this silence run
+        self._continues = False  # the utterance in progress began at a client's cut
 
     @property
     def position(self) -> int:
@@ -194,7 +209,10 @@ class Segmenter:
         if self._silence and self._silence == self._speculate_windows and self._speaks():
             self._speculated = True
             end, keep = self._ending(self._last_speech_end)
-            return [UtteranceMayEnd(self.next_index, self._utterance_start, end, self._audio(keep))]
+            audio = self._audio(keep)
+            return [
+                UtteranceMayEnd(self.next_index, self._utterance_start, end, audio, self._continues)
+            ]
         if (
             self._partial_samples
             and self._position - self._last_partial >= self._partial_samples
@@ -207,10 +225,25 @@ class Segmenter:
         return events
 
     def flush(self) -> list[SegmentEvent]:
-        """End the utterance in progress now (client `finalize`/`stop`)."""
+        """End the utterance in progress now: the audio is over (`stop`, the end of a file)."""
         if self.state is SegmenterState.SILENCE:
             return []
         return self._end(self._last_speech_end)
+
+    def finalize(self) -> list[SegmentEvent]:
+        """A client's cut (`finalize`): end the utterance in progress now. In a pause (more
+        silence than the post-roll) it ends as at an endpoint; in mid-speech it ends with
+        all the audio received and the speech goes on as the next utterance, which
+        `continues` it; one too short to be a final yet is left to go on."""
+        if self.state is SegmenterState.SILENCE:
+            return []
+        if self._silence > self._post_roll_windows:
+            return self._end(self._last_speech_end)
+        if not self._speaks():
+            return []
+        event = self._split(len(self._windows))
+        self._continues = True
+        return [event]
 
     # ------------------------------------------------------------------ internals
 
@@ -226,7 +259,7 @@ class Segmenter:
         self._last_speech_end = self._position
         self._last_partial = self._position
         self._silence = 0
-        return [SpeechStarted(window_start)]
+        return [SpeechStarted(window_start, self.next_index)]
 
     def _audio(self, windows: int | None = None) -> FloatArray:
         return np.concatenate(self._windows[:windows]).astype(np.float32, copy=False)
@@ -235,7 +268,7 @@ class Segmenter:
         """Where an utterance ended at `speech_end` ends (its post-roll in, as far as it
         came), and how many of its windows that keeps."""
         end = min(self._position, speech_end + self._post_roll_windows * WINDOW)
-        return end, (end - self._utterance_start) // WINDOW
+        return end, max(0, (end - self._utterance_start) // WINDOW)
 
     def _speaks(self) -> bool:
         """Whether the utterance so far is long enough speech to make a final."""
@@ -247,10 +280,12 @@ class Segmenter:
         events: list[SegmentEvent] = [SpeechStopped(speech_end)]
         self._speculated = False
         if speech_end - self._onset >= self.config.min_speech * SAMPLE_RATE:
+            audio = self._audio(keep)
             events.append(
-                UtteranceEnded(self.next_index, self._utterance_start, end, self._audio(keep))
+                UtteranceEnded(self.next_index, self._utterance_start, end, audio, self._continues)
             )
             self.next_index += 1
+        self._continues = False
         # Windows after the utterance's end become the pre-roll of the next one.
         self._pre_roll.extend(self._windows[keep:])
         self._windows, self._probabilities = [], []
@@ -263,9 +298,15 @@ class Segmenter:
         first = len(self._probabilities) - self._cut_search_windows
         tail = self._probabilities[first:]
         quietest = first + min(range(len(tail)), key=lambda i: (tail[i], -i))
-        keep = quietest + 1
+        event = self._split(quietest + 1)
+        self._continues = False  # a cut at the quietest window: the next starts cold
+        return [event]
+
+    def _split(self, keep: int) -> UtteranceEnded:
+        """End the utterance after its first `keep` windows; the rest starts the next."""
         end = self._utterance_start + keep * WINDOW
-        event = UtteranceEnded(self.next_index, self._utterance_start, end, self._audio(keep))
+        audio = self._audio(keep)
+        event = UtteranceEnded(self.next_index, self._utterance_start, end, audio, self._continues)
         self.next_index += 1
         self._windows = self._windows[keep:]
         self._probabilities = self._probabilities[keep:]
@@ -273,7 +314,7 @@ class Segmenter:
         self._onset = end
         self._last_partial = end
         self._speculated = False  # what was speculated was not this cut
-        return [event]
+        return event
 
 
 def _windows(seconds: float) -> int:

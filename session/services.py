@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from engine.api import Recognition, SpeakerEmbedding
 from session.diarizer import DiarizerConfig
+from session.enrolled import DEFAULT_THRESHOLD
 from session.segmenter import SegmenterConfig
 from session.telemetry import NullTelemetry, Telemetry
 from session.vad import DirectScorer, SileroVad, VadScorer
@@ -42,6 +43,8 @@ class SessionServices:
     speakers: SpeakerEmbedding | None = None
     speakers_off: str = DIARIZATION_OFF
     diarizer: DiarizerConfig = field(default_factory=DiarizerConfig)
+    # How alike a voice must be to an enrolled speaker to show its name.
+    speaker_match: float = DEFAULT_THRESHOLD
 
 
 def offline_services(

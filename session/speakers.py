@@ -36,6 +36,7 @@ from engine.api import (
     WordTiming,
 )
 from session.diarizer import Diarizer, DiarizerConfig, Part, Relabel
+from session.enrolled import EnrolledVoices
 from store.api import Store
 from store.errors import StoreError
 from wire import build
@@ -61,9 +62,15 @@ class LabelledPart:
 
 
 class SpeakerLabeller:
-    def __init__(self, embedder: SpeakerEmbedding, config: DiarizerConfig | None = None) -> None:
+    def __init__(
+        self,
+        embedder: SpeakerEmbedding,
+        config: DiarizerConfig | None = None,
+        enrolled: EnrolledVoices | None = None,
+    ) -> None:
+        """`enrolled`: the tenant's named voices; clusters that match one show its name."""
         self._embedder = embedder
-        self.diarizer = Diarizer(config or DiarizerConfig())
+        self.diarizer = Diarizer(config or DiarizerConfig(), enrolled=enrolled)
         self._tasks: set[asyncio.Task[SpeakerWindows | None]] = set()
 
     def embed(self, audio: FloatArray) -> asyncio.Task[SpeakerWindows | None]:
@@ -146,9 +153,12 @@ class SpeakerLabeller:
         return [(r.text.strip(), r.words, r.language) for r in results if r is not None]
 
     async def recluster(self, *, final: bool = False) -> list[Relabel]:
-        """Re-cluster when enough new speech came (or, `final`, at the source's end)."""
-        if not self.diarizer.segments or not (final or self.diarizer.due()):
+        """Re-cluster when enough new speech came (or, `final`, at the source's end); in
+        between, the segments renamed as a cluster came to match an enrolled speaker."""
+        if not self.diarizer.segments:
             return []
+        if not (final or self.diarizer.due()):
+            return self.diarizer.renamed() if self.diarizer.enrolled else []
         return await asyncio.to_thread(self.diarizer.recluster)
 
 

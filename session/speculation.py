@@ -130,7 +130,7 @@ def _same_left(a: LeftContext | None, b: LeftContext | None) -> bool:
     with one is decoded on its own)."""
     if a is None or b is None:
         return a is b
-    return a.text == b.text and np.array_equal(a.audio, b.audio)
+    return (a.text, a.essential) == (b.text, b.essential) and np.array_equal(a.audio, b.audio)
 
 
 def _retrieve(future: asyncio.Future[RecognitionResult]) -> None:

@@ -9,7 +9,9 @@ many streams at once: `SileroVad.score` takes a batch of windows and their state
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib.util
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -37,12 +39,33 @@ def silero_model_path(name: str = "silero_vad.onnx") -> Path:
     return path
 
 
+TRAIL = 48  # windows whose states a stream keeps (1.5 s: an utterance's end is behind)
+
+
 @dataclass(slots=True)
 class VadState:
-    """One stream's recurrent state and the tail of its previous window."""
+    """One stream's recurrent state and the tail of its previous window; with a `trail`,
+    also the (state, context) after each of its last windows, oldest first."""
 
     state: FloatArray = field(default_factory=lambda: np.zeros(STATE_SHAPE, np.float32))
     context: FloatArray = field(default_factory=lambda: np.zeros(CONTEXT, np.float32))
+    trail: deque[tuple[FloatArray, FloatArray]] | None = None
+
+
+def pack_state(state: FloatArray, context: FloatArray) -> str:
+    """A VAD state as text for the store (base64 of float32: 1,280 bytes, 1,708 chars)."""
+    raw = np.concatenate([state.ravel(), context]).astype("<f4").tobytes()
+    return base64.b64encode(raw).decode("ascii")
+
+
+def unpack_state(text: str) -> VadState:
+    """The state `pack_state` wrote; ValueError if `text` is not one."""
+    raw = np.frombuffer(base64.b64decode(text, validate=True), "<f4")
+    size = int(np.prod(STATE_SHAPE))
+    if len(raw) != size + CONTEXT:
+        raise ValueError(f"a packed VAD state holds {size + CONTEXT} floats, not {len(raw)}")
+    state = raw[:size].reshape(STATE_SHAPE).astype(np.float32)
+    return VadState(state, raw[size:].astype(np.float32))
 
 
 class SileroVad:
@@ -73,6 +96,8 @@ class SileroVad:
         for i, s in enumerate(states):
             s.state = np.ascontiguousarray(new_state[:, i : i + 1, :])
             s.context = windows[i, -CONTEXT:].copy()
+            if s.trail is not None:
+                s.trail.append((s.state, s.context))
         probabilities: FloatArray = out[:, 0].astype(np.float32)
         return probabilities
 
@@ -189,12 +214,28 @@ class VadBatcher:
 
 
 class VadStream:
-    """Cuts one stream's samples into 512-sample windows and scores each one."""
+    """Cuts one stream's samples into 512-sample windows and scores each one.
 
-    def __init__(self, scorer: VadScorer) -> None:
+    `start` is the state to go on from (a resumed stream's, as stored with its last final;
+    None: a zero state). The stream keeps its state after each of its last TRAIL windows:
+    `state_at(sample)` packs the one a window ending at `sample` left (for the store)."""
+
+    def __init__(self, scorer: VadScorer, start: VadState | None = None) -> None:
         self._scorer = scorer
-        self._state = VadState()
+        self._state = start or VadState()
+        self._state.trail = deque(maxlen=TRAIL)
         self._pending = np.zeros(0, np.float32)
+        self._scored = 0  # samples scored (whole windows)
+
+    def state_at(self, scored: int) -> str | None:
+        """The packed state after the window that ends `scored` samples into the stream;
+        None if that is not a window's end, or too far back (or not reached)."""
+        trail = self._state.trail
+        back, rest = divmod(self._scored - scored, WINDOW)
+        if trail is None or rest or not 0 <= back < len(trail):
+            return None
+        state, context = trail[len(trail) - 1 - back]
+        return pack_state(state, context)
 
     async def process(self, samples: FloatArray) -> list[tuple[FloatArray, float]]:
         """Score every whole window now available; keep the remainder for next time."""
@@ -205,4 +246,5 @@ class VadStream:
             return []
         windows = buffer[: count * WINDOW].reshape(count, WINDOW).astype(np.float32, copy=False)
         probabilities = await self._scorer.score(self._state, windows)
+        self._scored += count * WINDOW
         return [(w, float(p)) for w, p in zip(windows, probabilities, strict=True)]

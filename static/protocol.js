@@ -38,7 +38,9 @@ export const MessageType = Object.freeze({
   SESSION_ENDED: 'session.ended',
 });
 
-export const Control = Object.freeze({ FINALIZE: 'finalize', STOP: 'stop', KEEPALIVE: 'keepalive' });
+export const Control = Object.freeze({
+  FINALIZE: 'finalize', STOP: 'stop', KEEPALIVE: 'keepalive', RESEND: 'resend',
+});
 
 /** Offered with a meeting token; the server selects it (browsers need one selected). */
 export const SUBPROTOCOL = 'parley.v1';

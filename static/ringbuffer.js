@@ -45,3 +45,21 @@ export class PcmRing {
     return out;
   }
 }
+
+/**
+ * Where a resumed stream re-sends from, in ring indices. The server wants audio again from
+ * `resumeFrom` (seconds of the stream) and, when it names `sendFrom` (≤ resumeFrom), hears
+ * the audio from there too: the left context of its next final, never transcribed again.
+ * We send from the earliest of those the ring still holds; `from` is the second to name
+ * in a `resend` message (null: send none, as before `send_from`), and `lost` the samples
+ * after resumeFrom the ring no longer holds.
+ * @returns {{start: number, from: number|null, lost: number}}
+ */
+export function resendPlan(ringStart, timelineOffset, resumeFrom, sendFrom, sampleRate) {
+  const wanted = timelineOffset + Math.round(Number(resumeFrom || 0) * sampleRate);
+  if (ringStart > wanted) return { start: ringStart, from: null, lost: ringStart - wanted };
+  if (sendFrom === undefined || sendFrom === null) return { start: wanted, from: null, lost: 0 };
+  const earliest = timelineOffset + Math.round(Math.min(Number(sendFrom), Number(resumeFrom)) * sampleRate);
+  const start = Math.max(earliest, ringStart);
+  return { start, from: (start - timelineOffset) / sampleRate, lost: 0 };
+}

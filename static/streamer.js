@@ -7,7 +7,7 @@
 // when the server starts a new timeline (a fresh session rather than a resume).
 
 import { closeAction, Control, describeClose, MessageType, SAMPLE_RATE, streamUrl } from './protocol.js';
-import { PcmRing } from './ringbuffer.js';
+import { PcmRing, resendPlan } from './ringbuffer.js';
 import { ReconnectingSocket, SocketState } from './socket.js';
 
 const MIN_CHUNK = SAMPLE_RATE / 50; // 20 ms: never send a smaller frame unless flushing
@@ -218,13 +218,15 @@ export class AudioStream {
     let resendFrom;
     let lostSeconds = 0;
     if (resumed) {
-      // The server keeps this timeline and wants audio again from resume_from.
-      const wanted = this.timelineOffset + Math.round(Number(msg.resume_from || 0) * SAMPLE_RATE);
-      resendFrom = Math.max(wanted, this.ring.start);
-      if (resendFrom > wanted) {
-        lostSeconds = (resendFrom - wanted) / SAMPLE_RATE;
-        this.timelineOffset += resendFrom - wanted; // the server counts what we send next as `wanted`
+      // The server keeps this timeline and wants audio again from resume_from; with
+      // send_from, from there (its next final's left context), if we say so first.
+      const plan = resendPlan(this.ring.start, this.timelineOffset, msg.resume_from, msg.send_from, SAMPLE_RATE);
+      resendFrom = plan.start;
+      if (plan.lost > 0) {
+        lostSeconds = plan.lost / SAMPLE_RATE;
+        this.timelineOffset += plan.lost; // the server counts what we send next as resume_from
       }
+      if (plan.from !== null) this.socket.send(JSON.stringify({ type: Control.RESEND, from: plan.from }));
       const keepBelow = resendFrom - this.timelineOffset;
       this.sendLog = this.sendLog.filter(([pos]) => pos <= keepBelow);
     } else {

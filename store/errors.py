@@ -11,6 +11,7 @@ StoreError
 │   └── ResumeTokenMismatch  the token belongs to another meeting or participant (4403)
 └── SubscriberLagged         a listener was dropped; it reconnects and catches up
     └── SubscriptionLost     ... because the store connection under it broke or closed
+QuotaFull                    a quota's slots are all held (4429 or 1013, by quota)
 """
 
 from __future__ import annotations
@@ -51,3 +52,14 @@ class SubscriberLagged(StoreError):
 class SubscriptionLost(SubscriberLagged):
     """The store connection under a listener broke (or the store closed): events may be
     missing, so the listener is dropped like a lagging one."""
+
+
+class QuotaFull(Exception):
+    """Every slot of a quota is held (not a store fault: the caller refuses). `name`,
+    `key` and `limit` are the full claim's (store.api.QuotaClaim)."""
+
+    def __init__(self, name: str, key: str, limit: int) -> None:
+        super().__init__(f"quota {name} of {key!r} is full ({limit})")
+        self.name = name
+        self.key = key
+        self.limit = limit

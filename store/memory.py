@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from store.api import SUBSCRIBER_QUEUE
+from store.enrolled import MemorySpeakerBook
 from store.errors import (
     ResumeTokenMismatch,
     SourceSuperseded,
@@ -17,6 +18,7 @@ from store.errors import (
     UnknownResumeToken,
 )
 from store.listener import Listener
+from store.memory_cluster import MemoryJobs, MemoryQuotas, MemoryTakeovers, new_node_id
 from store.records import (
     FinalRecord,
     NewFinal,
@@ -66,6 +68,11 @@ class MemoryStore:
         self._token_hints: dict[str, tuple[str, float]] = {}  # hash → (meeting, expires_at)
         self._listeners: dict[str, set[Listener]] = {}
         self._next_sweep = clock() + self.SWEEP_EVERY_S
+        self.speakers = MemorySpeakerBook()
+        self.node_id = new_node_id()
+        self.quotas = MemoryQuotas()
+        self.jobs = MemoryJobs(self.node_id)
+        self.takeovers = MemoryTakeovers(self.node_id, subscriber_queue)
 
     # -- TTL
 
@@ -248,3 +255,4 @@ class MemoryStore:
             for listener in listeners:
                 listener.drop(SubscriptionLost("the store was closed"))
         self._listeners.clear()
+        self.takeovers.close()

@@ -72,6 +72,10 @@ class SourceState:
     # Set once by create_source, kept by every resume. None only in state written before
     # origins were kept (see `with_origin`).
     origin: float | None = None
+    # The VAD's state just after `acked_until` (session.vad.pack_state: base64 of its
+    # recurrent state and context tail, ~1.7 KB), so a resumed stream's VAD goes on as the
+    # unbroken one would have; None: not known (a new source, an older server's state).
+    vad_state: str | None = None
 
     def stored(self) -> dict[str, Any]:
         """The fields persisted as the source's state (generation is kept apart)."""
@@ -82,6 +86,7 @@ class SourceState:
             "context": self.context,
             "language": self.language,
             "origin": self.origin,
+            "vad_state": self.vad_state,
         }
 
     @classmethod
@@ -98,6 +103,7 @@ class SourceState:
             context=data["context"],
             language=data.get("language"),  # absent in state written before it was kept
             origin=data.get("origin"),  # likewise
+            vad_state=data.get("vad_state"),  # likewise
         )
 
     def with_origin(self, now: float) -> SourceState:

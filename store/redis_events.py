@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from store.errors import StoreUnavailable, SubscriptionLost
 from store.listener import Listener
+from store.memory_cluster import decoded_takeovers, encode_takeover
 from store.redis_link import UNREACHABLE, Link, log_crash
 from store.redis_scripts import Keys
 
@@ -33,13 +34,6 @@ logger = logging.getLogger(__name__)
 
 
 PING_S = 5.0  # seconds of silence on the subscription before it is pinged
-
-
-def without_read_timeout(redis: Redis) -> Redis:
-    """A client of the same server whose connections wait on reads for ever."""
-    pool = redis.connection_pool
-    kwargs = {**pool.connection_kwargs, "socket_timeout": None}
-    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **kwargs))
 
 
 class RedisEvents:
@@ -74,7 +68,9 @@ class RedisEvents:
         self._closed = False
 
     async def publish(self, meeting_id: str, event: bytes) -> None:
-        channel = self._keys.events(meeting_id)
+        await self.publish_to(self._keys.events(meeting_id), event)
+
+    async def publish_to(self, channel: bytes, event: bytes) -> None:
         try:
             await self._redis.publish(channel, event)
         except UNREACHABLE as exc:
@@ -82,9 +78,14 @@ class RedisEvents:
             # catch up from the log once they reconnect.
             self._link.note_failure(exc)
 
+    def subscribe(
+        self, meeting_id: str
+    ) -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        return self.subscribe_to(self._keys.events(meeting_id))
+
     @contextlib.asynccontextmanager
-    async def subscribe(self, meeting_id: str) -> AsyncIterator[AsyncIterator[bytes]]:
-        channel = self._keys.events(meeting_id)
+    async def subscribe_to(self, channel: bytes) -> AsyncIterator[AsyncIterator[bytes]]:
+        """Listen to one channel from now on (a meeting's events, the takeovers)."""
         listener = Listener(self._subscriber_queue)
         await self._listen(channel, listener)
         try:
@@ -232,3 +233,23 @@ class RedisEvents:
             await self._close_pubsub(self._pubsub)
             self._pubsub = None
         await self._subscriber.aclose()
+
+
+class RedisTakeovers:
+    """Takeovers through the channel `{prefix}takeovers`: every node hears every resume
+    (they are rare) and supersedes the old connection if it serves it."""
+
+    def __init__(self, events: RedisEvents, prefix: str, node_id: str) -> None:
+        self._events = events
+        self._node_id = node_id
+        self._channel = f"{prefix}takeovers".encode()
+
+    async def announce(self, meeting_id: str, session_id: str) -> None:
+        await self._events.publish_to(
+            self._channel, encode_takeover(meeting_id, session_id, self._node_id)
+        )
+
+    @contextlib.asynccontextmanager
+    async def watch(self) -> AsyncIterator[AsyncIterator[tuple[str, str]]]:
+        async with self._events.subscribe_to(self._channel) as events:
+            yield decoded_takeovers(events, self._node_id)

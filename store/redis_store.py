@@ -15,11 +15,14 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio import Redis
 
-from store.api import DEFAULT_BUFFER_LIMIT, DEFAULT_PREFIX, SUBSCRIBER_QUEUE
+from store.api import (
+    DEFAULT_BUFFER_LIMIT,
+    DEFAULT_NODE_LEASE_S,
+    DEFAULT_PREFIX,
+    SUBSCRIBER_QUEUE,
+)
 from store.errors import (
     ResumeTokenMismatch,
     SourceSuperseded,
@@ -27,6 +30,7 @@ from store.errors import (
     UnknownResumeToken,
 )
 from store.keyed_locks import KeyedLocks
+from store.memory_cluster import new_node_id
 from store.records import (
     FinalRecord,
     NewFinal,
@@ -37,7 +41,11 @@ from store.records import (
     new_source,
 )
 from store.redis_buffer import PendingFinal, PendingSource, WriteBuffer
-from store.redis_events import PING_S, RedisEvents, without_read_timeout
+from store.redis_clients import close_client, redis_client, without_read_timeout
+from store.redis_enrolled import RedisSpeakerBook
+from store.redis_events import PING_S, RedisEvents, RedisTakeovers
+from store.redis_jobs import RedisJobs
+from store.redis_leases import RedisLeases
 from store.redis_link import UNREACHABLE, Link
 from store.redis_scripts import (
     LUA_APPEND,
@@ -78,6 +86,8 @@ class RedisStore:
         retry_delays: tuple[float, float] = (0.05, 1.0),
         owns_client: bool = False,
         pubsub_ping_s: float = PING_S,
+        node_lease_s: float = DEFAULT_NODE_LEASE_S,
+        node_id: str | None = None,
     ) -> None:
         self._redis = redis
         self._keys = Keys(prefix)
@@ -94,6 +104,7 @@ class RedisStore:
         self._resume = redis.register_script(LUA_RESUME)
         self._locks = KeyedLocks()
         self._link = Link()
+        self.speakers = RedisSpeakerBook(redis, prefix, self._link)
         self._buffer = WriteBuffer(
             buffer_limit,
             self._link,
@@ -111,6 +122,10 @@ class RedisStore:
             read_wait_s=read_wait_s,
             ping_s=pubsub_ping_s,
         )
+        self.node_id = node_id or new_node_id()
+        self.quotas = RedisLeases(redis, prefix, self.node_id, self._link, node_lease_s)
+        self.jobs = RedisJobs(redis, prefix, self.quotas, self._link)
+        self.takeovers = RedisTakeovers(self._events, prefix, self.node_id)
         self._closed = False
 
     @classmethod
@@ -125,20 +140,18 @@ class RedisStore:
         client_name: str = "parley-store",
         **options: Any,
     ) -> RedisStore:
-        """A store on its own pool of at most `max_connections`. Redis' own retries are
-        reduced to one immediate reconnect: the write buffer, not a blocked caller, rides
-        out outages."""
-        pool = BlockingConnectionPool.from_url(
+        """A store on its own pool of at most `max_connections`, to the server `url` names
+        or, for `redis+sentinel://`, to the primary its sentinels name (store/redis_clients.py).
+        Redis' own retries are reduced to one immediate reconnect: the write buffer, not a
+        blocked caller, rides out outages and failovers."""
+        redis = redis_client(
             url,
-            max_connections=max_connections,
-            timeout=socket_timeout,  # wait for a free connection at most this long
-            decode_responses=False,
             socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(NoBackoff(), 1),
-            client_name=client_name,  # what `CLIENT LIST` shows for these connections
+            connect_timeout=connect_timeout,
+            max_connections=max_connections,
+            client_name=client_name,
         )
-        return cls(Redis.from_pool(pool), prefix=prefix, owns_client=True, **options)
+        return cls(redis, prefix=prefix, owns_client=True, **options)
 
     # -- small helpers
 
@@ -425,6 +438,7 @@ class RedisStore:
             )
         self._closed = True
         await self._buffer.stop()
+        await self.quotas.close()
         await self._events.close()
         if self._owns_client:
-            await self._redis.aclose()
+            await close_client(self._redis)

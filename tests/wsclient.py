@@ -118,6 +118,7 @@ class ResumableStream:
     pcm: bytes
     participant: str = "speaker"
     speed: float = 4.0
+    headers: dict[str, str] | None = None  # e.g. an API key's Authorization
     connections: list[StreamResult] = field(default_factory=list)
     resume_times: list[float] = field(default_factory=list)
     connected: asyncio.Event = field(default_factory=asyncio.Event)  # a connection opened
@@ -152,7 +153,9 @@ class ResumableStream:
             receiver: asyncio.Task[None] | None = None
             try:
                 async with connect(
-                    stream_url(self.base, self.meeting, **params), max_size=None
+                    stream_url(self.base, self.meeting, **params),
+                    max_size=None,
+                    additional_headers=self.headers,
                 ) as ws:
                     receiver = asyncio.create_task(receive_all(ws, result))
                     await result.wait_for(lambda r: bool(r.messages) or r.close_code is not None)

@@ -47,6 +47,7 @@ def session_started(
     resumed: bool,
     last_seq: int,
     origin: float | None = None,
+    send_from: float | None = None,
 ) -> SessionStarted:
     started: SessionStarted = {
         "type": "session.started",
@@ -62,6 +63,8 @@ def session_started(
     }
     if origin is not None:
         started["origin"] = origin
+    if send_from is not None:
+        started["send_from"] = send_from
     return started
 
 
@@ -74,8 +77,9 @@ def session_language(language: str, probability: float | None, utterances: int) 
     }
 
 
-def speech_started(t: float) -> SpeechStarted:
-    return {"type": "vad.speech_started", "t": t}
+def speech_started(t: float, utterance_id: str) -> SpeechStarted:
+    """`utterance_id`: the id the speech's final will carry, if it makes one."""
+    return {"type": "vad.speech_started", "t": t, "utterance_id": utterance_id}
 
 
 def speech_stopped(t: float) -> SpeechStopped:

@@ -18,6 +18,9 @@ class ControlType(enum.StrEnum):
     KEEPALIVE = "keepalive"
     AUTH = "auth"  # credentials as the first message; a no-op once authenticated
     CONFIGURE = "configure"  # {"keyterms": [...]}: replace the stream's keyterms
+    # A resumed stream's first message, before its audio: `{"type": "resend", "from": S}`,
+    # the client re-sends its audio from second S (`send_from` ≤ S ≤ `resume_from`).
+    RESEND = "resend"
 
 
 def control_message(kind: ControlType) -> str:
@@ -48,6 +51,19 @@ def parse_control(text: str) -> ControlType:
             CloseCode.INVALID_PAYLOAD,
             f"unknown message type {data['type'][:64]!r}; expected one of: {known}",
         ) from None
+
+
+def parse_resend(text: str) -> float:
+    """The `from` of a `resend` frame (seconds, ≥ 0), or raise ProtocolError."""
+    data: Any = orjson.loads(text)  # parse_control has accepted it as a JSON object
+    value = data.get("from")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ProtocolError(
+            ErrorCode.INVALID_MESSAGE,
+            CloseCode.INVALID_PAYLOAD,
+            'a resend message needs "from": the second its audio starts at (>= 0)',
+        )
+    return float(value)
 
 
 def parse_auth(text: str | None) -> str | None:

@@ -52,6 +52,10 @@ class SessionStarted(TypedDict):
     # Unix seconds of the source's time 0 (v1 extension): when its stream first started;
     # a resumed source keeps its own. Absent for a source logged before origins were kept.
     origin: NotRequired[float]
+    # A resumed stream only (v1 extension): the earliest second (≤ `resume_from`) a client
+    # that sends `resend` re-sends its audio from: the utterances before `resume_from` the
+    # next final is decoded behind (its left context), heard and never transcribed again.
+    send_from: NotRequired[float]
 
 
 class SessionLanguage(TypedDict):
@@ -68,6 +72,9 @@ class SessionLanguage(TypedDict):
 class SpeechStarted(TypedDict):
     type: Literal["vad.speech_started"]
     t: float
+    # The id of the final this speech will make, if it makes one (a burst too short for a
+    # final makes none, and the next speech gets the same id).
+    utterance_id: str
 
 
 class SpeechStopped(TypedDict):

@@ -14,12 +14,20 @@ Mapping:
   list is refused: the stream goes on with the keyterms it had);
 - `transcript.partial` → `Results` with `is_final: false`; `transcript.final` → `Results`
   with `is_final: true`, `speech_final: true` when the VAD heard the speech stop inside
-  the utterance (a long utterance cut while speech goes on is not speech-final), and
-  `from_finalize: true` on the final a `Finalize` closed (or on an empty `Results` when
-  there was nothing to close): the actor acknowledges each finalize in order, and the
-  messages that come meanwhile wait for that acknowledgement;
-- `vad.speech_started` → `SpeechStarted` (`vad_events=true`); a speech-final `Results`
-  is followed by `UtteranceEnd` (`utterance_end_ms` set); `session.ended` → `Metadata`.
+  the utterance (a long utterance cut while speech goes on is not speech-final, nor one a
+  `Finalize` cut in mid-speech), and `from_finalize: true` on the final a `Finalize`
+  closed (or on an empty `Results` when there was nothing to close): the actor
+  acknowledges each finalize in order, and the messages that come meanwhile wait for
+  that acknowledgement, so each `Finalize` gets its own answer;
+- the VAD's stops wait in order for the final they fall in (the next utterance's stop may
+  come before this one's final);
+- `vad.speech_started` → `SpeechStarted` (`vad_events=true`); a final in which the speech
+  stopped is followed by `UtteranceEnd` (`utterance_end_ms` set, whatever `endpointing`
+  says: Deepgram's advice for noisy audio is `endpointing=false` with it);
+  `session.ended` → `Metadata`;
+- `punctuate=true`: Whisper's text, each final starting with a capital letter and a
+  speech-final one ending with a full stop where Whisper left it bare (tiny.en sometimes
+  writes a sentence on in lower case after the one before it).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,7 +54,7 @@ from wire.codes import (
     ErrorCode,
 )
 from wire.errors import ProtocolError
-from wire.keyterms import keyterms_field, parse_keyterms
+from wire.keyterms import keyterms_field, keyword_terms, parse_keyterms
 from wire.query import StreamConfig, validate_id
 
 CHANNEL_INDEX = [0, 1]  # channel 0 of 1: Parley streams are mono
@@ -158,24 +167,8 @@ def parse_options(
         endpointing=(endpointing or "").lower() != _FALSE,
         utterance_end_ms=utterance_end_ms,
         model=query.get("model"),
-        keyterms=parse_keyterms([*keyterms, *_keywords(keywords)]),
+        keyterms=parse_keyterms([*keyterms, *keyword_terms(keywords)]),
     )
-
-
-def _keywords(values: Sequence[str]) -> list[str]:
-    """Deepgram's `keywords` (`word` or `word:boost`) as keyterms: the boost is dropped
-    (Parley's bonus is fixed), and a keyword with a negative boost (Deepgram: suppress
-    it) is not a keyterm."""
-    terms = []
-    for value in values:
-        word, _, boost = value.rpartition(":") if ":" in value else (value, "", "")
-        try:
-            if boost and float(boost) < 0:
-                continue
-        except ValueError:
-            word = value  # a colon that is part of the word
-        terms.append(word)
-    return terms
 
 
 def _language(tag: str) -> str:
@@ -191,6 +184,22 @@ def _language(tag: str) -> str:
 def plain(text: str) -> str:
     """Deepgram's text without `punctuate`: lower case, no punctuation."""
     return " ".join(_PUNCTUATION.sub("", text.lower()).split())
+
+
+def sentence(text: str, *, ending: bool) -> str:
+    """Text as `punctuate=true` promises it: a capital first letter and, where `ending`
+    (the speech stopped), a full stop after a last word Whisper left bare."""
+    return _ended(_capitalized(text)) if ending else _capitalized(text)
+
+
+def _capitalized(text: str) -> str:
+    head = len(text) - len(text.lstrip())
+    return text[:head] + text[head : head + 1].upper() + text[head + 1 :]
+
+
+def _ended(text: str) -> str:
+    stripped = text.rstrip()
+    return stripped + "." if stripped and stripped[-1].isalnum() else text
 
 
 def denial(request_id: str) -> Any:
@@ -234,7 +243,7 @@ class DeepgramCodec:
         }
         self._finalizes = 0  # Finalize messages not yet acknowledged by the actor
         self._held: list[Message] = []  # Deepgram messages waiting for that acknowledgement
-        self._speech_stopped: float | None = None
+        self._speech_stopped: deque[float] = deque()  # VAD stops not yet in a final
         self._last_end = 0.0
         self._speakers: dict[Any, int] = {}
         self._keyterms = options.keyterms  # those in effect (a Configure replaces them)
@@ -305,7 +314,7 @@ class DeepgramCodec:
                 {"type": "SpeechStarted", "channel": CHANNEL_INDEX, "timestamp": message["t"]}
             )
         elif kind == "vad.speech_stopped":
-            self._speech_stopped = message["t"]
+            self._speech_stopped.append(message["t"])
         elif kind == "transcript.partial":
             out.append(self._results(message, is_final=False, speech_final=False))
         elif kind == "transcript.final":
@@ -322,15 +331,16 @@ class DeepgramCodec:
         return [self._dumps(m) for m in out]
 
     def _final(self, message: Message) -> list[Message]:
-        stopped = self._speech_stopped
-        speech_final = (
-            self.options.endpointing
-            and stopped is not None
-            and message["start"] <= stopped <= message["end"] + 0.001
-        )
+        """A final's Results (speech-final if a stop the VAD heard falls in it, with
+        endpointing on), then UtteranceEnd if the speech stopped in it (utterance_end_ms).
+        The stops up to its end are its own (or an earlier, emptied utterance's)."""
+        stopped = False
+        while self._speech_stopped and self._speech_stopped[0] <= message["end"] + 0.001:
+            stopped |= message["start"] <= self._speech_stopped.popleft()
+        speech_final = self.options.endpointing and stopped
         self._last_end = message["end"]
         results = self._results(message, is_final=True, speech_final=speech_final)
-        if speech_final and self.options.utterance_end_ms is not None:
+        if stopped and self.options.utterance_end_ms is not None:
             end = {
                 "type": "UtteranceEnd",
                 "channel": CHANNEL_INDEX,
@@ -344,7 +354,8 @@ class DeepgramCodec:
         self._finalizes = max(0, self._finalizes - 1)
         marked = False
         for held in self._held:
-            if held.get("is_final") and held.pop("_utterance_id", None) == utterance_id:
+            mine = utterance_id is not None and held.get("_utterance_id") == utterance_id
+            if held.get("is_final") and mine:
                 held["from_finalize"] = marked = True
         if not marked:  # nothing was in progress, or it was not speech: say it is done
             empty = {
@@ -367,8 +378,15 @@ class DeepgramCodec:
     def _results(self, message: Message, *, is_final: bool, speech_final: bool) -> Message:
         text = message["text"]
         words = [self._word(w, message.get("speaker")) for w in message.get("words") or []]
+        if self.options.punctuate and is_final and words:
+            first, last = words[0], words[-1]
+            first["punctuated_word"] = _capitalized(first["punctuated_word"])
+            if speech_final:
+                last["punctuated_word"] = _ended(last["punctuated_word"])
         confidences = [w["confidence"] for w in words]
         start = message["start"]
+        if self.options.punctuate and is_final:
+            text = sentence(text, ending=speech_final)
         alternative: Message = {
             "transcript": text if self.options.punctuate else plain(text),
             "confidence": round(sum(confidences) / len(confidences), 4) if confidences else 1.0,

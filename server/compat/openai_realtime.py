@@ -3,18 +3,25 @@ translation of protocol v1.
 
 Sans-I/O. Both flavours of the protocol are spoken: the GA one (`session.update` with
 `session.type = "transcription"` and `audio.input.format`) and the beta one, chosen by
-the `OpenAI-Beta: realtime=v1` header (`transcription_session.update` with
+the `OpenAI-Beta: realtime=v1` header or, from a browser (which cannot set headers), the
+`openai-beta.realtime-v1` subprotocol (`transcription_session.update` with
 `input_audio_format: "pcm16"`). Audio is base64 PCM16 at 24 kHz, resampled by the
 pipeline like any other rate. docs/compat.md is the contract.
 
 Mapping:
-- `input_audio_buffer.append` → audio; `.commit` → `finalize`; `.clear` is acknowledged
-  (`input_audio_buffer.cleared`) but audio already sent is still transcribed;
+- `input_audio_buffer.append` → audio; `.commit` → `finalize`, answered once it is done:
+  by the item's `committed` and `completed` (their text, or empty when the guard found no
+  speech), or, when no speech was in progress, an `error` with code
+  `input_audio_buffer_commit_empty`, as OpenAI answers a commit of an empty buffer;
+  `.clear` is acknowledged (`input_audio_buffer.cleared`) but audio already sent is
+  still transcribed;
 - `vad.speech_started`/`_stopped` → `input_audio_buffer.speech_started`/`_stopped`
-  (`audio_start_ms`/`audio_end_ms`); items are Parley's utterances, `item_{utterance_id}`;
+  (`audio_start_ms`/`audio_end_ms`); items are Parley's utterances, `item_{utterance_id}`
+  (a speech start names the utterance it will be);
 - `transcript.partial` → `conversation.item.input_audio_transcription.delta` carrying the
-  words the partial adds to what was already sent (a partial that rewrites sent words
-  adds nothing; the completed event carries the final text);
+  words the partial adds to what was already sent for its item (a partial that rewrites
+  sent words adds nothing; the completed event carries the final text); each item keeps
+  its own, so utterance N+1's deltas may come before N's final without either repeating;
 - `transcript.final` → `input_audio_buffer.committed`, a last `delta`, then
   `conversation.item.input_audio_transcription.completed`;
 - `error` → `error` (then the close with Parley's code). Client events a transcription
@@ -97,7 +104,7 @@ class RealtimeCodec:
         self._utterances = ""  # the actor's session id: utterance ids are `{it}-{n}`
         self._next_index = 0
         self._item: str | None = None  # the item speech is being heard for
-        self._sent = ""  # what the deltas of `_item` have said so far
+        self._sent: dict[str, str] = {}  # item → what its deltas have said so far
         self._committed: str | None = None
 
     def stream_config(self, meeting_id: str, participant: str) -> StreamConfig:
@@ -216,7 +223,8 @@ class RealtimeCodec:
         if kind == "session.started":
             self._utterances = message["session_id"]
         elif kind == "vad.speech_started":
-            self._item = self._item_id(self._next_index)
+            named = message.get("utterance_id")
+            self._item = f"item_{named}" if named else self._item_id(self._next_index)
             return [
                 self._event(
                     "input_audio_buffer.speech_started",
@@ -237,6 +245,8 @@ class RealtimeCodec:
             return self._delta(message, final=False)
         elif kind == "transcript.final":
             return self._completed(message)
+        elif kind == "finalize.done":
+            return self._commit_done(message["utterance_id"])
         elif kind == "error":
             kind = "server_error" if message["code"] in _SERVER_SIDE else CLIENT_ERROR
             return [self._error(message["message"], code=message["code"], kind=kind)]
@@ -244,18 +254,19 @@ class RealtimeCodec:
 
     def _delta(self, message: Message, *, final: bool) -> list[str]:
         item = f"item_{message['utterance_id']}"
-        if item != self._item:
-            self._item, self._sent = item, ""
+        if _index(message["utterance_id"]) >= self._next_index:
+            self._item = item  # a later utterance's partial: speech is heard for it now
         self._next_index = max(self._next_index, _index(message["utterance_id"]))
         text: str = message["text"]
-        if not text.startswith(self._sent):
+        sent = self._sent.get(item, "")
+        if not text.startswith(sent):
             return []  # it rewrote what was sent: the completed event has the truth
-        added = text[len(self._sent) :]
+        added = text[len(sent) :]
         if not final:  # the last word may still change: hold it back
             added = added[: added.rfind(" ") + 1] if " " in added.strip() else ""
         if not added:
             return []
-        self._sent += added
+        self._sent[item] = sent + added
         return [
             self._event(
                 "conversation.item.input_audio_transcription.delta",
@@ -272,8 +283,10 @@ class RealtimeCodec:
         )
         self._committed = item
         deltas = self._delta(message, final=True)
-        self._next_index = _index(message["utterance_id"]) + 1
-        self._item, self._sent = None, ""
+        self._sent.pop(item, None)
+        self._next_index = max(self._next_index, _index(message["utterance_id"]) + 1)
+        if self._item == item:
+            self._item = None
         usage = {"type": "duration", "seconds": round(message["end"] - message["start"], 3)}
         completed = self._event(
             "conversation.item.input_audio_transcription.completed",
@@ -283,6 +296,21 @@ class RealtimeCodec:
             usage=usage,
         )
         return [committed, *deltas, completed]
+
+    def _commit_done(self, utterance_id: str | None) -> list[str]:
+        """A commit is done: its item was completed with its final; or, when the guard
+        found no speech in it, is completed empty now; or nothing was in progress."""
+        if utterance_id is None:
+            return [
+                self._error(
+                    "Error committing input audio buffer: no speech in progress to commit",
+                    code="input_audio_buffer_commit_empty",
+                )
+            ]
+        if f"item_{utterance_id}" == self._committed:
+            return []
+        empty = {"utterance_id": utterance_id, "text": "", "start": 0.0, "end": 0.0}
+        return self._completed(empty)
 
     # ------------------------------------------------------------------ helpers
 

@@ -24,6 +24,8 @@ from server.compat.bridge import (
     compat_principal,
     subprotocol_credential,
 )
+from server.limits import overloaded
+from server.registry import AdmissionRefused
 from server.state import AppState, app_state
 from server.stream import bind_participant, refuse, serve_source
 from wire.codes import CloseCode, ErrorCode
@@ -35,6 +37,7 @@ logger = logging.getLogger(__name__)
 DEEPGRAM_SCHEMES = ("token", "bearer")
 OPENAI_SUBPROTOCOL = "realtime"
 OPENAI_KEY_SUBPROTOCOL = "openai-insecure-api-key."  # + a meeting token (never an API key)
+OPENAI_BETA_SUBPROTOCOL = "openai-beta.realtime-v1"  # a browser's OpenAI-Beta: realtime=v1
 
 
 async def listen_endpoint(websocket: WebSocket) -> None:
@@ -95,7 +98,8 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     )
     codec = openai_realtime.RealtimeCodec(
         session_id=session_id,
-        beta="realtime=v1" in websocket.headers.get("openai-beta", ""),
+        beta="realtime=v1" in websocket.headers.get("openai-beta", "")
+        or OPENAI_BETA_SUBPROTOCOL in offered,
         vad=_vad(state),
         default_language=state.settings.streams.default_language,
         model=websocket.query_params.get("model") or "whisper-1",
@@ -122,11 +126,15 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         principal = await compat_principal(
             handshake, state.auth, meeting_id, schemes=("bearer",), subprotocol_token=token
         )
-        await handshake.accept()
-        await websocket.send_text(codec.created())
-        # The session is configured by messages, before its audio: serve them first.
-        async with asyncio.timeout(state.settings.streams.idle_timeout_s):
-            if not await connection.prime():
+        unavailable = state.unavailable()
+        if unavailable is not None:
+            raise overloaded(unavailable)
+        # The session is configured by messages, before its audio: serve them first, in a
+        # place held against the stream bound, cut short by a drain.
+        with state.registry.waiting():
+            await handshake.accept()
+            await websocket.send_text(codec.created())
+            if not await _configured(state, connection):
                 return
         config = bind_participant(codec.stream_config(meeting_id, participant), principal, query)
     except TimeoutError:  # before OSError, its base class
@@ -137,12 +145,38 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         )
         await refuse(state, handshake, error)
         return
+    except AdmissionRefused as exc:
+        await refuse(state, handshake, overloaded(exc.reason))
+        return
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
         return
     except (WebSocketDisconnect, OSError):
         return
-    await serve_source(state, handshake, config, {}, principal, connection=connection)
+    await serve_source(
+        state, handshake, config, {}, principal, connection=connection, acknowledge_finalize=True
+    )
+
+
+async def _configured(state: AppState, connection: TranslatingConnection) -> bool:
+    """Serve a realtime session's events until its first audio (or commit): False if the
+    client left first. TimeoutError past the idle limit; ProtocolError (1012) if the
+    server starts draining meanwhile."""
+    async with asyncio.timeout(state.settings.streams.idle_timeout_s):
+        primed = asyncio.ensure_future(connection.prime())
+        draining = asyncio.ensure_future(state.registry.draining.wait())
+        try:
+            await asyncio.wait({primed, draining}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            draining.cancel()
+            if not primed.done():
+                primed.cancel()
+                await asyncio.gather(primed, return_exceptions=True)
+    if not primed.done() or primed.cancelled():
+        raise ProtocolError(
+            ErrorCode.SHUTTING_DOWN, CloseCode.SERVICE_RESTART, "server is shutting down"
+        )
+    return primed.result()
 
 
 def _named(query: dict[str, str]) -> dict[str, str]:

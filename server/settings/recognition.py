@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from server.settings.base import SettingError, at_least, one_of, setting, within
+from server.settings.base import SettingError, at_least, one_of, positive, setting, within
 from wire.query import is_language
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -75,8 +75,8 @@ class ModelSettings:
     )
     model_workers: int = setting(
         0,
-        "Model workers, each running one batch at a time (threads sharing the model); 0 = "
-        "one per CPU core on the CPU, one on CUDA.",
+        "Model workers, each running one batch at a time; 0 = one per CPU this process may "
+        "use on the CPU (its affinity, capped by its cgroup CPU quota), one on CUDA.",
     )
     torch_threads: int = setting(
         0, "Threads for each model worker's CPU kernels; 0 = the cores shared out among them."
@@ -88,6 +88,12 @@ class ModelSettings:
         "copy of the model each); `off`, as threads of the server's process sharing one "
         "model; `auto`, processes on the CPU, threads on CUDA. On the 2-core CPU two "
         "processes ran ~1.3x the audio of two threads (docs/performance.md).",
+    )
+    worker_hang_s: float = setting(
+        10.0,
+        "A model worker process that runs a batch without a heartbeat (it beats at every "
+        "encoder row and decoder step) for this long is hung: it is killed and replaced, "
+        "and its batch runs again on another worker. Worker processes only.",
     )
 
     def __post_init__(self) -> None:
@@ -101,6 +107,7 @@ class ModelSettings:
         one_of(self, "model_processes", ("auto", "on", "off"))
         at_least(self, "model_workers", 0, " (0: automatic)")
         at_least(self, "torch_threads", 0, " (0: automatic)")
+        positive(self, "worker_hang_s")
         cpu_float32 = self.device != "cuda" and self.dtype in ("auto", "float32")
         for name in ("quantize", "partial_quantize"):
             value = getattr(self, name)
@@ -247,6 +254,14 @@ class SchedulerSettings:
         "batches are sized to fit it (by the measured model time per partial); 0: batches "
         "of MAX_PARTIAL_BATCH, always stopped.",
     )
+    batch_cost: str = setting(
+        "auto",
+        "How a batch's model time grows with its rows: `per-row` (the CPU: partial batches "
+        "sized to fit PARTIAL_WAIT_MS by the measured cost of a row, finals shared out over "
+        "the workers), `flat` (a GPU, where a batch of 32 costs about one row: every ready "
+        "final in one batch, every queued partial up to MAX_PARTIAL_BATCH, engine/policy.py "
+        "rule 5), `auto`: flat on CUDA, per-row on the CPU.",
+    )
     batch_wait_ms: float = setting(
         20.0, "How long a batch may wait to fill after its oldest request arrived."
     )
@@ -266,6 +281,7 @@ class SchedulerSettings:
         at_least(self, "max_partial_batch", 1)
         at_least(self, "partial_wait_ms", 0)
         at_least(self, "batch_wait_ms", 0)
+        one_of(self, "batch_cost", ("auto", "per-row", "flat"))
         if not self.max_queue >= self.max_batch_size:
             raise SettingError(
                 "max_queue",
@@ -345,6 +361,28 @@ class SpeakerSettings:
     diarization_max_speakers: int = setting(
         6, "Most speakers a diarized source is split into (1-26)."
     )
+    max_enrolled_speakers: int = setting(
+        50, "Most speakers a tenant may enrol (`POST /v1/speakers`); more: 409 `speakers_full`."
+    )
+    enrol_min_speech_s: float = setting(
+        3.0, "Least seconds of speech an enrollment recording must hold (422 `too_little_speech`)."
+    )
+    enrol_max_audio_s: float = setting(
+        30.0, "Longest enrollment recording, in seconds (422 `audio_too_long`)."
+    )
+    enrol_max_bytes: int = setting(
+        5_000_000, "Largest enrollment upload, in bytes (413 `upload_too_large`)."
+    )
+    speaker_match_similarity: float = setting(
+        0.75,
+        "How alike (cosine, 0-1) a voice must be to an enrolled speaker to show its name "
+        "(bench/enrollment.py measures false accepts against misses).",
+    )
 
     def __post_init__(self) -> None:
         within(self, "diarization_max_speakers", 1, MAX_SPEAKERS)
+        within(self, "max_enrolled_speakers", 1, 10_000)
+        within(self, "enrol_min_speech_s", 0.5, 30.0, " seconds")
+        within(self, "enrol_max_audio_s", self.enrol_min_speech_s, 300.0, " seconds")
+        within(self, "enrol_max_bytes", 1024, 100_000_000)
+        within(self, "speaker_match_similarity", 0.0, 1.0)

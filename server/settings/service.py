@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from server.settings.base import SettingError, at_least, one_of, positive, setting, within
+from store.redis_clients import SentinelURL, is_sentinel
 from store.redis_scripts import MAX_PREFIX
 from wire.query import is_language
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 MIN_FRAME_BYTES = 1024  # a control message (`start`, `auth`) must fit in a frame
 
 
@@ -23,6 +24,12 @@ class ServerSettings:
     host: str = setting("127.0.0.1", "Address to listen on (`0.0.0.0` for all interfaces).")
     port: int = setting(8000, "TCP port to listen on (the Procfile passes `$PORT`).")
     static_dir: str = setting("static", "Folder of the browser client, served at `/`.")
+    drain_grace_s: float = setting(
+        0.0,
+        "On SIGTERM, seconds the node keeps answering (`/readyz` 503 `draining`, new "
+        "streams 1013) before it stops listening and drains: time for a balancer's health "
+        "check to take it out of rotation.",
+    )
     drain_timeout_s: float = setting(
         10.0, "On shutdown, how long sessions get to flush their finals."
     )
@@ -40,6 +47,7 @@ class ServerSettings:
             raise SettingError("host", self.host, "must be an address or host name")
         within(self, "port", 0, 65535)
         at_least(self, "drain_timeout_s", 0)
+        at_least(self, "drain_grace_s", 0)
         at_least(self, "malloc_trim_interval_s", 0, " (0: never)")
         if self.log_level.lower() not in LOG_LEVELS:
             raise SettingError(
@@ -54,7 +62,17 @@ class StreamSettings:
 
     default_language: str = setting("en", "Language of a stream that does not say.")
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
-    max_sessions: int = setting(64, "Concurrent audio streams admitted; more get close 1013.")
+    max_sessions: int = setting(
+        64,
+        "Concurrent audio streams admitted; more get close 1013, and `/readyz` says 503 "
+        "(`at capacity`) while the node is full.",
+    )
+    resume_headroom: float = setting(
+        0.1,
+        "Resumed streams are admitted past `MAX_SESSIONS` by this share of it (at least 1), "
+        "so the streams of a node that died land on the survivors; past that they get 1013 "
+        "and retry through the balancer.",
+    )
     admit_max_queue_wait_ms: float = setting(
         3000.0,
         "New streams get close 1013 while finals waited longer than this for the model "
@@ -62,13 +80,16 @@ class StreamSettings:
         "0: off.",
     )
     max_streams_per_key: int = setting(
-        16, "Concurrent audio streams per tenant (authenticated only); more get close 4429."
+        16,
+        "Concurrent audio streams per tenant (authenticated only), across every node "
+        "sharing the Redis store; more get close 4429.",
     )
     max_listeners_per_meeting: int = setting(
-        64, "Listener sockets per meeting on this node; more get close 4429."
+        64, "Listener sockets per meeting, across every node; more get close 4429."
     )
     max_listeners_per_tenant: int = setting(
-        256, "Listener sockets per tenant on this node (authenticated only); more get close 4429."
+        256,
+        "Listener sockets per tenant (authenticated only), across every node; more get close 4429.",
     )
     max_listeners: int = setting(2048, "Listener sockets on this node in all; more get close 1013.")
     idle_timeout_s: float = setting(
@@ -116,6 +137,7 @@ class StreamSettings:
         ):
             at_least(self, name, 1)
         at_least(self, "admit_max_queue_wait_ms", 0, " (0: off)")
+        at_least(self, "resume_headroom", 0)
         at_least(self, "realtime_burst_s", 0)
         positive(
             self,
@@ -257,6 +279,11 @@ class UploadSettings:
     upload_wait_s: float = setting(
         300.0, "How long `POST …?wait=true` holds the response before answering 202 instead."
     )
+    job_sync_s: float = setting(
+        1.0,
+        "How often a node writes its unfinished upload jobs' progress to the store (other "
+        "nodes read it) and picks up cancels asked through other nodes.",
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -276,6 +303,7 @@ class UploadSettings:
             "upload_decode_timeout_s",
             "upload_decode_cpu_s",
             "upload_job_ttl_s",
+            "job_sync_s",
         )
         # the decoder itself needs ~150 MiB to start
         at_least(self, "upload_decode_memory_mb", 256)
@@ -289,7 +317,10 @@ class StoreSettings:
     TITLE: ClassVar[str] = "Meeting store"
 
     redis_url: str | None = setting(
-        None, "Redis URL for meeting context (e.g. `redis://127.0.0.1:6379/0`); unset: in-process."
+        None,
+        "Redis URL for meeting context (e.g. `redis://127.0.0.1:6379/0`), or the sentinels "
+        "naming the primary (`redis+sentinel://host:26379,host2:26379/mymaster/0`, "
+        "docs/store.md#sentinel-failover-to-a-replica); unset: in-process.",
     )
     store_prefix: str = setting("parley:", "Prefix of every Redis key.")
     meeting_ttl_s: float = setting(
@@ -297,15 +328,27 @@ class StoreSettings:
         "How long a meeting's transcript is kept after a write, before it grows with reads "
         "(up to 2x) and decays with idleness (docs/store.md).",
     )
+    node_lease_s: float = setting(
+        10.0,
+        "With Redis: how long a node's quota slots and its unfinished upload jobs outlive "
+        "it. A live node renews its lease every third of this; when it dies, its slots "
+        "free and its jobs read as failed (`node_lost`) this long after.",
+    )
 
     def __post_init__(self) -> None:
         url = self.redis_url
         if url is not None and not url.startswith(REDIS_SCHEMES):
             shown = "…@" + url.rpartition("@")[2] if "@" in url else url  # not a password
             raise SettingError("redis_url", shown, "must start with " + ", ".join(REDIS_SCHEMES))
+        if url is not None and is_sentinel(url):
+            try:
+                SentinelURL.parse(url)
+            except ValueError as exc:
+                shown = "…@" + url.rpartition("@")[2] if "@" in url else url
+                raise SettingError("redis_url", shown, str(exc)) from None
         prefix = self.store_prefix
         if not 1 <= len(prefix) <= MAX_PREFIX or any(c.isspace() for c in prefix):
             raise SettingError(
                 "store_prefix", prefix, f"must be 1-{MAX_PREFIX} characters without spaces"
             )
-        positive(self, "meeting_ttl_s")
+        positive(self, "meeting_ttl_s", "node_lease_s")

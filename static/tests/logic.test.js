@@ -7,7 +7,7 @@ import {
   backoffDelay, closeAction, eventsUrl, fetchToken, isValidId, newMeetingId, participantId,
   socketProtocols, streamUrl,
 } from '../protocol.js';
-import { PcmRing } from '../ringbuffer.js';
+import { PcmRing, resendPlan } from '../ringbuffer.js';
 import { ReconnectingSocket } from '../socket.js';
 import { TranscriptModel } from '../transcript-model.js';
 
@@ -87,6 +87,20 @@ test('ring buffer keeps the newest samples by absolute index', () => {
 const final = (seq, participant, text, start, end, extra = {}) => ({
   type: 'transcript.final', seq, utterance_id: `u${seq}`, participant, text, start, end,
   language: 'en', ...extra,
+});
+
+test('a resume re-sends from send_from when the ring holds it, and says so', () => {
+  const sr = 16000;
+  // The server names send_from 4.0 s before resume_from 7.744 s; the ring holds all of it.
+  assert.deepEqual(resendPlan(0, 0, 7.744, 3.744, sr), { start: 3.744 * sr, from: 3.744, lost: 0 });
+  // The ring starts after send_from: re-send what it holds of the lead, from there.
+  assert.deepEqual(resendPlan(5 * sr, 0, 7.744, 3.744, sr), { start: 5 * sr, from: 5, lost: 0 });
+  // No send_from (a server before it): from resume_from, with no resend message.
+  assert.deepEqual(resendPlan(0, 0, 7.744, undefined, sr), { start: 7.744 * sr, from: null, lost: 0 });
+  // The ring lost audio after resume_from: from its start, counted as lost.
+  assert.deepEqual(resendPlan(8 * sr, 0, 7.744, 3.744, sr), { start: 8 * sr, from: null, lost: 8 * sr - 7.744 * sr });
+  // A later timeline (ring index of stream position 0 is 32000): seconds are the stream's.
+  assert.deepEqual(resendPlan(0, 2 * sr, 7.744, 3.744, sr), { start: 2 * sr + 3.744 * sr, from: 3.744, lost: 0 });
 });
 
 test('transcript model orders by seq, dedupes, and retires partials', () => {

@@ -155,6 +155,41 @@ def test_partial_cost_is_a_moving_average_of_rows() -> None:
         cost.record(0.1, rows=0)
 
 
+def test_flat_batches_take_every_ready_final_and_every_queued_partial() -> None:
+    """Where a batch costs what one row does (a GPU), finals are not shared out over the
+    free workers and partial batches are not sized by a row's cost: one row measured at a
+    whole batch's cost would hold every later partial batch to one row."""
+    flat = config(max_batch_size=8, max_partial_batch=4, partial_wait=0.25, flat_batches=True)
+    budget = PartialBudget(flat, 0.0)
+    finals = [Queued(i, FINAL, 1.0 + i / 10) for i in range(5)]
+    assert plan(finals, [0, 1], [], budget, flat, now=2.0).starts == [
+        Start(0, (0, 1, 2, 3, 4), partial=False)
+    ]
+    partials = [Queued(i, PARTIAL, float(i)) for i in range(6)]
+    starts = plan(partials, [0], [], budget, flat, now=9.0, partial_cost=0.138).starts
+    assert starts == [Start(0, (0, 1, 2, 3), partial=True)]
+    per_row = config(max_batch_size=8, max_partial_batch=4, partial_wait=0.25)
+    assert plan(partials, [0], [], budget, per_row, now=9.0, partial_cost=0.138).starts == [
+        Start(0, (0,), partial=True)
+    ]
+
+
+def test_a_flat_partial_batch_is_expected_to_take_a_batchs_time() -> None:
+    """With flat batches a partial batch's expected end is its start plus a partial
+    batch's measured time, whatever its rows: a final waits for a batch of 16 about to
+    end instead of stopping it as if it took 16 rows' time."""
+    cost = PartialCost(weight=0.5)
+    cost.record(0.14, rows=1)
+    cost.record(0.14, rows=16)
+    assert cost.per_batch == pytest.approx(0.14)
+    assert cost.expected_end(1.0, 16, flat=True) == pytest.approx(1.14)
+    assert cost.expected_end(1.0, 16) == pytest.approx(1.0 + 16 * (0.14 + 0.14 / 16) / 2)
+    flat = config(partial_wait=0.25, flat_batches=True)
+    running = [Running(0, partial=True, expected_end=cost.expected_end(1.0, 16, flat=True))]
+    left = plan([Queued(7, FINAL, 1.0)], [], running, PartialBudget(flat, 0.0), flat, now=1.01)
+    assert left.preempt == [] and left.wake_at == pytest.approx(1.25)
+
+
 def test_finals_behind_finals_and_file_requests_preempt_nothing() -> None:
     """A busy worker running finals is waited for; file requests never preempt partials."""
     cfg = config(workers=1)

@@ -337,6 +337,46 @@ async def test_a_final_waits_for_a_partial_batch_about_to_end() -> None:
         assert fake.batches[-1] == [13]
 
 
+async def test_flat_batches_take_every_queued_partial_and_a_final_waits_for_them() -> None:
+    """With flat batches (a GPU) a row measured at 0.1 s does not hold later partial
+    batches to what fits `partial_wait` by rows: the next takes every queued partial (up
+    to `max_partial_batch`), is expected to take a batch's 0.1 s, and a final that finds
+    the worker on it waits instead of stopping it."""
+    now = [0.0]
+    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    scheduler = BatchScheduler(
+        fake,
+        max_batch_size=4,
+        max_wait=0.0,
+        max_queue=8,
+        partial_wait=0.25,
+        flat_batches=True,
+        clock=lambda: now[0],
+    )
+    async with started(scheduler):
+        first = await scheduler.submit(request("a", 10, Priority.PARTIAL))
+        await wait_entered(fake)
+        assert fake.batches == [[10]]  # the cost is not known yet: one row
+        partials = [
+            await scheduler.submit(request(s, n, Priority.PARTIAL))
+            for s, n in (("b", 11), ("c", 12), ("d", 13), ("e", 14), ("g", 15))
+        ]
+        now[0] += 0.1
+        fake.release()
+        await asyncio.wait_for(first, TIMEOUT)
+        await wait_entered(fake)
+        assert fake.batches[-1] == [11, 12, 13, 14]  # per row, 0.25 s would fit two
+        final = await scheduler.submit(request("f", 20))
+        await checked_after_plan(scheduler, fake)
+        assert fake.stopped == [] and scheduler.stats.preempted_batches == 0
+        fake.release()
+        await wait_entered(fake)
+        assert fake.batches[-1] == [20]
+        fake.release(2)
+        await asyncio.wait_for(asyncio.gather(final, *partials), TIMEOUT)
+        assert fake.batches[-1] == [15]
+
+
 async def test_a_stopped_partial_gives_way_to_a_newer_one_of_its_session(
     gated: tuple[BatchScheduler, FakeRecognizer],
 ) -> None:
@@ -568,6 +608,28 @@ async def test_a_busy_model_sheds_live_contexts_but_not_a_files() -> None:
     assert [r.transcription.text for r in results] == ["n=1", "n=100", "n=200"]
     assert fake.batches == [[1], [100, 200]]
     assert [len(u.audio) for u in fake.lefts] == [200]
+    assert scheduler.stats.contexts_shed == 1
+
+
+async def test_an_essential_left_context_is_never_shed() -> None:
+    """A final that goes on from a client's cut in mid-speech keeps its left context on a
+    busy model, where a final cut at a pause sheds its own."""
+    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0, context_below=0.001)
+    async with started(scheduler):
+        busy = await occupy(scheduler, fake)
+        await asyncio.sleep(0.05)  # the model is busy: utilization well above 0.1 %
+        cold = await scheduler.submit(with_left("cold", 100))
+        left = LeftContext(np.zeros(16000, dtype=np.float32), "before", essential=True)
+        cut = RecognitionRequest(
+            "cut", Priority.FINAL, Utterance(np.zeros(300, np.float32), left=left)
+        )
+        going_on = await scheduler.submit(cut)
+        assert not scheduler.has_context_slack()
+        fake.release(2)
+        await asyncio.wait_for(asyncio.gather(busy, cold, going_on), TIMEOUT)
+    assert fake.batches == [[1], [100, 300]]
+    assert [len(u.audio) for u in fake.lefts] == [300]
     assert scheduler.stats.contexts_shed == 1
 
 

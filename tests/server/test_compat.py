@@ -5,7 +5,10 @@ keepalive against the idle limit, bad audio and bad messages, session configurat
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
@@ -14,7 +17,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
-from tests.appserver import AppServer, serve_app
+from engine.api import Transcription, Utterance
+from tests.appserver import AppServer, serve_app, serving
 from tests.compat_clients import (
     WEBSOCKETS_LEGACY,
     ApiError,
@@ -29,6 +33,7 @@ from tests.compat_clients import (
     transcription_session,
 )
 from tests.corpus import clip
+from tests.fakes import FakeRecognizer
 
 pytestmark = WEBSOCKETS_LEGACY
 
@@ -313,3 +318,160 @@ async def test_openai_beta_flavour(server: AppServer) -> None:
         await connection.close()
     assert kinds[:2] == ["transcription_session.created", "transcription_session.updated"]
     assert "input_audio_buffer.committed" in kinds
+
+
+async def test_deepgram_two_finalize_in_flight_get_two_answers(server: AppServer) -> None:
+    """The SDK sends two Finalize back to back in mid-speech: the first closes the
+    utterance (its final is from_finalize), the second finds nothing in progress and gets
+    its own empty from_finalize Results (before, the first's final answered both)."""
+    client = deepgram_client(server.http_url, server.ws_url, KEY)
+    async with client.listen.v1.connect(model="nova-3", encoding="linear16") as connection:
+        received = Received()
+        reader = asyncio.create_task(receive_deepgram(connection, received))
+        await connection.send_media(speech()[: 16_000 * 2 * 2])  # 2 s: inside "Americans"
+        await connection.send_finalize()
+        await connection.send_finalize()
+
+        def answered(r: Received) -> list[Any]:
+            return [m for m in r.of_type("Results") if m.from_finalize]
+
+        await received.wait_for(lambda r: len(answered(r)) >= 2, 10)
+        await connection.send_close_stream()
+        await asyncio.wait_for(reader, 10)
+    first, second = (m.channel.alternatives[0].transcript for m in answered(received))
+    assert first and second == ""
+    assert received.messages[-1].type == "Metadata"
+
+
+async def test_openai_commit_on_silence_is_answered_with_commit_empty(server: AppServer) -> None:
+    """The SDK commits a buffer of silence: OpenAI's `input_audio_buffer_commit_empty`
+    error comes back (before, no reply at all), the session goes on, and a commit in
+    speech is answered by its item's committed and completed events."""
+    client = openai_client(server.http_url, KEY)
+    async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+        received = Received()
+        reader = asyncio.create_task(receive_openai(connection, received))
+        await connection.session.update(session=transcription_session())
+        await connection.input_audio_buffer.append(audio=b64(bytes(24_000 * 2)))  # 1 s
+        await connection.input_audio_buffer.commit()
+        await received.wait_for(lambda r: bool(r.of_type("error")), 10)
+        [error] = received.of_type("error")
+        assert error.error.code == "input_audio_buffer_commit_empty"
+        pcm24 = pcm16_at(clip("en_jfk").samples()[: 16_000 * 2], 24_000)  # 2 s, in speech
+        await connection.input_audio_buffer.append(audio=b64(pcm24))
+        await connection.input_audio_buffer.commit()
+        done = "conversation.item.input_audio_transcription.completed"
+        await received.wait_for(lambda r: bool(r.of_type(done)), 10)
+        [committed] = received.of_type("input_audio_buffer.committed")
+        assert committed.item_id == received.of_type(done)[0].item_id
+        assert len(received.of_type("error")) == 1
+        await connection.close()
+        await reader
+
+
+async def test_openai_beta_flavour_from_a_browsers_subprotocol(server: AppServer) -> None:
+    """A browser cannot set the OpenAI-Beta header: it offers the `openai-beta.realtime-v1`
+    subprotocol instead, and gets the beta flavour."""
+    async with connect(
+        server.ws_url + "/v1/realtime?intent=transcription",
+        additional_headers={"Authorization": f"Bearer {KEY}"},
+        subprotocols=[Subprotocol("realtime"), Subprotocol("openai-beta.realtime-v1")],
+    ) as ws:
+        assert ws.subprotocol == "realtime"
+        first = orjson.loads(await ws.recv())
+    assert first["type"] == "transcription_session.created"
+
+
+async def test_a_realtime_session_configuring_itself_holds_a_place_and_ends_on_drain() -> None:
+    """A realtime socket that has not sent audio yet counts against the stream bound (a
+    second stream is refused 503) and is closed 1012 with an `error` event when the
+    server drains (before, it waited outside both until its idle limit)."""
+    async with serve_app(max_sessions=1, idle_timeout_s=30.0) as app:
+        async with connect(app.ws_url + "/v1/realtime?intent=transcription") as ws:
+            assert orjson.loads(await ws.recv())["type"] == "session.created"
+            status, _, _ = await refusal(app, "/v1/listen", {})
+            assert status == 503
+            drained = asyncio.create_task(app.state.registry.drain(5.0))
+            messages = await drain(ws)
+            await drained
+        assert ws.close_code == 1012
+        assert messages[-1]["type"] == "error"
+        assert messages[-1]["error"]["code"] == "shutting_down"
+
+
+class SlowFinals(FakeRecognizer):
+    """Words that grow with the audio ("w1 w2 ...", one per 0.25 s: a partial's text is a
+    prefix of its final's), and finals that take FINAL_S while partials run at once on
+    the other worker: the next utterance's partials come before this one's final."""
+
+    FINAL_S = 1.5
+
+    def transcribe(
+        self, batch: Sequence[Utterance], should_stop: Callable[[], bool] | None = None
+    ) -> list[Transcription]:
+        if any(u.word_timings for u in batch):
+            time.sleep(self.FINAL_S)
+        return [
+            dataclasses.replace(t, text=" ".join(f"w{i}" for i in range(len(u.audio) // 4000)))
+            for u, t in zip(batch, super().transcribe(batch, should_stop), strict=True)
+        ]
+
+
+async def test_openai_overlapping_utterances_deltas_add_up_to_each_transcript() -> None:
+    """The SDK streams JFK's four phrases while each final takes 1.5 s, so an utterance's
+    deltas come before the previous one's final: concatenated per item, as OpenAI
+    documents, the deltas give exactly each completed transcript (before, the previous
+    item's deltas were sent again in full)."""
+    done = "conversation.item.input_audio_transcription.completed"
+    async with serve_app(serving(SlowFinals()), model_workers=2, idle_timeout_s=30.0) as app:
+        client = openai_client(app.http_url)
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            received = Received()
+            reader = asyncio.create_task(receive_openai(connection, received))
+            await connection.session.update(session=transcription_session())
+            pcm24 = pcm16_at(clip("en_jfk").samples(), 24_000)
+            step = 24_000 * 2 // 10  # 100 ms
+            for offset in range(0, len(pcm24), step):
+                await connection.input_audio_buffer.append(audio=b64(pcm24[offset : offset + step]))
+                await asyncio.sleep(0.05)  # 2x real time
+            await connection.input_audio_buffer.commit()
+            await received.wait_for(lambda r: len(r.of_type(done)) >= 3, 30)
+            await asyncio.sleep(2 * SlowFinals.FINAL_S)  # any last final
+            await connection.close()
+            await reader
+    said: dict[str, str] = {}
+    open_items: set[str] = set()  # items with deltas, not yet completed
+    overlapped = False
+    for event in received.messages:
+        if event.type == "conversation.item.input_audio_transcription.delta":
+            overlapped |= bool(open_items - {event.item_id})
+            open_items.add(event.item_id)
+            said[event.item_id] = said.get(event.item_id, "") + event.delta
+        elif event.type == done:
+            open_items.discard(event.item_id)
+    completed = {e.item_id: e.transcript for e in received.of_type(done) if e.transcript}
+    assert overlapped, "no delta of an item came before the previous item's final"
+    assert {item: said.get(item, "") for item in completed} == completed
+
+
+async def test_deepgram_stops_before_their_finals_keep_speech_final() -> None:
+    """The SDK streams JFK while each final takes 1.5 s, so the next phrase's speech stop
+    comes before this phrase's final: every final is still speech-final and followed by
+    UtteranceEnd (before, a stop that came early was overwritten and lost)."""
+    async with serve_app(serving(SlowFinals()), model_workers=2, idle_timeout_s=30.0) as app:
+        client = deepgram_client(app.http_url, app.ws_url)
+        async with client.listen.v1.connect(
+            model="nova-3", encoding="linear16", sample_rate=16000, utterance_end_ms=1000
+        ) as connection:
+            received = Received()
+            reader = asyncio.create_task(receive_deepgram(connection, received))
+            pcm = clip("en_jfk").pcm16()
+            for offset in range(0, len(pcm), 3200):
+                await connection.send_media(pcm[offset : offset + 3200])
+                await asyncio.sleep(0.05)  # 2x real time
+            await connection.send_close_stream()
+            await asyncio.wait_for(reader, 30)
+    finals = [m for m in received.of_type("Results") if m.is_final]
+    assert len(finals) >= 3
+    assert all(m.speech_final for m in finals)
+    assert len(received.of_type("UtteranceEnd")) == len(finals)

@@ -97,6 +97,62 @@ def test_deepgram_finalize_marks_its_final_and_keeps_order() -> None:
     assert empty["start"] == 1.0 and empty["duration"] == 0.0
 
 
+def test_deepgram_two_finalize_in_flight_get_one_answer_each() -> None:
+    """Two Finalize in flight, the first closing an utterance and the second nothing: the
+    first's final is marked, and the second gets its own empty from_finalize Results
+    (before, the first's final answered both)."""
+    codec = deepgram()
+    codec.from_client({"text": '{"type": "Finalize"}'})
+    codec.from_client({"text": '{"type": "Finalize"}'})
+    assert codec.from_server(final(0, "a b", 0.0, 1.0)) == []
+    assert codec.from_server({"type": "finalize.done", "utterance_id": "s-0"}) == []
+    released = out(codec.from_server({"type": "finalize.done", "utterance_id": None}))
+    assert [(m["is_final"], m["from_finalize"]) for m in released] == [(True, True), (True, True)]
+    assert [m["channel"]["alternatives"][0]["transcript"] for m in released] == ["a b", ""]
+
+
+def test_deepgram_stops_wait_for_their_finals() -> None:
+    """The next utterance's stop may come before this one's final: each final is
+    speech-final (and followed by UtteranceEnd) by the stop that falls in it."""
+    codec = deepgram(utterance_end_ms="1000")
+    codec.from_server({"type": "vad.speech_stopped", "t": 1.8})
+    codec.from_server({"type": "vad.speech_stopped", "t": 3.5})
+    first = out(codec.from_server(final(0, "one", 0.2, 1.9)))
+    second = out(codec.from_server(final(1, "two", 2.5, 3.6)))
+    assert [m["type"] for m in first] == [m["type"] for m in second] == ["Results", "UtteranceEnd"]
+    assert first[0]["speech_final"] and second[0]["speech_final"]
+    assert second[1]["last_word_end"] == 3.6
+
+
+def test_deepgram_utterance_end_without_endpointing() -> None:
+    """endpointing=false with utterance_end_ms (Deepgram's advice for noisy audio): no
+    Results is speech-final, but UtteranceEnd still follows a final the speech stopped in."""
+    codec = deepgram(endpointing="false", utterance_end_ms="1000")
+    codec.from_server({"type": "vad.speech_stopped", "t": 1.8})
+    results, end = out(codec.from_server(final(0, "one", 0.2, 1.9)))
+    assert not results["speech_final"] and end["type"] == "UtteranceEnd"
+
+
+def test_deepgram_punctuate_gives_sentences() -> None:
+    """punctuate=true: a final Whisper wrote on in lower case starts with a capital, and a
+    speech-final one left bare ends with a full stop (its words too); an interim and a
+    final cut mid-speech keep their end as it is."""
+    codec = deepgram(punctuate="true")
+    words = [
+        {"word": " ask", "start": 0.1, "end": 0.4, "probability": 0.9},
+        {"word": " country", "start": 0.5, "end": 0.9, "probability": 0.9},
+    ]
+    [cut] = out(codec.from_server(final(0, "ask country", 0.0, 1.0, words=words)))
+    assert cut["channel"]["alternatives"][0]["transcript"] == "Ask country"
+    codec.from_server({"type": "vad.speech_stopped", "t": 1.9})
+    [ended] = out(codec.from_server(final(1, "ask country", 1.0, 2.0, words=words)))
+    alternative = ended["channel"]["alternatives"][0]
+    assert alternative["transcript"] == "Ask country."
+    assert [w["punctuated_word"] for w in alternative["words"]] == ["Ask", "country."]
+    [asked] = out(codec.from_server(final(2, "Why?", 2.0, 3.0)))
+    assert asked["channel"]["alternatives"][0]["transcript"] == "Why?"
+
+
 def test_deepgram_client_frames() -> None:
     """KeepAlive, CloseStream and an empty binary frame map to v1 controls; anything else
     is an invalid message."""
@@ -154,3 +210,58 @@ def test_openai_deltas_add_stable_words_then_complete() -> None:
     assert started["item_id"] == "item_s-1"
     committed = out(codec.from_server(final(1, "next", 3.0, 4.0)))[0]
     assert committed["previous_item_id"] == "item_s-0"
+
+
+def test_openai_overlapping_utterances_do_not_repeat_deltas() -> None:
+    """Utterance 1's partial arrives before utterance 0's final: a client that concatenates
+    each item's deltas (as OpenAI documents) gets exactly each completed transcript."""
+    codec = realtime()
+    events = codec.from_server({"type": "vad.speech_started", "t": 0.1, "utterance_id": "s-0"})
+
+    def partial(index: int, text: str) -> list[str]:
+        message = {"type": "transcript.partial", "utterance_id": f"s-{index}", "text": text}
+        return codec.from_server({**message, "start": 0.0, "end": 1.0})
+
+    events += partial(0, "one two three")
+    events += codec.from_server({"type": "vad.speech_started", "t": 2.0, "utterance_id": "s-1"})
+    events += partial(1, "four five six")
+    events += codec.from_server(final(0, "one two three", 0.1, 1.9))
+    events += partial(1, "four five six seven")
+    events += codec.from_server(final(1, "four five six seven", 2.0, 3.0))
+    said: dict[str, str] = {}
+    completed: dict[str, str] = {}
+    for event in out(events):
+        if event["type"] == "conversation.item.input_audio_transcription.delta":
+            said[event["item_id"]] = said.get(event["item_id"], "") + event["delta"]
+        if event["type"] == "conversation.item.input_audio_transcription.completed":
+            completed[event["item_id"]] = event["transcript"]
+    assert said == completed == {"item_s-0": "one two three", "item_s-1": "four five six seven"}
+
+
+def test_openai_speech_started_names_its_item_after_an_emptied_utterance() -> None:
+    """Utterance 0 was judged not speech (no final): the next speech start names item 1,
+    the item its transcript then completes, not item 0 again."""
+    codec = realtime()
+    codec.from_server({"type": "vad.speech_started", "t": 0.1, "utterance_id": "s-0"})
+    [started] = out(
+        codec.from_server({"type": "vad.speech_started", "t": 2.0, "utterance_id": "s-1"})
+    )
+    events = out(codec.from_server(final(1, "hello", 2.0, 3.0)))
+    assert started["item_id"] == events[-1]["item_id"] == "item_s-1"
+
+
+def test_openai_commit_is_answered() -> None:
+    """A commit with no speech in progress is answered with OpenAI's
+    input_audio_buffer_commit_empty error; one whose utterance the guard emptied completes
+    that item empty; one whose final was sent needs nothing more."""
+    codec = realtime()
+    [empty] = out(codec.from_server({"type": "finalize.done", "utterance_id": None}))
+    assert empty["type"] == "error"
+    assert empty["error"]["code"] == "input_audio_buffer_commit_empty"
+    committed, completed = out(codec.from_server({"type": "finalize.done", "utterance_id": "s-0"}))
+    assert (
+        committed["type"] == "input_audio_buffer.committed" and committed["item_id"] == "item_s-0"
+    )
+    assert completed["transcript"] == ""
+    codec.from_server(final(1, "hello", 2.0, 3.0))
+    assert codec.from_server({"type": "finalize.done", "utterance_id": "s-1"}) == []

@@ -38,13 +38,11 @@ def _held(state: AppState) -> list[str]:
     assert isinstance(store, RedisStore)
     maps = {
         "registry": len(state.registry),
-        "stream slots": state.stream_slots._held,
-        "listener slots (meetings)": state.listener_slots.meetings._held,
-        "listener slots (tenants)": state.listener_slots.tenants._held,
+        "quota leases": bool(store.quotas),
         "listener slots (total)": state.listener_slots.total._held,
         "store locks": store._locks._locks,
         "store write buffer": store._buffer._per_meeting,
-        "pub/sub channels": store._events._channels,
+        "pub/sub channels": {c for c in store._events._channels if not c.endswith(b"takeovers")},
         "pub/sub confirmations": store._events._confirm,
         "pub/sub tasks (unsubscribes)": store._events._tasks,
     }

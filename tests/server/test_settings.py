@@ -56,6 +56,21 @@ def test_model_workers_run_as_processes_on_the_cpu_unless_told_otherwise() -> No
     assert decide("on", "cuda") and not decide("off", "cpu")
 
 
+def test_batches_are_flat_on_cuda_and_per_row_on_the_cpu_unless_told_otherwise() -> None:
+    """PARLEY_BATCH_COST: `auto` means flat batches (engine/policy.py rule 5) on CUDA and
+    per-row on the CPU; `flat` and `per-row` say so everywhere; anything else is refused."""
+    from server.app import flat_batches
+
+    def decide(cost: str, device: str) -> bool:
+        return flat_batches(Settings.from_env({"PARLEY_BATCH_COST": cost, "PARLEY_DEVICE": device}))
+
+    assert Settings.from_env({}).scheduler.batch_cost == "auto"
+    assert decide("auto", "cuda") and not decide("auto", "cpu")
+    assert decide("flat", "cpu") and not decide("per-row", "cuda")
+    with pytest.raises(ValueError, match="PARLEY_BATCH_COST"):
+        Settings.from_env({"PARLEY_BATCH_COST": "gpu"})
+
+
 def test_the_context_window_reaches_the_recognizer_config() -> None:
     """PARLEY_CONTEXT_WINDOW_S caps the window a left context may fill (`context_window`)."""
     from server.app import model_config

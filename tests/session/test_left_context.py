@@ -188,3 +188,23 @@ def test_the_context_carries_its_finals_words_on_its_own_audio() -> None:
     mixed = untimed.before(2, round(4.5 * SAMPLE_RATE), 10.0)
     assert mixed is not None and mixed.words == () and mixed.shorter is not None
     assert mixed.shorter.words == three
+
+
+async def test_an_utterance_that_goes_on_from_a_cut_has_an_essential_context(
+    fake: tuple[FakeRecognizer, BatchScheduler],
+) -> None:
+    """The utterance after a client's cut in mid-speech (`continues`) carries the cut one
+    as an essential left context (the scheduler never sheds it), its text without the
+    word the cut fell in (the fake's text is one word); one after a pause does not."""
+    recognizer, scheduler = fake
+    source = committer(scheduler, left_context=10.0)
+    cut = utterance(0, 0.0, 2.0, 0.1)
+    after = utterance(1, 2.0, 1.0, 0.2)
+    going_on = UtteranceEnded(after.index, after.start, after.end, after.audio, continues=True)
+    later = utterance(2, 4.0, 1.0, 0.3)
+    for event in (cut, going_on, later):
+        await source.commit(await source.submit(event))
+    lefts = [u.left for u in recognizer.lefts]
+    assert [left is not None and left.essential for left in lefts] == [True, False]
+    assert lefts[0] is not None and lefts[0].duration == pytest.approx(2.0)  # no gap
+    assert lefts[0].text == "" and lefts[1] is not None and lefts[1].text == "n=32000 n=16000"

@@ -240,3 +240,44 @@ async def test_real_vad_finds_no_speech_in_silence_and_noise() -> None:
         events = [e for w, p in await stream.process(audio) for e in seg.push(w, p)]
         events += seg.flush()
         assert not any(isinstance(e, UtteranceEnded) for e in events)
+
+
+def test_finalize_in_mid_speech_keeps_every_window_and_goes_on() -> None:
+    """A client's cut in mid-speech ends the utterance with all the audio received; the
+    speech goes on as the next utterance from exactly there (no window dropped, no
+    SpeechStopped), which says it continues the cut one; the one after starts cold."""
+    seg = Segmenter(SegmenterConfig(partial_interval=0, pre_roll=0.064, post_roll=0.064))
+    events = feed(seg, [0.1] * 5 + [0.9] * 20)
+    events += seg.finalize()
+    # After the cut the speech dips below the threshold (a word's quiet consonant), then on.
+    events += feed(seg, [0.4] * 3 + [0.9] * 20 + [0.1] * 20 + [0.9] * 20 + [0.1] * 20)
+    kinds = [type(e) for e in events]
+    assert kinds == [
+        SpeechStarted,
+        UtteranceEnded,
+        SpeechStopped,
+        UtteranceEnded,
+        SpeechStarted,
+        SpeechStopped,
+        UtteranceEnded,
+    ]
+    cut, after, cold = [e for e in events if isinstance(e, UtteranceEnded)]
+    assert cut.end == 25 * WINDOW and not cut.continues
+    assert after.start == cut.end and after.continues
+    assert list(np.unique(after.audio))[:3] == [0, 1, 2]  # the windows right after the cut
+    assert not cold.continues
+
+
+def test_finalize_in_a_pause_or_too_early_does_not_split() -> None:
+    """A cut in a pause ends the utterance as an endpoint would (SpeechStopped, the next
+    one starts cold); a cut before there is enough speech for a final cuts nothing, and
+    that speech goes on into the next final."""
+    seg = Segmenter(SegmenterConfig(partial_interval=0, post_roll=0.064, min_speech=0.25))
+    events = feed(seg, [0.9] * 20 + [0.1] * 5) + seg.finalize()
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped, UtteranceEnded]
+    early = Segmenter(SegmenterConfig(partial_interval=0, min_speech=0.25))
+    feed(early, [0.9] * 3)
+    assert early.finalize() == []
+    events = feed(early, [0.9] * 10 + [0.1] * 20)
+    [ended] = [e for e in events if isinstance(e, UtteranceEnded)]
+    assert ended.start == 0 and not ended.continues

@@ -38,7 +38,8 @@ def test_builder_writes_the_documented_fields_in_order() -> None:
         "resume_token", "resume_from", "resumed", "last_seq",
     ]  # fmt: skip
     assert started["protocol"] == 1
-    assert build.encode(build.speech_started(0.352)) == '{"type":"vad.speech_started","t":0.352}'
+    speech = build.encode(build.speech_started(0.352, "s-0"))
+    assert speech == '{"type":"vad.speech_started","t":0.352,"utterance_id":"s-0"}'
     assert build.speech_stopped(2.24) == {"type": "vad.speech_stopped", "t": 2.24}
     assert build.session_language("es", None, 0)["probability"] is None
     partial = build.transcript_partial(
