@@ -155,7 +155,7 @@ def test_deepgram_punctuate_gives_sentences() -> None:
 
 def test_deepgram_client_frames() -> None:
     """KeepAlive, CloseStream and an empty binary frame map to v1 controls; anything else
-    is an invalid message."""
+    (but Configure, tests/server/test_keyterms.py) is an invalid message."""
     codec = deepgram()
     frames: list[tuple[dict[str, Any], str]] = [
         ({"text": '{"type": "KeepAlive"}'}, "keepalive"),
@@ -167,7 +167,7 @@ def test_deepgram_client_frames() -> None:
         assert orjson.loads(message["text"]) == {"type": kind}
     assert codec.from_client({"bytes": b"\x01\x00"}).to_actor[0]["bytes"] == b"\x01\x00"
     with pytest.raises(ProtocolError) as raised:
-        codec.from_client({"text": '{"type": "Configure"}'})
+        codec.from_client({"text": '{"type": "Reconfigure"}'})
     assert raised.value.close_code == 1007
 
 
