@@ -181,7 +181,7 @@ def main() -> None:
     args = parser.parse_args()
     from engine import keyterms
 
-    start = keyterms.START if args.start is None else args.start
+    start = keyterms.START if args.start is None else args.start  # the boost modes' bonuses
     go_on = keyterms.CONTINUE if args.go_on is None else args.go_on
     with tempfile.TemporaryDirectory() as folder:
         tuning = build(TUNING, Path(folder), args.voices)

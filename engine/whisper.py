@@ -149,11 +149,12 @@ class WhisperRecognizer:
                 window,
             )
         decoded = self._decode_in(batch, window, should_stop)
-        # A row with a prompt or a left context that failed (`conditioning_failed`) is
-        # decoded once more without them, as Whisper's fallback drops the prompt.
+        # A row with a prompt, a left context or keyterms that failed
+        # (`conditioning_failed`) is decoded once more without them, as Whisper's
+        # fallback drops the prompt.
         redo = self._policy.fallbacks(batch, decoded)
         if redo:
-            plain = [dataclasses.replace(batch[i], prompt="", left=None) for i in redo]
+            plain = [dataclasses.replace(batch[i], prompt="", left=None, keyterms=()) for i in redo]
             for i, item in zip(redo, self._decode_in(plain, window, should_stop), strict=True):
                 decoded[i] = item
         return [self._postprocess(item) for item in decoded]

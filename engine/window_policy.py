@@ -21,8 +21,9 @@ on average, with 6 of 170 partials empty (4 in the 10 s window) (docs/performanc
 
 Left context (`engine.context`) fills the window up to `context_window`, or only the
 room the utterance leaves in its own window (`context_own_window`: `fit_context`). A row
-decoded after a prompt or behind a left context that went astray is decoded once more
-without them, as Whisper's fallback drops the prompt (`fallbacks`).
+decoded after a prompt, behind a left context or with keyterms that went astray is decoded
+once more without them, as Whisper's fallback drops the prompt (`fallbacks`): keyterms
+that make a row loop ("Istio, Istio, ...") give way to the plain decoding.
 """
 
 from __future__ import annotations
@@ -137,12 +138,13 @@ class WindowPolicy:
         )
 
     def fallbacks(self, batch: Sequence[Utterance], decoded: Sequence[Decoded]) -> list[int]:
-        """The rows with a prompt or a left context whose conditioning failed, to decode
-        again without them (`conditioning_failed`)."""
+        """The rows with a prompt, a left context or keyterms whose conditioning failed, to
+        decode again without them (`conditioning_failed`)."""
         return [
             i
             for i, item in enumerate(decoded)
-            if (batch[i].prompt or batch[i].left) and self.conditioning_failed(batch[i], item)
+            if (batch[i].prompt or batch[i].left or batch[i].keyterms)
+            and self.conditioning_failed(batch[i], item)
         ]
 
     def conditioning_failed(self, utterance: Utterance, item: Decoded) -> bool:

@@ -82,3 +82,22 @@ def test_a_bonus_tips_a_near_tie_but_not_a_clear_choice() -> None:
     biased = states[0].clone()
     biased[[10, 20]] += 2.0
     assert boosted.logprobs[0] == torch.log_softmax(biased, -1)[10]
+
+
+def test_a_term_written_gets_no_more_start_bonus_in_its_row() -> None:
+    """After a row writes [20] (a whole term) token 20 is no longer favoured there (a
+    bonus on beginning it again made tiny.en loop); 10 still is, and after [10, 13] it
+    stays favoured, [10, 11, 12] not being written yet."""
+    boost = Boost([TermTrie(TERMS), TermTrie(TERMS)], 32, start=1.0, go_on=3.0)
+    boost.advance(0, [20])
+    boost.advance(1, [10, 13])
+    bias = boost.bias(torch.device("cpu"))
+    assert bias[0, 20] == 0.0 and bias[0, 10] == 1.0
+    assert bias[1, 10] == 1.0 and bias[1, 20] == 1.0
+    boost.advance(1, [10, 11, 12])
+    assert boost.bias(torch.device("cpu"))[1, 10] == 0.0
+    # Along a draft the same holds, the row's own state unchanged.
+    fresh = Boost([TermTrie(TERMS)], 32, start=1.0, go_on=3.0)
+    along = fresh.along(0, [20, 5], torch.device("cpu"))
+    assert along[0, 20] == 1.0 and along[1, 20] == 0.0 and along[2, 20] == 0.0
+    assert fresh.bias(torch.device("cpu"))[0, 20] == 1.0

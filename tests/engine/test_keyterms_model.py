@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from bench.corpus import clips
+from engine import keyterms
 from engine.api import Utterance
-from engine.whisper import WhisperRecognizer
+from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
 
 pytestmark = pytest.mark.slow
 
@@ -44,12 +45,23 @@ def test_a_keyterm_fixes_a_name_and_unrelated_ones_change_nothing(
         assert term.split()[0] not in jfk_unrelated.text
 
 
+@pytest.fixture(scope="module")
+def boosting(tiny_en: Path) -> WhisperRecognizer:
+    """Boosting on (off by default), at the bonuses bench/keyterms.py measured."""
+    config = WhisperRecognizerConfig(
+        keyterm_start=keyterms.START, keyterm_continue=keyterms.CONTINUE
+    )
+    return WhisperRecognizer(tiny_en, config)
+
+
+@pytest.mark.parametrize("which", ["recognizer", "boosting"])
 def test_keyterms_stay_in_their_row_and_drafts_change_nothing(
-    recognizer: WhisperRecognizer,
+    which: str, request: pytest.FixtureRequest
 ) -> None:
     """In a mixed batch a row with keyterms decodes as alone, the rows beside it as
     without; and a row with keyterms and a draft (its plain text's first half, as a
-    partial would give) decodes the same as without the draft."""
+    partial would give) decodes the same as without the draft; with boosting too."""
+    recognizer: WhisperRecognizer = request.getfixturevalue(which)
     hester = clips((HESTER,))[0].audio()
     lj = clips(("en_lj_LJ001-0004",))[0].audio()
     alone = recognizer.transcribe([Utterance(hester, keyterms=("Prynne",))])[0]
