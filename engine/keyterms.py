@@ -1,10 +1,8 @@
 """Keyterms: words a stream expects (names, products, jargon), favoured while decoding.
 
-An utterance's `keyterms` reach the decoder two ways (the figures are bench/keyterms.py's,
-docs/performance.md, "Keyterms"); `engine.whisper` uses the first, and the second only
-where its bonuses are set (`WhisperRecognizerConfig.keyterm_start`/`keyterm_continue`;
-off by default: beside the prompt it added 1 term of 12 on the tuning set, none on the
-held-out set, and made one held-out clip loop on a term whose first token is " I"):
+An utterance's `keyterms` reach the decoder two ways, and `engine.whisper` uses both
+(bench/keyterms.py, three voices: held-out terms right 1/36 without, 17/36 with the
+prompt, 22/36 with both; docs/performance.md, "Keyterms"):
 
 - **In the prompt**: Whisper's previous-text prefix (<|startofprev|>) reads the terms
   before the utterance's own previous text, so the model has seen their spelling.
@@ -33,7 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
-# The logit bonuses measured (bench/keyterms.py --modes boost both).
+# The logit bonuses (the one pair measured: bench/keyterms.py --grid tries others).
 START = 2.0
 CONTINUE = 4.0
 # The most tokens of an utterance's terms that are boosted (the first terms' first; the

@@ -8,6 +8,7 @@ from typing import Literal
 
 import torch
 
+from engine import keyterms
 from engine.guard import GuardConfig
 from engine.int8 import int8_available
 
@@ -81,9 +82,7 @@ class WhisperRecognizerConfig:
     final with its window filled loops more often, and the full window costs 3-4x).
     Keyterms (`Utterance.keyterms`, `engine.keyterms`): `keyterm_prompt` puts them in the
     prompt; `keyterm_start` and `keyterm_continue` are the logit bonuses on beginning and
-    on continuing one (0 and 0, the default: no boosting; `engine.keyterms.START` and
-    `CONTINUE` are the pair measured, which did not pay on the held-out set and made one
-    clip loop: docs/performance.md, "Keyterms").
+    on continuing one (0 and 0: no boosting; docs/performance.md, "Keyterms").
     """
 
     device: str = "cpu"
@@ -105,8 +104,8 @@ class WhisperRecognizerConfig:
     context_window: float = 20.0
     context_own_window: bool = False
     keyterm_prompt: bool = True
-    keyterm_start: float = 0.0
-    keyterm_continue: float = 0.0
+    keyterm_start: float = keyterms.START
+    keyterm_continue: float = keyterms.CONTINUE
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:

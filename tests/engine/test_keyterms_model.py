@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from bench.corpus import clips
-from engine import keyterms
 from engine.api import Utterance
 from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
 
@@ -46,21 +45,19 @@ def test_a_keyterm_fixes_a_name_and_unrelated_ones_change_nothing(
 
 
 @pytest.fixture(scope="module")
-def boosting(tiny_en: Path) -> WhisperRecognizer:
-    """Boosting on (off by default), at the bonuses bench/keyterms.py measured."""
-    config = WhisperRecognizerConfig(
-        keyterm_start=keyterms.START, keyterm_continue=keyterms.CONTINUE
-    )
+def prompt_only(tiny_en: Path) -> WhisperRecognizer:
+    """The prompt only (boosting off): the other mechanism, on its own."""
+    config = WhisperRecognizerConfig(keyterm_start=0.0, keyterm_continue=0.0)
     return WhisperRecognizer(tiny_en, config)
 
 
-@pytest.mark.parametrize("which", ["recognizer", "boosting"])
+@pytest.mark.parametrize("which", ["recognizer", "prompt_only"])
 def test_keyterms_stay_in_their_row_and_drafts_change_nothing(
     which: str, request: pytest.FixtureRequest
 ) -> None:
     """In a mixed batch a row with keyterms decodes as alone, the rows beside it as
     without; and a row with keyterms and a draft (its plain text's first half, as a
-    partial would give) decodes the same as without the draft; with boosting too."""
+    partial would give) decodes the same as without the draft; with the prompt only too."""
     recognizer: WhisperRecognizer = request.getfixturevalue(which)
     hester = clips((HESTER,))[0].audio()
     lj = clips(("en_lj_LJ001-0004",))[0].audio()
