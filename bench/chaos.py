@@ -150,7 +150,9 @@ class Stream:
             try:
                 await self._connection()
                 delay = 0.2
-            except (OSError, InvalidHandshake, TimeoutError) as exc:
+            except (OSError, InvalidHandshake, TimeoutError, ConnectionClosed) as exc:
+                # ConnectionClosed: the socket died between `session.started` and the
+                # client's first send (a server killed then): resume again.
                 self.refusals[type(exc).__name__] += 1
             if self.ended is None:
                 await asyncio.sleep(delay)
