@@ -29,7 +29,7 @@ def _problem(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
-def _refusal(error: ProtocolError) -> JSONResponse:
+def refusal(error: ProtocolError) -> JSONResponse:
     """The HTTP form of a refusal: 4xxx close codes mirror their HTTP status."""
     close = int(error.close_code)
     status = close - 4000 if close >= 4000 else 503 if close == CloseCode.TRY_AGAIN_LATER else 400
@@ -57,11 +57,11 @@ async def mint_token(request: Request) -> Response:
             principal, meeting_id, scope=scope, participant=participant, ttl_s=ttl_s
         )
     except ProtocolError as exc:
-        return _refusal(exc)
+        return refusal(exc)
     except TokenQuotaExceeded as exc:
-        return _refusal(quota_exceeded(str(exc)))
+        return refusal(quota_exceeded(str(exc)))
     except StoreError as exc:
-        return _refusal(overloaded(f"token store: {exc}"))
+        return refusal(overloaded(f"token store: {exc}"))
     body = {
         "token": token,
         "expires_at": expires_at,
@@ -128,13 +128,13 @@ async def transcript(request: Request) -> Response:
         if not await meeting_access(state.store, meeting_id, principal):
             return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")
     except ProtocolError as exc:
-        return _refusal(exc)
+        return refusal(exc)
     try:
         finals = await state.store.finals(meeting_id)
         if not finals and await state.store.last_seq(meeting_id) == 0:
             return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")
     except StoreError as exc:  # unreachable: 503 with Retry-After, as store/api.py promises
-        return _refusal(overloaded(f"meeting store: {exc}"))
+        return refusal(overloaded(f"meeting store: {exc}"))
     return Response(render(meeting_id, finals, fmt), media_type=fmt.media_type)
 
 

@@ -27,8 +27,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from engine.api import SAMPLE_RATE
+from server.access import client_host
 from server.auth import bearer
 from server.decode_worker import Refusal
+from server.rest import refusal
 from server.state import AppState, app_state
 from server.upload_form import FORM_OVERHEAD, receive_form, too_large
 from session.vad import WINDOW, VadState
@@ -61,10 +63,11 @@ def check_name(raw: str | None) -> str:
 
 
 def _tenant(request: Request) -> str | None:
-    """The API key's tenant (None while authentication is off). Raises ProtocolError."""
-    return (
-        app_state(request).auth.key_principal(bearer(request.headers.get("authorization"))).tenant
-    )
+    """The API key's tenant (None while authentication is off). Raises ProtocolError:
+    `protected_mode` (403) for a client protected mode keeps out, else 401."""
+    auth = app_state(request).auth
+    auth.admit(client_host(request))
+    return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
 
 
 async def create_speaker(request: Request) -> Response:
@@ -74,7 +77,7 @@ async def create_speaker(request: Request) -> Response:
     try:
         tenant = _tenant(request)
     except ProtocolError as exc:
-        return _problem(401, exc.code.value, exc.message)
+        return refusal(exc)
     services = state.services
     if services is None or services.speakers is None or state.file_vad is None:
         reason = state.unavailable() or (services.speakers_off if services else "not ready")
@@ -166,7 +169,7 @@ async def list_speakers(request: Request) -> Response:
         tenant = _tenant(request)
         speakers = await app_state(request).store.speakers.list(tenant)
     except ProtocolError as exc:
-        return _problem(401, exc.code.value, exc.message)
+        return refusal(exc)
     except StoreError as exc:
         return _problem(503, "overloaded", f"speaker store: {exc}")
     return JSONResponse({"speakers": [s.public() for s in speakers]})
@@ -181,7 +184,7 @@ async def get_speaker(request: Request) -> Response:
         if _ID.fullmatch(speaker_id):
             found = await app_state(request).store.speakers.get(tenant, speaker_id)
     except ProtocolError as exc:
-        return _problem(401, exc.code.value, exc.message)
+        return refusal(exc)
     except StoreError as exc:
         return _problem(503, "overloaded", f"speaker store: {exc}")
     if found is None:
@@ -198,7 +201,7 @@ async def delete_speaker(request: Request) -> Response:
         if _ID.fullmatch(speaker_id):
             deleted = await app_state(request).store.speakers.delete(tenant, speaker_id)
     except ProtocolError as exc:
-        return _problem(401, exc.code.value, exc.message)
+        return refusal(exc)
     except StoreError as exc:
         return _problem(503, "overloaded", f"speaker store: {exc}")
     if not deleted:

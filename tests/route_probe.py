@@ -42,6 +42,8 @@ MEETING_ROUTES = (
     "job",
     "delete_job",
     "token",
+    "speakers",
+    "speaker",
 )
 OPEN_ROUTES = ("healthz", "readyz", "metrics")
 
@@ -66,6 +68,8 @@ SERVED: dict[str, dict[str, Any]] = {
     "job": {"status": 200},
     "delete_job": {"status": 204},
     "token": {"status": 201},
+    "speakers": {"status": 200},  # the tenant's enrolled speakers (none)
+    "speaker": {"status": 404, "code": "not_found"},  # one of them, by id
 }
 REFUSED_SOCKET = {"status": 101, "code": "protected_mode", "close": 4403}
 REFUSED_HTTP = {"status": 403, "code": "protected_mode"}  # the compat sockets' too
@@ -188,6 +192,8 @@ async def probe(base: str, headers: dict[str, str]) -> dict[str, Answer]:
     answers["job"], _ = await _http("GET", job_url, headers)
     answers["delete_job"], _ = await _http("DELETE", job_url, headers)
     answers["token"], _ = await _http("POST", f"{meeting}/tokens", headers)
+    answers["speakers"], _ = await _http("GET", f"{base}/v1/speakers", headers)
+    answers["speaker"], _ = await _http("GET", f"{base}/v1/speakers/no-such-speaker", headers)
     for name in OPEN_ROUTES:
         answers[name], _ = await _http("GET", f"{base}/{name}", headers)
     return answers

@@ -45,11 +45,13 @@ def test_the_probe_tries_every_route_of_the_app() -> None:
         "/v1/transcriptions",  # upload
         "/v1/transcriptions/{job_id}",  # job, delete_job
         "/v1/meetings/{meeting_id}/tokens",  # token
+        "/v1/speakers",  # speakers (and enrolment, POST)
+        "/v1/speakers/{speaker_id}",  # speaker (and DELETE)
         "/healthz",
         "/readyz",
         "/metrics",
     }
-    assert len(MEETING_ROUTES) == len(SERVED) == 9 and len(OPEN_ROUTES) == 3
+    assert len(MEETING_ROUTES) == len(SERVED) == 11 and len(OPEN_ROUTES) == 3
 
 
 def test_loopback_is_127_8_and_1_and_nothing_else() -> None:
