@@ -321,7 +321,11 @@ class SegmenterSettings:
         "and no better P95 at 8.",
     )
     pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")
-    max_utterance_s: float = setting(15.0, "Longer speech is cut at its quietest point.")
+    max_utterance_s: float = setting(
+        15.0,
+        "Longer speech is cut: in its last 3 s, at the first word gap; with no gap, at its "
+        "quietest point.",
+    )
     partial_interval_s: float = setting(
         0.5,
         "Seconds of new speech between partial transcripts; 0 turns partials off. Under "

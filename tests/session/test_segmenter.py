@@ -97,6 +97,36 @@ def test_long_speech_is_cut_at_the_quietest_window() -> None:
     assert [e.index for e in ended] == [0, 1]
 
 
+def test_a_word_gap_in_the_cut_zone_ends_the_utterance_as_it_comes() -> None:
+    """In the last cut_search seconds before max_utterance, the first window that is not
+    speech ends the utterance when it is pushed, not at max_utterance after the fact; the
+    same gap earlier does not."""
+    config = SegmenterConfig(
+        max_utterance=4.0,
+        soft_max_utterance=4.0,
+        cut_search=1.0,
+        min_silence=0.5,
+        post_roll=0,
+        partial_interval=0,
+        pre_roll=0,
+    )
+    seg = Segmenter(config)
+    early_gap = windows(2.0)  # before the cut zone (past 3 s)
+    late_gap = windows(3.5)
+    pushed = 0
+    ended_at: list[tuple[int, UtteranceEnded]] = []
+    for i in range(windows(6.0)):
+        p = 0.1 if i in (early_gap, late_gap) else 0.95
+        for event in seg.push(np.full(WINDOW, i, dtype=np.float32), p):
+            if isinstance(event, UtteranceEnded):
+                ended_at.append((pushed, event))
+        pushed += 1
+    (when, first), *_ = ended_at
+    assert when == late_gap  # decided on the gap's own window: no lag behind the live audio
+    assert first.end == late_gap * WINDOW  # the speech before the gap (no post-roll here)
+    assert len(first.audio) == first.end - first.start
+
+
 def test_long_utterance_ends_at_a_short_pause() -> None:
     """Past soft_max_utterance, a pause of soft_pause ends the utterance; before, it does not."""
     config = SegmenterConfig(
