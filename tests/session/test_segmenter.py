@@ -113,14 +113,12 @@ def test_a_word_gap_in_the_cut_zone_ends_the_utterance_as_it_comes() -> None:
     seg = Segmenter(config)
     early_gap = windows(2.0)  # before the cut zone (past 3 s)
     late_gap = windows(3.5)
-    pushed = 0
-    ended_at: list[tuple[int, UtteranceEnded]] = []
+    ended_at: list[tuple[int, UtteranceEnded]] = []  # (the window pushed, what it ended)
     for i in range(windows(6.0)):
         p = 0.1 if i in (early_gap, late_gap) else 0.95
         for event in seg.push(np.full(WINDOW, i, dtype=np.float32), p):
             if isinstance(event, UtteranceEnded):
-                ended_at.append((pushed, event))
-        pushed += 1
+                ended_at.append((i, event))
     (when, first), *_ = ended_at
     assert when == late_gap  # decided on the gap's own window: no lag behind the live audio
     assert first.end == late_gap * WINDOW  # the speech before the gap (no post-roll here)
