@@ -334,7 +334,26 @@ def create_app(
         Route("/readyz", rest.readyz, methods=["GET"]),
         Route("/metrics", rest.metrics, methods=["GET"]),
     ]
-    static_dir = Path(settings.server.static_dir)
-    if static_dir.is_dir():
+    static_dir = browser_client_dir(settings.server.static_dir)
+    if static_dir is not None:
         routes.append(Mount("/", StaticFiles(directory=static_dir, html=True), name="static"))
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+SOURCE_TREE = Path(__file__).resolve().parent.parent  # the folder that holds server/
+
+
+def browser_client_dir(setting: str) -> Path | None:
+    """The folder `PARLEY_STATIC_DIR` names: as given, or, when relative and not found
+    under the working directory, under the source tree (`make run` from another folder
+    still serves the page); None, with a warning, where neither exists."""
+    given = Path(setting)
+    candidates = [given] if given.is_absolute() else [given, SOURCE_TREE / given]
+    for folder in candidates:
+        if folder.is_dir():
+            return folder
+    logger.warning(
+        "the browser client's folder %s is missing (PARLEY_STATIC_DIR): / serves no page",
+        " or ".join(str(c) for c in candidates),
+    )
+    return None

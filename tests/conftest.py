@@ -96,7 +96,11 @@ def server_log_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
 
 
 def start_server(
-    env: dict[str, str] | None = None, *, wait: bool = True, port: int | None = None
+    env: dict[str, str] | None = None,
+    *,
+    wait: bool = True,
+    port: int | None = None,
+    cwd: Path = REPO,
 ) -> ServerProcess:
     port = port or free_port()
     log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the server
@@ -114,7 +118,7 @@ def start_server(
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "server", "--port", str(port)],
-        cwd=REPO,
+        cwd=cwd,
         env=full_env,
         stdout=log_file,
         stderr=subprocess.STDOUT,

@@ -23,7 +23,11 @@ class ServerSettings:
 
     host: str = setting("127.0.0.1", "Address to listen on (`0.0.0.0` for all interfaces).")
     port: int = setting(8000, "TCP port to listen on (the Procfile passes `$PORT`).")
-    static_dir: str = setting("static", "Folder of the browser client, served at `/`.")
+    static_dir: str = setting(
+        "static",
+        "Folder of the browser client, served at `/`; a relative one not found in the "
+        "working directory is looked for beside the server's code.",
+    )
     drain_grace_s: float = setting(
         0.0,
         "On SIGTERM, seconds the node keeps answering (`/readyz` 503 `draining`, new "
