@@ -19,11 +19,13 @@ Without a GPU (`capture=False`) the same buffers run `feed_one` eagerly: what
 tests/engine/test_step_graphs.py checks on the CPU (the tokens are eager decoding's). The
 graphs of the last `keep` shapes are kept, each with its buffers (tiny.en at 64 rows, 448
 positions and the 30 s window: ~0.8 GB in float16, most of it the cross-attention keys).
-Not measured yet: no GPU was lent since this was written.
+Each thread that decodes (a model worker) has graphs of its own: two workers never share
+buffers. Not measured yet: no GPU was lent since this was written.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -31,7 +33,8 @@ import torch
 
 from engine.decoder_step import DecoderStep, KVCache
 
-GraphKey = tuple[int, int, int, torch.dtype]  # (bucket rows, positions, encoder frames, dtype)
+Shape = tuple[int, int, int, torch.dtype]  # (bucket rows, positions, encoder frames, dtype)
+GraphKey = tuple[int, Shape]  # (the decoding thread, its shape)
 
 
 @dataclass(slots=True)
@@ -97,22 +100,26 @@ class StepGraphs:
         self._capture = capture
         self._keep = keep
         self._graphs: OrderedDict[GraphKey, _Graph] = OrderedDict()
+        self._lock = threading.Lock()  # over `_graphs`, not over the buffers (one thread's)
 
     @property
-    def shapes(self) -> list[GraphKey]:
-        """The shapes held, least recently used first."""
-        return list(self._graphs)
+    def shapes(self) -> list[Shape]:
+        """The shapes held (any thread's), least recently used first."""
+        with self._lock:
+            return [shape for _, shape in self._graphs]
 
     def load(self, cache: KVCache) -> Steps:
         """The steps for `cache`'s batch over a graph's buffers, `cache` copied into them
         (captured first if no graph of its shape is held)."""
         _, batch, _, positions, _ = cache.keys.shape
         frames = cache.cross[0][0].shape[2]
-        key = (bucket(batch), positions, frames, cache.keys.dtype)
-        graph = self._graphs.pop(key, None) or self._build(key, cache)
-        self._graphs[key] = graph
-        while len(self._graphs) > self._keep:
-            self._graphs.popitem(last=False)
+        shape = (bucket(batch), positions, frames, cache.keys.dtype)
+        key = (threading.get_ident(), shape)
+        with self._lock:
+            graph = self._graphs.pop(key, None) or self._build(shape, cache)
+            self._graphs[key] = graph
+            while len(self._graphs) > self._keep:
+                self._graphs.popitem(last=False)
         held = graph.cache
         held.keys[:, :batch].copy_(cache.keys)
         held.values[:, :batch].copy_(cache.values)
@@ -124,8 +131,8 @@ class StepGraphs:
         graph.ids.fill_(self._end)
         return Steps(self._step, graph, batch)
 
-    def _build(self, key: GraphKey, like: KVCache) -> _Graph:
-        rows, positions, _, _ = key
+    def _build(self, shape: Shape, like: KVCache) -> _Graph:
+        rows, positions, _, _ = shape
         cross = [
             (keys.new_zeros((rows, *keys.shape[1:])), values.new_zeros((rows, *values.shape[1:])))
             for keys, values in like.cross

@@ -3,6 +3,7 @@ eager decoding. The CUDA graph capture itself needs a GPU (bench/gpu_check measu
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,20 @@ def test_the_recognizer_transcribes_the_same_with_them(
         assert [t.text for t in got] == [t.text for t in want]
         assert [[w.word for w in t.words] for t in got] == [[w.word for w in t.words] for t in want]
     assert {shape[0] for shape in graphs_of(graphed).shapes} >= {1, 4}
+
+
+def test_two_threads_decoding_at_once_keep_to_their_own_buffers(
+    eager: WhisperRecognizer, graphed: WhisperRecognizer
+) -> None:
+    """Two model workers (threads) decode a batch of the same shape at once (the same
+    batch: the same window and positions): each gets buffers of its own, or one would
+    reset the other's lengths halfway and both would read garbage."""
+    batch = [Utterance(c.audio()) for c in clips(("en_ls_", "en_lj_LJ0"))[:3]]
+    want = [t.text for t in eager.transcribe(batch)]
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(3):
+            got = list(pool.map(lambda b: [t.text for t in graphed.transcribe(b)], [batch] * 2))
+            assert got == [want, want]
 
 
 def test_graphs_are_a_setting_refused_on_a_cpu_device() -> None:
