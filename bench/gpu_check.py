@@ -32,6 +32,8 @@ What `run` does:
    of audio: the end token is suppressed, so random weights cannot stop early or run
    long), with no loop retry. 5 s utterances, batch 1-64, in each dtype; the figure is
    the median wall time per batch and the audio seconds transcribed per wall second.
+   With `--graphs both` (the default on CUDA) each dtype runs twice: decoder steps
+   eagerly and replayed from CUDA graphs (`PARLEY_DECODER_GRAPHS`, engine/step_graphs.py).
    Every architecture uses tiny.en's English vocabulary and special tokens (51,864
    entries; the multilingual models have 51,865-51,866: the same cost) and its own
    mel bins (128 for large-v3 and turbo).
@@ -45,7 +47,8 @@ What `run` does:
    on the clips streamed, lost finals, and where a final's time went (`phases`, P50/P95:
    until the server closed the utterance, queue wait, batch inference, close to sent;
    batch sizes; the partials' share of the model's time), from the finals' own `timing`
-   and `/metrics` (bench/capacity.py's row and probe).
+   and `/metrics` (bench/capacity.py's row and probe). `--server-graphs on` serves with
+   `PARLEY_DECODER_GRAPHS=on`.
 
 Everything prints as one table (and `gpu_check.json` under `--out`, with each load run's
 loadgen report in `load-<rooms>/`).
@@ -283,6 +286,7 @@ class Throughput:
     seconds: float  # median wall time per batch
     audio_per_second: float
     tokens_per_second: float
+    graphs: bool = False  # decoder steps replayed from CUDA graphs
 
 
 def throughput(
@@ -293,6 +297,7 @@ def throughput(
     batches: Sequence[int],
     tokens_per_second: float,
     repeats: int,
+    graph_modes: Sequence[bool] = (False,),
 ) -> list[Throughput]:
     import numpy as np
     import torch
@@ -308,7 +313,7 @@ def throughput(
     utterance = Utterance((rng.standard_normal(5 * SAMPLE_RATE) * 0.1).astype(np.float32))
     tokens = token_budget(utterance.duration, tokens_per_second, 224)
     rows = []
-    for dtype in dtypes:
+    for dtype, graphs in [(d, g) for d in dtypes for g in graph_modes]:
         config = WhisperRecognizerConfig(
             device=device,
             dtype=dtype,  # type: ignore[arg-type]
@@ -316,6 +321,7 @@ def throughput(
             max_tokens_per_second=tokens_per_second,
             retry_loops_on_full_window=False,
             drafts=False,
+            decoder_graphs=graphs,
         )
         recognizer = WhisperRecognizer(folder, config, name=arch)
         recognizer.warmup()
@@ -336,9 +342,11 @@ def throughput(
                     wall,
                     batch * utterance.duration / wall,
                     batch * tokens / wall,
+                    graphs,
                 )
             )
-            print(f"  {arch} {dtype} batch {batch}: {wall * 1000:.0f} ms", flush=True)
+            mode = " graphs" if graphs else ""
+            print(f"  {arch} {dtype}{mode} batch {batch}: {wall * 1000:.0f} ms", flush=True)
         del recognizer
         if device != "cpu":
             torch.cuda.empty_cache()
@@ -453,6 +461,7 @@ def load_rows(
     tokens_per_second: float,
     deadline: float,
     log: Path,
+    graphs: bool = False,
 ) -> list[dict[str, Any]]:
     from bench.capacity import ServerProbe, wait_ready
     from bench.processes import free_port
@@ -469,6 +478,7 @@ def load_rows(
         PARLEY_ADMIT_MAX_QUEUE_WAIT_MS="0",  # measure overload, do not refuse it
         PARLEY_DIARIZATION="false",  # its speaker model ships in a 17 MB wheel; not measured
         PARLEY_LOG_LEVEL="warning",
+        PARLEY_DECODER_GRAPHS="on" if graphs else "off",
     )
     if device != "cpu":
         env["PARLEY_MAX_BATCH_SIZE"] = "64"
@@ -500,7 +510,8 @@ def load_rows(
                 settings = dataclasses.replace(base, rooms=count)
                 before = probe.snapshot()
                 report = asyncio.run(run_load(settings, Limits(), corpus))
-                rows.append(server_row(report, probe.between(before, probe.snapshot()), weights))
+                row = server_row(report, probe.between(before, probe.snapshot()), weights)
+                rows.append({**row, "decoder_graphs": graphs})
                 write_report(report, log.parent / f"load-{count}")  # every final, for later
                 print(f"  {count} rooms: {rows[-1]}", flush=True)
                 time.sleep(3)  # let the last finals' batches clear
@@ -534,28 +545,34 @@ def table(
             "",
         ]
         keys = sorted(
-            {(t.arch, t.dtype) for t in throughputs}, key=lambda k: (list(ARCHS).index(k[0]), k[1])
+            {(t.arch, t.dtype, t.graphs) for t in throughputs},
+            key=lambda k: (list(ARCHS).index(k[0]), k[1], k[2]),
         )
         sizes = sorted({t.batch for t in throughputs})
         lines.append("| model | dtype | " + " | ".join(f"batch {b}" for b in sizes) + " |")
         lines.append("|---|---|" + "---|" * len(sizes))
-        for arch, dtype in keys:
+        for arch, dtype, graphs in keys:
             cells = []
             for size in sizes:
                 found = [
-                    t for t in throughputs if (t.arch, t.dtype, t.batch) == (arch, dtype, size)
+                    t
+                    for t in throughputs
+                    if (t.arch, t.dtype, t.graphs, t.batch) == (arch, dtype, graphs, size)
                 ]
                 cells.append(
                     f"{found[0].seconds * 1000:.0f} ms ({found[0].audio_per_second:.0f}x)"
                     if found
                     else "—"
                 )
-            lines.append(f"| {arch} | {dtype} | " + " | ".join(cells) + " |")
+            mode = f"{dtype}, CUDA graphs" if graphs else dtype
+            lines.append(f"| {arch} | {mode} | " + " | ".join(cells) + " |")
     if loads:
         weights = loads[0]["weights"]
+        graphed = ", CUDA graphs" if loads[0].get("decoder_graphs") else ""
         lines += [
             "",
-            f"Server ({server_arch}, {weights} weights), real-time rooms; phases P50 / P95 (s):",
+            f"Server ({server_arch}, {weights} weights{graphed}), real-time rooms; phases "
+            "P50 / P95 (s):",
             "",
             "| rooms | final P50 / P95 / P99 (s) | WER | lost | until close | queue | inference "
             "| close → sent | batch P50 / P95 (mean) | partial share | partial P50 (s) "
@@ -578,6 +595,12 @@ def table(
                 f"| {share} | {partial} | {row['finals_per_s']:.1f} | {row['errors'] or 'none'} |"
             )
     return "\n".join(lines)
+
+
+def graph_modes(choice: str | None, device: str) -> tuple[bool, ...]:
+    """The throughput's decoder-step modes: eager (False), CUDA graphs (True), or both."""
+    choice = choice or ("off" if device == "cpu" else "both")
+    return {"off": (False,), "on": (True,), "both": (False, True)}[choice]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -611,6 +634,7 @@ def run(args: argparse.Namespace) -> int:
             args.batches,
             args.tokens_per_second,
             args.repeats,
+            graph_modes(args.graphs, device),
         )
         if real or arch != server_arch:
             shutil.rmtree(folders.pop(arch))
@@ -633,6 +657,7 @@ def run(args: argparse.Namespace) -> int:
             args.tokens_per_second,
             deadline,
             out / "gpu_check.server.log",
+            args.server_graphs == "on",
         )
     report = table(throughputs, loads, env, server_arch)
     print()
@@ -666,6 +691,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     runner.add_argument("--repeats", type=int, default=3)
     runner.add_argument("--tokens-per-second", type=float, default=4.0)
+    runner.add_argument(
+        "--graphs",
+        choices=("off", "on", "both"),
+        help="throughput with decoder steps eager, from CUDA graphs, or both (default: both "
+        "on CUDA, off on the CPU)",
+    )
+    runner.add_argument("--server-graphs", choices=("off", "on"), default="off")
     runner.add_argument(
         "--server-weights",
         choices=("real", "random"),

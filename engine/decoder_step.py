@@ -110,7 +110,7 @@ class DecoderStep:
     def feed(self, cache: KVCache, ids: torch.Tensor) -> torch.Tensor:
         """Decoder states (batch, n, d_model) for `ids` (batch, n), each row's placed after
         its own cached tokens; the cache then holds them too."""
-        batch, n = ids.shape
+        n = ids.shape[1]
         positions = cache.lengths[:, None] + torch.arange(n, device=ids.device)  # (batch, n)
         span = int(cache.lengths.max()) + n
         if span > cache.keys.shape[3]:
@@ -120,8 +120,30 @@ class DecoderStep:
         uniform = bool((cache.lengths == cache.lengths[0]).all())
         mask = None
         if n > 1 or not uniform:
-            keys_at = torch.arange(span, device=ids.device)
-            mask = (keys_at[None, None, :] <= positions[:, :, None])[:, None]
+            mask = _causal(positions, span)
+        return self._layers_over(cache, ids, positions, span, mask)
+
+    def feed_one(self, cache: KVCache, ids: torch.Tensor) -> torch.Tensor:
+        """`feed` for one token per row (`ids` (batch, 1)), in fixed shapes and with
+        nothing read back to the host: attention spans every position of the cache, those
+        past a row's own masked, where `feed` slices the span the longest row reaches. The
+        same states; a CUDA graph can capture it (`engine.step_graphs`). No check that the
+        cache has room: the caller's budgets keep every row inside it."""
+        positions = cache.lengths[:, None]  # (batch, 1)
+        span = cache.keys.shape[3]
+        return self._layers_over(cache, ids, positions, span, _causal(positions, span))
+
+    def _layers_over(
+        self,
+        cache: KVCache,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        span: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The decoder's layers over `ids` at `positions` (batch, n), attending to the
+        cache's first `span` positions under `mask`; the cache's lengths grow by n."""
+        batch, n = ids.shape
         rows = torch.arange(batch, device=ids.device)[:, None]
         decoder = self._decoder
         x: torch.Tensor = decoder.embed_tokens(ids) + decoder.embed_positions.weight[positions]
@@ -163,3 +185,10 @@ class DecoderStep:
         """(batch, n, heads * head_dim) to (batch, heads, n, head_dim)."""
         batch, n, _ = states.shape
         return states.view(batch, n, self._heads, self._head_dim).transpose(1, 2)
+
+
+def _causal(positions: torch.Tensor, span: int) -> torch.Tensor:
+    """The attention mask (batch, 1, n, span): query i of row b sees the keys at positions
+    up to its own, `positions[b, i]`."""
+    keys_at = torch.arange(span, device=positions.device)
+    return (keys_at[None, None, :] <= positions[:, :, None])[:, None]

@@ -69,6 +69,7 @@ from transformers.models.whisper.modeling_whisper import WhisperDecoder, Whisper
 from engine.decoder_step import DecoderStep, KVCache
 from engine.keyterms import Boost
 from engine.recognizer import Interrupted
+from engine.step_graphs import EagerSteps, StepGraphs
 from engine.vocabulary import Choice, VocabularyHead
 
 
@@ -105,7 +106,9 @@ class GreedyDecoder:
     """Greedy decoding through a `WhisperDecoder` and its output projection (`head`: every
     logit, or an int8 shortlist rescored in float32, `engine.vocabulary`). `layers`, if
     given, run in place of the decoder's own (copies of them, e.g. in int8, sharing its
-    embeddings and final layer norm)."""
+    embeddings and final layer norm). With `graphs`, the steps after the prompt and drafts
+    replay CUDA graphs on a GPU (`engine.step_graphs`; elsewhere the same fixed shapes,
+    eagerly)."""
 
     def __init__(
         self,
@@ -117,8 +120,11 @@ class GreedyDecoder:
         end_token: int,
         suppress_tokens: list[int],
         begin_suppress_tokens: list[int],
+        graphs: bool = False,
     ) -> None:
         self._decoder = DecoderStep(decoder, head, layers)
+        on_gpu = self._decoder.device.type == "cuda"
+        self._graphs = StepGraphs(self._decoder, end_token, capture=on_gpu) if graphs else None
         self._max_positions = self._decoder.max_positions
         self._start = start_token
         self._end = end_token
@@ -318,17 +324,19 @@ class GreedyDecoder:
         if boost is not None:
             for i, row in enumerate(tokens):
                 boost.advance(i, row)
+        graphs = None if all(done) else self._graphs
+        steps = graphs.load(cache) if graphs is not None else EagerSteps(self._decoder, cache)
         while not all(done):
             _check(should_stop)
             pending = [self._end if done[i] else row[-1] for i, row in enumerate(tokens)]
             ids = torch.tensor(pending, dtype=torch.long, device=device)[:, None]
-            before = cache.lengths.clone()
-            fed = self._decoder.feed(cache, ids)[:, -1]
+            before = steps.lengths.clone()
+            fed = steps.feed(ids)
             choice = self._decoder.choose(fed, self._suppress, _bias(boost, fed))
             # A finished row stays where it is (it only rewrites its next, unused slot), so
             # rows that finished far ahead, on a long draft, cannot outgrow the cache.
             finished = torch.tensor(done, device=device)
-            cache.lengths = torch.where(finished, before, cache.lengths)
+            steps.lengths.copy_(torch.where(finished, before, steps.lengths))
             for i, (token, logprob) in enumerate(
                 zip(choice.tokens.tolist(), choice.logprobs.tolist(), strict=True)
             ):

@@ -7,12 +7,15 @@ the server starts and answers `/healthz` while the model loads in the background
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from engine.cpus import available_cpus
 from engine.recognizer import Recognizer
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
@@ -53,6 +56,7 @@ class ModelConfig:
     context_window: float = 20.0  # longest window a left context may fill (seconds)
     context_own_window: bool = False  # a left context only fills the utterance's own window
     word_timings: bool = True
+    decoder_graphs: bool = False  # CUDA graphs for decoder steps (`engine.step_graphs`)
     workers: int = 0
     torch_threads: int = 0
     max_batch_size: int = 16
@@ -159,7 +163,10 @@ def load_whisper(config: ModelConfig) -> Recognizer:
         context_window=config.context_window,
         context_own_window=config.context_own_window,
         word_timings=config.word_timings,
+        decoder_graphs=config.decoder_graphs and device.startswith("cuda"),
     )
+    if config.decoder_graphs and not whisper.decoder_graphs:
+        logger.warning("PARLEY_DECODER_GRAPHS: no GPU (%s), decoder steps run eagerly", device)
     return load_recognizer(config.model, whisper, cache=config.cache)
 
 

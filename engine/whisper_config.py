@@ -83,6 +83,8 @@ class WhisperRecognizerConfig:
     Keyterms (`Utterance.keyterms`, `engine.keyterms`): `keyterm_prompt` puts them in the
     prompt; `keyterm_start` and `keyterm_continue` are the logit bonuses on beginning and
     on continuing one (0 and 0: no boosting; docs/performance.md, "Keyterms").
+    `decoder_graphs` runs the decoder's single-token steps over fixed buffers, replayed
+    from CUDA graphs on a GPU (`engine.step_graphs`; on a CPU eagerly, for tests).
     """
 
     device: str = "cpu"
@@ -107,6 +109,7 @@ class WhisperRecognizerConfig:
     keyterm_start: float = keyterms.START
     keyterm_continue: float = keyterms.CONTINUE
     guard: GuardConfig = field(default_factory=GuardConfig)
+    decoder_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:

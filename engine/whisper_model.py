@@ -157,6 +157,7 @@ class WhisperModel:
             end_token=self.eot,
             suppress_tokens=list(generation.suppress_tokens or []),
             begin_suppress_tokens=list(generation.begin_suppress_tokens or []),
+            graphs=config.decoder_graphs,
         )
         finals = greedy(head)
         if not config.int8_partials:

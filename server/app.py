@@ -72,6 +72,7 @@ def model_config(settings: Settings) -> ModelConfig:
         context_window=context.context_window_s,
         context_own_window=context.context_own_window,
         word_timings=model.word_timings,
+        decoder_graphs=model.decoder_graphs,
         workers=model.model_workers,
         torch_threads=model.torch_threads,
         max_batch_size=settings.scheduler.max_batch_size,

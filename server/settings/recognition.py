@@ -96,6 +96,13 @@ class ModelSettings:
         "and its batch runs again on another worker. Worker processes only.",
     )
 
+    decoder_graphs: bool = setting(
+        False,
+        "Replay each decoder step after the prompt from a CUDA graph captured per batch "
+        "shape (engine/step_graphs.py): one launch instead of one per kernel, where a small "
+        "model's step is bound by launches (~3 ms on an H200). CUDA only; not measured yet.",
+    )
+
     def __post_init__(self) -> None:
         if not self.model:
             raise SettingError("model", self.model, "must name a model or a folder")
@@ -108,6 +115,10 @@ class ModelSettings:
         at_least(self, "model_workers", 0, " (0: automatic)")
         at_least(self, "torch_threads", 0, " (0: automatic)")
         positive(self, "worker_hang_s")
+        if self.decoder_graphs and self.device == "cpu":
+            raise SettingError(
+                "decoder_graphs", self.decoder_graphs, "CUDA graphs need PARLEY_DEVICE cuda or auto"
+            )
         cpu_float32 = self.device != "cuda" and self.dtype in ("auto", "float32")
         for name in ("quantize", "partial_quantize"):
             value = getattr(self, name)
