@@ -113,6 +113,7 @@ CONFIG_FILES = ("config.json", "generation_config.json", "preprocessor_config.js
 REAL = "tiny.en"  # the one model whose real weights travel, packed (`pack_weights`)
 SCALE = ".parley_scale"  # suffix of a packed matrix's per-row scales
 CARRY_LIMIT = 64 * 2**20  # what travels to the device: the working tree and .gpu/
+CLIP_MARGIN = 2**20  # left free: untracked files travel too
 
 
 # ---------------------------------------------------------------------- prepare (here)
@@ -136,28 +137,45 @@ def prepare(out: Path) -> None:
     source = resolve_model("tiny.en", DEFAULT_CACHE)
     for name in TOKENIZER_FILES:
         shutil.copy2(source / name, tokenizer / name)
-    corpus_dir = Path(os.environ.get("PARLEY_CORPUS") or REPO.parent / "shared" / "corpus")
-    corpus = out / "corpus"
-    (corpus / "wav").mkdir(parents=True, exist_ok=True)
-    kept = []
-    for line in (corpus_dir / "manifest.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row["language"] == "en" and float(row["duration_s"]) <= 30:
-            shutil.copy2(corpus_dir / row["path"], corpus / row["path"])
-            kept.append(line)
-    (corpus / "manifest.jsonl").write_text("\n".join(kept) + "\n")
     pack_weights(source, out / REAL)
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     tracked = subprocess.run(
         ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
     ).stdout.split(b"\0")
     tree = sum((REPO / os.fsdecode(name)).stat().st_size for name in tracked if name)
+    corpus_dir = Path(os.environ.get("PARLEY_CORPUS") or REPO.parent / "shared" / "corpus")
+    corpus = out / "corpus"
+    shutil.rmtree(corpus, ignore_errors=True)  # a corpus from an earlier prepare
+    (corpus / "wav").mkdir(parents=True)
+    # The clips take what the rest leaves of the carry limit (less CLIP_MARGIN), in the
+    # manifest's order: a larger corpus gives a sample of itself, not an error.
+    room = CARRY_LIMIT - CLIP_MARGIN - tree - _size(out)
+    kept, skipped = [], 0
+    for line in (corpus_dir / "manifest.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["language"] != "en" or float(row["duration_s"]) > 30:
+            continue
+        clip = corpus_dir / row["path"]
+        if clip.stat().st_size > room:
+            skipped += 1
+            continue
+        (corpus / row["path"]).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(clip, corpus / row["path"])
+        room -= clip.stat().st_size
+        kept.append(line)
+    if not kept:
+        raise SystemExit(f"no English clip of at most 30 s fits what travels ({corpus_dir})")
+    (corpus / "manifest.jsonl").write_text("\n".join(kept) + "\n")
+    size = _size(out)
     print(
-        f"{out}: {size / 2**20:.1f} MiB ({len(kept)} clips); with the working tree "
-        f"{(size + tree) / 2**20:.1f} MiB of {CARRY_LIMIT / 2**20:.0f}"
+        f"{out}: {size / 2**20:.1f} MiB ({len(kept)} clips, {skipped} left out for room); "
+        f"with the working tree {(size + tree) / 2**20:.1f} MiB of {CARRY_LIMIT / 2**20:.0f}"
     )
     if size + tree > CARRY_LIMIT:
         raise SystemExit("too much to carry to the device")
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def pack_weights(source: Path, out: Path) -> None:
