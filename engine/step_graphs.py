@@ -6,19 +6,22 @@ arithmetic: tiny.en's took ~3 ms on an H200 at any batch up to 32 (docs/performa
 replays them with one launch. That needs fixed shapes and fixed memory:
 `DecoderStep.feed_one` (attention over the cache's every position, masked; nothing read
 back to the host), run over buffers that live as long as the graph: a cache of `bucket`
-rows (the batch's rows, padded up to a power of two), its lengths and the step's ids.
+rows (the batch's rows, padded up to a power of two) and of the decoder's every position
+(a batch's cache holds fewer: its prompts and budgets), its lengths and the step's ids.
 
 `StepGraphs.load(cache)` copies a batch's cache, after its prompts and drafts (decoded
-eagerly by `engine.greedy`), into the buffers of the graph for its bucket, positions,
-encoder frames and dtype, capturing that graph on first use; `Steps.feed(ids)` then runs
+eagerly by `engine.greedy`), into the buffers of the graph for its bucket, encoder frames
+(the window) and dtype, capturing that graph on first use; `Steps.feed(ids)` then runs
 one step: the ids into their buffer, one replay. Rows past the batch feed the end token
 from position 0, nobody reads them, and they never reach the cache's end (a batch takes
-fewer steps than it has positions).
+fewer steps than it has positions). Positions past a row's own hold an earlier batch's
+keys, masked as `feed_one` masks every position past a row's length.
 
 Without a GPU (`capture=False`) the same buffers run `feed_one` eagerly: what
 tests/engine/test_step_graphs.py checks on the CPU (the tokens are eager decoding's). The
-graphs of the last `keep` shapes are kept, each with its buffers (tiny.en at 64 rows, 448
-positions and the 30 s window: ~0.8 GB in float16, most of it the cross-attention keys).
+most recently used graphs are kept while their buffers fit `max_bytes` (tiny.en at 64
+rows and the 30 s window: ~0.8 GB in float16, most of it the cross-attention keys;
+large-v3-turbo's ~2.5 GB), the newest always.
 Each thread that decodes (a model worker) has graphs of its own: two workers never share
 buffers. Not measured yet: no GPU was lent since this was written.
 """
@@ -33,7 +36,7 @@ import torch
 
 from engine.decoder_step import DecoderStep, KVCache
 
-Shape = tuple[int, int, int, torch.dtype]  # (bucket rows, positions, encoder frames, dtype)
+Shape = tuple[int, int, torch.dtype]  # (bucket rows, encoder frames, dtype)
 GraphKey = tuple[int, Shape]  # (the decoding thread, its shape)
 
 
@@ -91,14 +94,17 @@ class StepGraphs:
     """The captured steps of one `DecoderStep`, by batch shape (see the module doc)."""
 
     def __init__(
-        self, step: DecoderStep, end_token: int, *, capture: bool = True, keep: int = 8
+        self,
+        step: DecoderStep,
+        end_token: int,
+        *,
+        capture: bool = True,
+        max_bytes: int = 4 * 2**30,
     ) -> None:
-        if keep < 1:
-            raise ValueError("keep at least one graph")
         self._step = step
         self._end = end_token
         self._capture = capture
-        self._keep = keep
+        self._max_bytes = max_bytes
         self._graphs: OrderedDict[GraphKey, _Graph] = OrderedDict()
         self._lock = threading.Lock()  # over `_graphs`, not over the buffers (one thread's)
 
@@ -113,16 +119,16 @@ class StepGraphs:
         (captured first if no graph of its shape is held)."""
         _, batch, _, positions, _ = cache.keys.shape
         frames = cache.cross[0][0].shape[2]
-        shape = (bucket(batch), positions, frames, cache.keys.dtype)
+        shape = (bucket(batch), frames, cache.keys.dtype)
         key = (threading.get_ident(), shape)
         with self._lock:
             graph = self._graphs.pop(key, None) or self._build(shape, cache)
             self._graphs[key] = graph
-            while len(self._graphs) > self._keep:
+            while len(self._graphs) > 1 and self.held_bytes() > self._max_bytes:
                 self._graphs.popitem(last=False)
         held = graph.cache
-        held.keys[:, :batch].copy_(cache.keys)
-        held.values[:, :batch].copy_(cache.values)
+        held.keys[:, :batch, :, :positions].copy_(cache.keys)
+        held.values[:, :batch, :, :positions].copy_(cache.values)
         for (keys, values), (held_keys, held_values) in zip(cache.cross, held.cross, strict=True):
             held_keys[:batch].copy_(keys)
             held_values[:batch].copy_(values)
@@ -131,13 +137,17 @@ class StepGraphs:
         graph.ids.fill_(self._end)
         return Steps(self._step, graph, batch)
 
+    def held_bytes(self) -> int:
+        """The bytes of every held graph's buffers (call with the lock held)."""
+        return sum(_bytes(graph.cache) for graph in self._graphs.values())
+
     def _build(self, shape: Shape, like: KVCache) -> _Graph:
-        rows, positions, _, _ = shape
+        rows = shape[0]
         cross = [
             (keys.new_zeros((rows, *keys.shape[1:])), values.new_zeros((rows, *values.shape[1:])))
             for keys, values in like.cross
         ]
-        cache = KVCache(cross, positions, like.keys)
+        cache = KVCache(cross, self._step.max_positions, like.keys)
         ids = torch.full((rows, 1), self._end, dtype=torch.long, device=like.keys.device)
         if not self._capture:
             return _Graph(cache, ids, None, None)
@@ -154,6 +164,11 @@ class StepGraphs:
             states = self._step.feed_one(cache, ids)
         cache.lengths.zero_()
         return _Graph(cache, ids, states, graph)
+
+
+def _bytes(cache: KVCache) -> int:
+    tensors = [cache.keys, cache.values, *(t for pair in cache.cross for t in pair)]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def bucket(rows: int) -> int:

@@ -62,7 +62,7 @@ def test_fixed_buffers_decode_the_tokens_eager_steps_do(
         n = len(truth[i]) + 1
         assert torch.allclose(fixed.logprobs[i, :n], plain.logprobs[i, :n], atol=1e-3), clip.id
     (shape,) = graphs_of(graphed).shapes
-    assert shape[:2] == (8, greedy.max_positions)
+    assert shape == (8, hidden.shape[1], hidden.dtype)
 
 
 def test_the_recognizer_transcribes_the_same_with_them(
@@ -92,6 +92,29 @@ def test_two_threads_decoding_at_once_keep_to_their_own_buffers(
         for _ in range(3):
             got = list(pool.map(lambda b: [t.text for t in graphed.transcribe(b)], [batch] * 2))
             assert got == [want, want]
+
+
+def test_the_oldest_graphs_go_when_their_buffers_pass_the_budget(
+    eager: WhisperRecognizer,
+) -> None:
+    """Graphs are kept by shape (bucket, window, dtype; not positions: the buffers hold
+    them all) while their buffers fit `max_bytes`, the newest always."""
+    step = eager._whisper.greedy._decoder
+    utterance = Utterance(clips(("en_jfk",))[0].audio())
+    hiddens = []
+    with torch.inference_mode():
+        for window in (10.0, 30.0):
+            features = eager._preprocess([utterance], window)
+            hiddens.append(eager._whisper.encoders.encode(window, features))
+    roomy = StepGraphs(step, 50256, capture=False)
+    tight = StepGraphs(step, 50256, capture=False, max_bytes=1)
+    with torch.inference_mode():
+        for graphs in (roomy, tight):
+            for hidden, positions in ((hiddens[0], 40), (hiddens[0], 90), (hiddens[1], 40)):
+                graphs.load(step.cache(hidden, positions))
+    frames = [hidden.shape[1] for hidden in hiddens]
+    assert roomy.shapes == [(1, frames[0], torch.float32), (1, frames[1], torch.float32)]
+    assert tight.shapes == [(1, frames[1], torch.float32)]
 
 
 def test_graphs_are_a_setting_refused_on_a_cpu_device() -> None:
