@@ -483,6 +483,7 @@ def load_rows(
 ) -> list[dict[str, Any]]:
     from bench.capacity import ServerProbe, wait_ready
     from bench.processes import free_port
+    from deploy.processes import end_process
     from loadgen.report import Limits
     from loadgen.run import LoadSettings, prepare_corpus, run_load, write_report
 
@@ -535,11 +536,7 @@ def load_rows(
                 time.sleep(3)  # let the last finals' batches clear
             return rows
         finally:
-            server.terminate()
-            try:
-                server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            end_process(server, timeout=60)
 
 
 # ---------------------------------------------------------------------- report

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.local import http_get as http_get  # one copy of each, for bench/ too
-from deploy.sentinel import free_port as free_port
+from deploy.processes import end_process
+from deploy.processes import free_port as free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,14 +76,8 @@ class ServerProcess:
 
     def _signal(self, signum: int, timeout: float) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signum)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            end_process(process, signum, timeout)
 
     def metrics(self) -> dict[str, float]:
         """/metrics as {sample line's name and labels: value}."""

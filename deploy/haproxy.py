@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from deploy.processes import end_process
+
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 CHECK_INTER_MS = 1000  # a node is checked this often; down after FALL failed checks
 FALL = 2
@@ -93,12 +95,5 @@ class HAProxy:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            end_process(process, signal.SIGTERM, 10)

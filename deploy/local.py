@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.haproxy import HAProxy, config
-from deploy.sentinel import Sentineled, free_port
+from deploy.processes import end_process, free_port
+from deploy.sentinel import Sentineled
 
 REPO = Path(__file__).resolve().parent.parent
 DRAIN_GRACE_S = 20.0  # PARLEY_DRAIN_GRACE_S of each node (the k8s preStop waits as long)
@@ -91,15 +92,8 @@ class Node:
         return self.process is not None and self.process.poll() is None
 
     def end(self, signum: int = signal.SIGTERM, timeout: float = 60.0) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signum)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if self.process is not None:
+            end_process(self.process, signum, timeout)
 
 
 class Deployment:

@@ -4,7 +4,6 @@ bench/nodes.py kill its primary)."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import signal
 import socket
@@ -12,19 +11,14 @@ import subprocess
 import time
 from pathlib import Path
 
+from deploy.processes import end_process, free_port
+
 SERVICE = "parley"
 DOWN_AFTER_MS = 1000  # a primary silent this long is subjectively down
 FAILOVER_TIMEOUT_MS = 5000
 
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _answers(port: int, command: bytes = b"PING\r\n") -> bytes:
@@ -134,14 +128,7 @@ class Sentineled:
             self.processes[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
 
     def _end(self, name: str, signum: int) -> None:
-        process = self.processes.pop(name)
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signum)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        end_process(self.processes.pop(name), signum, 10)
 
     def _info(self, port: int) -> bytes:
         return _answers(port, b"INFO replication\r\n")

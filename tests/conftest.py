@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from deploy.processes import end_process
 from engine.weights import resolve_model
 from store.api import Store
 from store.memory import MemoryStore
@@ -73,14 +74,9 @@ class ServerProcess:
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        returncode = end_process(self.process, timeout=timeout)
+        assert returncode is not None  # reaped
+        return returncode
 
 
 # Where the servers' logs go: a folder under pytest's own temporary directory (which keeps

@@ -13,17 +13,12 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
+from deploy.processes import free_port as free_port  # the tests' one copy
+
 # Every test timeout is a multiple of MS; raise PARLEY_TEST_TIMEOUT_FACTOR on slow machines.
 MS = 0.001 * float(os.environ.get("PARLEY_TEST_TIMEOUT_FACTOR", "1"))
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def delete_keys(redis_url: str, prefix: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
+from deploy.processes import end_process
 from tests.corpus import REPO
 from tests.netns import Hosts, two_hosts
 from tests.route_probe import (
@@ -103,13 +104,7 @@ class Server:
         return {route: Answer(**answer) for route, answer in found["answers"].items()}
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        end_process(self.process, timeout=30)
 
 
 @pytest.fixture
