@@ -44,8 +44,8 @@ GraphKey = tuple[int, Shape]  # (the decoding thread, its shape)
 class _Graph:
     cache: KVCache  # `bucket` rows, live as long as the graph
     ids: torch.Tensor  # (bucket, 1): the token each row feeds
-    states: torch.Tensor | None  # (bucket, 1, d_model) the replay writes; None: eager
-    graph: torch.cuda.CUDAGraph | None
+    # The graph and the states (bucket, 1, d_model) its replay writes; None: run eagerly.
+    captured: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None
 
 
 class EagerSteps:
@@ -82,11 +82,11 @@ class Steps:
         """Decoder states (batch, d_model) for one token per row (`ids` (batch, 1))."""
         graph = self._graph
         graph.ids[: self._batch].copy_(ids)
-        if graph.graph is None or graph.states is None:
+        if graph.captured is None:
             states = self._step.feed_one(graph.cache, graph.ids)
         else:
-            graph.graph.replay()
-            states = graph.states
+            cuda_graph, states = graph.captured
+            cuda_graph.replay()
         return states[: self._batch, -1]
 
 
@@ -124,7 +124,7 @@ class StepGraphs:
         with self._lock:
             graph = self._graphs.pop(key, None) or self._build(shape, cache)
             self._graphs[key] = graph
-            while len(self._graphs) > 1 and self.held_bytes() > self._max_bytes:
+            while len(self._graphs) > 1 and self._held_bytes() > self._max_bytes:
                 self._graphs.popitem(last=False)
         held = graph.cache
         held.keys[:, :batch, :, :positions].copy_(cache.keys)
@@ -137,7 +137,7 @@ class StepGraphs:
         graph.ids.fill_(self._end)
         return Steps(self._step, graph, batch)
 
-    def held_bytes(self) -> int:
+    def _held_bytes(self) -> int:
         """The bytes of every held graph's buffers (call with the lock held)."""
         return sum(_bytes(graph.cache) for graph in self._graphs.values())
 
@@ -150,7 +150,7 @@ class StepGraphs:
         cache = KVCache(cross, self._step.max_positions, like.keys)
         ids = torch.full((rows, 1), self._end, dtype=torch.long, device=like.keys.device)
         if not self._capture:
-            return _Graph(cache, ids, None, None)
+            return _Graph(cache, ids, None)
         device = like.keys.device
         side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream(device))
@@ -163,7 +163,7 @@ class StepGraphs:
         with torch.cuda.graph(graph):
             states = self._step.feed_one(cache, ids)
         cache.lengths.zero_()
-        return _Graph(cache, ids, states, graph)
+        return _Graph(cache, ids, (graph, states))
 
 
 def _bytes(cache: KVCache) -> int:
