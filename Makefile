@@ -14,6 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev,multilingual]"
 	$(PY) -m pip install --quiet --no-deps "resemblyzer==0.1.4"  # see pyproject.toml
+	$(PY) -m pip install --quiet --no-deps "pipecat-ai==1.14.0"  # the turn model; pyproject.toml
 	touch $@
 
 # bubblewrap confines the upload decoder (docs/operations.md); without it the server decodes

@@ -48,6 +48,7 @@ from session.actor import CLOSE_TIMEOUT
 from session.diarizer import DiarizerConfig
 from session.segmenter import SegmenterConfig
 from session.services import DIARIZATION_OFF, SessionServices
+from session.turn import SmartTurn, TurnBatcher
 from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer
 from store.factory import open_store
 from store.ttl import TTLSettings
@@ -104,7 +105,7 @@ def flat_batches(settings: Settings) -> bool:
 
 
 def segmenter_config(settings: Settings) -> SegmenterConfig:
-    segmenter = settings.segmenter
+    segmenter, turns = settings.segmenter, settings.turns
     return SegmenterConfig(
         threshold=segmenter.vad_threshold,
         min_silence=segmenter.min_silence_ms / 1000,
@@ -112,7 +113,24 @@ def segmenter_config(settings: Settings) -> SegmenterConfig:
         pre_roll=segmenter.pre_roll_ms / 1000,
         max_utterance=segmenter.max_utterance_s,
         partial_interval=segmenter.partial_interval_s,
+        turn_silence=turns.turn_silence_ms / 1000 if turns.turn_model else 0.0,
+        turn_hold=max(turns.turn_hold_ms, segmenter.min_silence_ms) / 1000,
+        turn_threshold=turns.turn_threshold,
     )
+
+
+async def _load_turns(settings: Settings) -> TurnBatcher | None:
+    """The turn model when PARLEY_TURN_MODEL is on; a missing one is a warning (the fixed
+    silence rule serves), never a stop."""
+    if not settings.turns.turn_model:
+        return None
+    try:
+        return TurnBatcher(await asyncio.to_thread(SmartTurn))
+    except Exception as exc:
+        logger.warning(
+            "end of turn by the model is unavailable (%s): silence alone ends turns", exc
+        )
+        return None
 
 
 async def _load_speakers() -> tuple[SpeakerEmbedder | None, str]:
@@ -187,6 +205,7 @@ async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
         speakers_off=speakers_off,
         diarizer=DiarizerConfig(max_speakers=settings.speakers.diarization_max_speakers),
         speaker_match=settings.speakers.speaker_match_similarity,
+        turns=await _load_turns(settings),
     )
     scheduler.add_observer(state.metrics.observe_batch)
     scheduler.add_observer(state.capacity.observe_batch)

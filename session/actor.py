@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +63,7 @@ from session.services import SessionServices
 from session.speakers import SpeakerLabeller
 from session.speculation import Speculator
 from session.stream_state import TRANSITIONS, Connection, SessionState, SessionTotals
+from session.turns import TurnEvent, stream_segmenter, turn_message
 from store.errors import StoreError
 from store.records import FinalRecord, SourceState
 from wire import build, keyterms
@@ -115,17 +115,16 @@ class SessionActor:
         # second connection of the source, and neither may cancel the other's requests.
         self.request_key = f"{self.session_id}/{self.source.generation}"
         self.start_sample = round(self.source.acked_until * SAMPLE_RATE)
-        segmenter = services.segmenter
-        if not config.interim_results:
-            segmenter = dataclasses.replace(segmenter, partial_interval=0.0)
         self._pipeline = AudioPipeline(
             FrameDecoder(config.encoding, config.sample_rate),
             services.vad,
-            segmenter,
+            stream_segmenter(services, config),  # partials, turn model and events
             start_sample=self.start_sample,
             first_index=self.source.next_utterance,
             telemetry=services.telemetry,
             vad_start=stored_vad_state(self.source) if self.resumed else None,
+            turns=services.turns,
+            turn_events=config.turn_events,
         )
         self._lead = ResendLead(self.context)
         self._outbox = Outbox(
@@ -393,6 +392,8 @@ class SessionActor:
                 self._put(build.speech_started(seconds(event.sample), utterance_id))
             elif isinstance(event, SpeechStopped):
                 self._put(build.speech_stopped(seconds(event.sample)))
+            elif isinstance(event, TurnEvent):
+                self._put(turn_message(self.session_id, event))
             elif isinstance(event, PartialDue):
                 await self._partials.submit(event)
             elif isinstance(event, UtteranceMayEnd):

@@ -12,6 +12,12 @@ its VAD hears what the unbroken stream's heard; `vad_state_at(index)` gives the 
 store with each final. It may also take a `lead`: audio the client re-sends from before
 `start_sample` (from `session.started`'s `send_from`) for the left context of its next
 final. The lead is kept (`lead_audio`), never scored or segmented: it was transcribed.
+
+With a turn model (`turns`), each `TurnCheck` the segmenter makes is answered in place: the
+pipeline awaits the model (on its own thread, batched across streams: session/turn.py) and
+gives the answer to the segmenter before the next window; what that decides (an
+utterance's end) follows in the events. Without one, a check is answered None (the
+segmenter's silence rule).
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ import numpy.typing as npt
 
 from engine.api import SAMPLE_RATE
 from session.audio import FrameDecoder
-from session.segmenter import Segmenter, SegmenterConfig, SegmentEvent, UtteranceEnded
+from session.segmenter import Segmenter, SegmenterConfig, SegmentEvent, TurnCheck, UtteranceEnded
 from session.telemetry import NullTelemetry, Telemetry
+from session.turn import TurnScorer
 from session.vad import WINDOW, VadScorer, VadState, VadStream
 
 FloatArray = npt.NDArray[np.float32]
@@ -50,11 +57,16 @@ class AudioPipeline:
         first_index: int = 0,
         telemetry: Telemetry | None = None,
         vad_start: VadState | None = None,
+        turns: TurnScorer | None = None,
+        turn_events: bool = False,
     ) -> None:
         self._decoder = decoder
         self._vad = VadStream(vad, vad_start)
-        self._segmenter = Segmenter(segmenter, start_sample=start_sample, first_index=first_index)
+        self._segmenter = Segmenter(
+            segmenter, start_sample=start_sample, first_index=first_index, turn_events=turn_events
+        )
         self._telemetry = telemetry or NullTelemetry()
+        self._turns = turns
         self._start_sample = start_sample
         self._ended_states: dict[int, str | None] = {}  # utterance index → VAD state at its end
         self._lead: list[FloatArray] = []
@@ -107,11 +119,23 @@ class AudioPipeline:
             if offset:
                 await asyncio.sleep(0)  # let other streams run between slices
             started = time.perf_counter()
+            waited = 0.0  # on the turn model
             scored = await self._vad.process(samples[offset : offset + SLICE_SAMPLES])
             for window, probability in scored:
-                events.extend(self._noted(self._segmenter.push(window, probability)))
-            self._telemetry.vad_processed(time.perf_counter() - started, len(scored))
+                for event in self._segmenter.push(window, probability):
+                    if isinstance(event, TurnCheck):
+                        asked = time.perf_counter()
+                        events.extend(self._noted(await self._decide(event)))
+                        waited += time.perf_counter() - asked
+                    else:
+                        events.extend(self._noted([event]))
+            self._telemetry.vad_processed(time.perf_counter() - started - waited, len(scored))
         return events
+
+    async def _decide(self, check: TurnCheck) -> list[SegmentEvent]:
+        """The turn model's answer to `check`, given to the segmenter: what it decides."""
+        probability = None if self._turns is None else await self._turns.probability(check.audio)
+        return self._segmenter.decide(check.index, probability)
 
     def cut(self) -> list[SegmentEvent]:
         """End the utterance in progress now (`finalize`: in mid-speech, the speech goes on

@@ -35,6 +35,18 @@ so the final can be decoded while the endpoint is still being waited for; if spe
 resumes before it, `UtteranceResumed` withdraws it. A cut (`max_utterance`) ends the
 utterance elsewhere: its `UtteranceEnded` then differs from what was speculated.
 
+End of turn by a model (`turn_silence` > 0): once an utterance has been silent that long
+(shorter than `min_silence`), `TurnCheck` asks whether the speaker has finished, with the
+utterance's audio so far; the caller answers with `decide(index, probability)`
+(session/turn.py). A complete turn (probability >= `turn_threshold`) ends the utterance at
+once; an incomplete one waits for speech up to `turn_hold` of silence (then it ends all
+the same); no answer (None: the model failed or was too busy) leaves the `min_silence`
+rule. Until the answer comes, `turn_hold` bounds the wait. With `turn_events`, every
+utterance that ends at a pause (by either rule, or when the audio is over) is preceded by
+`TurnEnded`; a probability between `turn_eager` and `turn_threshold` says `TurnEnded`
+with `eager` at once (the utterance stays open), and `TurnResumed` if speech comes back.
+Cuts of long speech and a client's cuts end no turn.
+
 Times are samples on the stream's own timeline (16 kHz), starting at `start_sample`
 (non-zero for a resumed stream).
 """
@@ -68,6 +80,10 @@ class SegmenterConfig:
     cut_search: float = 3.0  # a hard cut falls within the last this-many seconds
     partial_interval: float = 0.5  # seconds of new audio between partials; 0 disables
     speculate_after: float = 0.0  # silence after which the final's audio is handed out; 0: off
+    turn_silence: float = 0.0  # silence after which the turn model is asked; 0: no model
+    turn_hold: float = 1.0  # most silence an utterance the model judged incomplete waits
+    turn_threshold: float = 0.5  # a turn this likely complete ends at once
+    turn_eager: float = 0.0  # an eager end from this probability (below turn_threshold); 0: none
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold < 1 or not 0 <= self.hysteresis < self.threshold:
@@ -82,6 +98,10 @@ class SegmenterConfig:
             raise ValueError("soft_max_utterance must lie in (0, max_utterance]")
         if not 0 < self.cut_search <= self.max_utterance / 2:
             raise ValueError("cut_search must lie in (0, max_utterance / 2]")
+        if self.turn_silence and not 0 < self.turn_silence < self.min_silence <= self.turn_hold:
+            raise ValueError("need 0 < turn_silence < min_silence <= turn_hold")
+        if not 0 < self.turn_threshold <= 1 or not 0 <= self.turn_eager <= self.turn_threshold:
+            raise ValueError("need 0 < turn_threshold <= 1 and 0 <= turn_eager <= turn_threshold")
 
 
 class SegmenterState(enum.Enum):
@@ -138,16 +158,58 @@ class UtteranceResumed:
     index: int
 
 
+@dataclass(frozen=True, slots=True)
+class TurnCheck:
+    """Ask the turn model whether utterance `index` ends the speaker's turn (`decide`)."""
+
+    index: int
+    audio: FloatArray
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    """The speaker's turn ended at `sample` with utterance `index` (its `UtteranceEnded`
+    follows), or, `eager`, probably did: the utterance is still open (`TurnResumed` or
+    another `TurnEnded` follows). `probability`: the turn model's; None by the silence rule."""
+
+    index: int
+    sample: int
+    probability: float | None
+    eager: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResumed:
+    """Speech came back after an eager `TurnEnded` of utterance `index`."""
+
+    index: int
+    sample: int
+
+
 SegmentEvent = (
-    SpeechStarted | SpeechStopped | PartialDue | UtteranceEnded | UtteranceMayEnd | UtteranceResumed
+    SpeechStarted
+    | SpeechStopped
+    | PartialDue
+    | UtteranceEnded
+    | UtteranceMayEnd
+    | UtteranceResumed
+    | TurnCheck
+    | TurnEnded
+    | TurnResumed
 )
 
 
 class Segmenter:
     def __init__(
-        self, config: SegmenterConfig, *, start_sample: int = 0, first_index: int = 0
+        self,
+        config: SegmenterConfig,
+        *,
+        start_sample: int = 0,
+        first_index: int = 0,
+        turn_events: bool = False,
     ) -> None:
         self.config = config
+        self.turn_events = turn_events  # say TurnEnded / TurnResumed
         self.state = SegmenterState.SILENCE
         self.next_index = first_index
         self._position = start_sample  # sample just after the last pushed window
@@ -176,6 +238,12 @@ class Segmenter:
             else 0
         )
         self._speculated = False  # an UtteranceMayEnd is out for this silence run
+        self._turn_windows = _windows(config.turn_silence) if config.turn_silence else 0
+        self._hold_windows = max(1, _windows(config.turn_hold))
+        self._endpoint = self._silence_windows  # silent windows that end this silence run
+        self._asked = False  # a TurnCheck is out for this silence run, not yet decided
+        self._eager = False  # an eager TurnEnded is out for this silence run
+        self._probability: float | None = None  # the turn model's for this silence run
         self._continues = False  # the utterance in progress began at a client's cut
 
     @property
@@ -198,29 +266,37 @@ class Segmenter:
         events: list[SegmentEvent] = []
         if probability >= self.config.threshold - self.config.hysteresis:
             self._last_speech_end = self._position
+            if self._silence and self._eager:
+                events.append(TurnResumed(self.next_index, window_start))
             self._silence = 0
+            self._new_silence_run()
             if self._speculated:
                 self._speculated = False
                 events.append(UtteranceResumed(self.next_index))
         else:
             self._silence += 1
+        if self._silence >= self._endpoint:
+            return [*events, *self._end(self._last_speech_end, turn=True)]
         if (
-            self._silence >= self._silence_windows
-            or (
-                self._silence >= self._soft_pause_windows
-                and len(self._windows) >= self._soft_max_windows
-            )
-            or (self._silence and len(self._windows) >= self._gap_cut_windows)
-        ):
+            self._silence >= self._soft_pause_windows
+            and len(self._windows) >= self._soft_max_windows
+        ) or (self._silence and len(self._windows) >= self._gap_cut_windows):
             return self._end(self._last_speech_end)
         if len(self._windows) >= self._max_windows:
             return [*events, *self._cut()]
+        if self._silence and self._silence == self._turn_windows and self._speaks():
+            self._asked = True
+            self._endpoint = self._hold_windows  # until the answer comes
+            events.append(TurnCheck(self.next_index, self._audio()))
         if self._silence and self._silence == self._speculate_windows and self._speaks():
             self._speculated = True
             end, keep = self._ending(self._last_speech_end)
             audio = self._audio(keep)
             return [
-                UtteranceMayEnd(self.next_index, self._utterance_start, end, audio, self._continues)
+                *events,
+                UtteranceMayEnd(
+                    self.next_index, self._utterance_start, end, audio, self._continues
+                ),
             ]
         if (
             self._partial_samples
@@ -237,7 +313,29 @@ class Segmenter:
         """End the utterance in progress now: the audio is over (`stop`, the end of a file)."""
         if self.state is SegmenterState.SILENCE:
             return []
-        return self._end(self._last_speech_end)
+        return self._end(self._last_speech_end, turn=True)
+
+    def decide(self, index: int, probability: float | None) -> list[SegmentEvent]:
+        """The turn model's answer to the `TurnCheck` of utterance `index`: the probability
+        that the turn is complete, or None (not scored: the `min_silence` rule applies).
+        An answer that comes after speech resumed (or the utterance ended) changes nothing."""
+        if not self._asked or index != self.next_index or self.state is SegmenterState.SILENCE:
+            return []
+        self._asked = False
+        self._probability = probability
+        if probability is None:
+            self._endpoint = self._silence_windows
+        elif probability >= self.config.turn_threshold:
+            self._endpoint = self._silence
+        else:
+            self._endpoint = self._hold_windows
+        if self._silence >= self._endpoint:
+            return self._end(self._last_speech_end, turn=True)
+        eager = self.config.turn_eager
+        if probability is not None and eager and probability >= eager and self.turn_events:
+            self._eager = True
+            return [TurnEnded(index, self._last_speech_end, probability, eager=True)]
+        return []
 
     def finalize(self) -> list[SegmentEvent]:
         """A client's cut (`finalize`): end the utterance in progress now. In a pause (more
@@ -268,7 +366,14 @@ class Segmenter:
         self._last_speech_end = self._position
         self._last_partial = self._position
         self._silence = 0
+        self._new_silence_run()
         return [SpeechStarted(window_start, self.next_index)]
+
+    def _new_silence_run(self) -> None:
+        """Speech (re)started: the next pause is judged afresh."""
+        self._endpoint = self._silence_windows
+        self._asked = self._eager = False
+        self._probability = None
 
     def _audio(self, windows: int | None = None) -> FloatArray:
         return np.concatenate(self._windows[:windows]).astype(np.float32, copy=False)
@@ -283,13 +388,16 @@ class Segmenter:
         """Whether the utterance so far is long enough speech to make a final."""
         return self._last_speech_end - self._onset >= self.config.min_speech * SAMPLE_RATE
 
-    def _end(self, speech_end: int) -> list[SegmentEvent]:
-        """Close the utterance at `speech_end` plus post-roll; return to silence."""
+    def _end(self, speech_end: int, *, turn: bool = False) -> list[SegmentEvent]:
+        """Close the utterance at `speech_end` plus post-roll; return to silence. `turn`:
+        at a pause that ends the speaker's turn (said with `turn_events`)."""
         end, keep = self._ending(speech_end)
         events: list[SegmentEvent] = [SpeechStopped(speech_end)]
         self._speculated = False
         if speech_end - self._onset >= self.config.min_speech * SAMPLE_RATE:
             audio = self._audio(keep)
+            if turn and self.turn_events:
+                events.insert(0, TurnEnded(self.next_index, speech_end, self._probability))
             events.append(
                 UtteranceEnded(self.next_index, self._utterance_start, end, audio, self._continues)
             )
@@ -300,6 +408,7 @@ class Segmenter:
         self._windows, self._probabilities = [], []
         self.state = SegmenterState.SILENCE
         self._silence = 0
+        self._new_silence_run()
         return events
 
     def _cut(self) -> list[SegmentEvent]:
@@ -323,6 +432,7 @@ class Segmenter:
         self._onset = end
         self._last_partial = end
         self._speculated = False  # what was speculated was not this cut
+        self._new_silence_run()
         return event
 
 

@@ -11,6 +11,7 @@ from session.diarizer import DiarizerConfig
 from session.enrolled import DEFAULT_THRESHOLD
 from session.segmenter import SegmenterConfig
 from session.telemetry import NullTelemetry, Telemetry
+from session.turn import TurnScorer
 from session.vad import DirectScorer, SileroVad, VadScorer
 from store.api import Store
 
@@ -45,6 +46,9 @@ class SessionServices:
     diarizer: DiarizerConfig = field(default_factory=DiarizerConfig)
     # How alike a voice must be to an enrolled speaker to show its name.
     speaker_match: float = DEFAULT_THRESHOLD
+    # The turn model that ends live utterances at a short silence (session/turn.py);
+    # None: the fixed silence rule alone.
+    turns: TurnScorer | None = None
 
 
 def offline_services(

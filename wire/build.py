@@ -26,6 +26,8 @@ from wire.messages import (
     TranscriptFinal,
     TranscriptPartial,
     TranscriptSpeaker,
+    TurnEnded,
+    TurnResumed,
 )
 from wire.timeline import wall_time
 
@@ -84,6 +86,22 @@ def speech_started(t: float, utterance_id: str) -> SpeechStarted:
 
 def speech_stopped(t: float) -> SpeechStopped:
     return {"type": "vad.speech_stopped", "t": t}
+
+
+def turn_ended(
+    utterance_id: str, t: float, probability: float | None, *, eager: bool = False
+) -> TurnEnded:
+    return {
+        "type": "turn.ended",
+        "utterance_id": utterance_id,
+        "t": t,
+        "probability": None if probability is None else round(probability, 3),
+        "eager": eager,
+    }
+
+
+def turn_resumed(utterance_id: str, t: float) -> TurnResumed:
+    return {"type": "turn.resumed", "utterance_id": utterance_id, "t": t}
 
 
 def transcript_partial(

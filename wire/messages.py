@@ -82,6 +82,29 @@ class SpeechStopped(TypedDict):
     t: float
 
 
+class TurnEnded(TypedDict):
+    """The speaker's turn ended with utterance `utterance_id` (v1 extension, streams that
+    ask with `turn_events=true`): its `transcript.final` follows. `eager`: it probably
+    ended (the turn model's probability passed the stream's `turn_eager`), the utterance
+    is still open: `turn.resumed`, or `turn.ended` without `eager`, follows. `t`: where
+    its speech ended (stream seconds); `probability`: the turn model's that the turn was
+    complete, null when a silence ended it without the model."""
+
+    type: Literal["turn.ended"]
+    utterance_id: str
+    t: float
+    probability: float | None
+    eager: bool
+
+
+class TurnResumed(TypedDict):
+    """Speech came back after an eager `turn.ended` of `utterance_id` (v1 extension)."""
+
+    type: Literal["turn.resumed"]
+    utterance_id: str
+    t: float
+
+
 class TranscriptPartial(TypedDict):
     type: Literal["transcript.partial"]
     utterance_id: str
@@ -148,6 +171,8 @@ ServerMessage = (
     | SessionLanguage
     | SpeechStarted
     | SpeechStopped
+    | TurnEnded
+    | TurnResumed
     | TranscriptPartial
     | TranscriptFinal
     | TranscriptSpeaker

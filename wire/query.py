@@ -60,6 +60,14 @@ class StreamConfig:
     interim_results: bool
     diarize: bool = False  # label each final's speaker (a source carrying several voices)
     keyterms: tuple[str, ...] = ()  # words to expect (`wire.keyterms`)
+    # Say `turn.ended` / `turn.resumed` (v1 extension); `turn_eager`: the turn model's
+    # probability from which an eager `turn.ended` is said (0: never), `turn_threshold`:
+    # from which a turn ends (None: the server's), `turn_hold`: the most silence an
+    # incomplete turn waits, in seconds (None: the server's).
+    turn_events: bool = False
+    turn_eager: float = 0.0
+    turn_threshold: float | None = None
+    turn_hold: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -72,6 +80,10 @@ class StreamConfig:
             config["diarize"] = True
         if self.keyterms:  # likewise
             config["keyterms"] = list(self.keyterms)
+        if self.turn_events:  # likewise
+            config["turn_events"] = True
+            if self.turn_eager:
+                config["turn_eager"] = self.turn_eager
         return config
 
 
@@ -108,6 +120,15 @@ def parse_stream_config(
     diarize = parse_flag(query.get("diarize", "false"))
     if diarize is None:
         raise bad("diarize must be true or false")
+    turn_events = parse_flag(query.get("turn_events", "false"))
+    if turn_events is None:
+        raise bad("turn_events must be true or false")
+    try:
+        turn_eager = float(query.get("turn_eager", "0"))
+    except ValueError:
+        raise bad("turn_eager must be a number") from None
+    if not 0 <= turn_eager < 1:
+        raise bad("turn_eager must lie in [0, 1)")
     return StreamConfig(
         meeting_id=meeting_id,
         participant=participant,
@@ -117,4 +138,6 @@ def parse_stream_config(
         interim_results=interim,
         diarize=diarize,
         keyterms=parse_keyterms(keyterms),
+        turn_events=turn_events,
+        turn_eager=turn_eager,
     )

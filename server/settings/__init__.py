@@ -35,6 +35,7 @@ from server.settings.service import (
     StreamSettings,
     UploadSettings,
 )
+from server.settings.turns import TurnSettings
 
 __all__ = [
     "ENV_PREFIX",
@@ -49,6 +50,7 @@ __all__ = [
     "SpeakerSettings",
     "StoreSettings",
     "StreamSettings",
+    "TurnSettings",
     "UploadSettings",
     "field_groups",
     "groups",
@@ -66,6 +68,7 @@ class Settings:
     context: ContextSettings = field(default_factory=ContextSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     segmenter: SegmenterSettings = field(default_factory=SegmenterSettings)
+    turns: TurnSettings = field(default_factory=TurnSettings)
     speakers: SpeakerSettings = field(default_factory=SpeakerSettings)
     streams: StreamSettings = field(default_factory=StreamSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
@@ -82,6 +85,14 @@ class Settings:
                     self.context.prompt_tokens,
                     f"must be <= {most} with the multilingual PARLEY_MODEL={self.model.model}",
                 )
+        turns, silence = self.turns, self.segmenter.min_silence_ms
+        if turns.turn_model and not turns.turn_silence_ms < silence <= turns.turn_hold_ms:
+            raise SettingError(
+                "turn_silence_ms",
+                turns.turn_silence_ms,
+                f"must be below PARLEY_MIN_SILENCE_MS ({silence:g}), and PARLEY_TURN_HOLD_MS "
+                "at least that, while PARLEY_TURN_MODEL is on",
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -1,0 +1,47 @@
+"""A live stream's segmenter settings and turn messages.
+
+The server's segmenter config holds its turn model's settings (`turn_silence` 0: none is
+loaded); a stream narrows them: no partials without `interim_results`, its own threshold,
+eager threshold and hold (the compat adapters map their vendors' options onto them); it
+gets turn events (`AudioPipeline(turn_events=...)`) only when it asks for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from session.pipeline import seconds
+from session.segmenter import SegmenterConfig, TurnEnded, TurnResumed
+from session.services import SessionServices
+from wire import build
+from wire.messages import ServerMessage
+from wire.query import StreamConfig
+
+TurnEvent = TurnEnded | TurnResumed  # what becomes a turn message
+
+
+def stream_segmenter(services: SessionServices, config: StreamConfig) -> SegmenterConfig:
+    """The segmenter config of one live stream."""
+    segmenter = services.segmenter
+    if not config.interim_results:
+        segmenter = dataclasses.replace(segmenter, partial_interval=0.0)
+    if services.turns is None:
+        segmenter = dataclasses.replace(segmenter, turn_silence=0.0)
+    threshold = config.turn_threshold or segmenter.turn_threshold
+    hold = segmenter.turn_hold if config.turn_hold is None else config.turn_hold
+    return dataclasses.replace(
+        segmenter,
+        turn_threshold=threshold,
+        turn_eager=min(config.turn_eager, threshold),
+        turn_hold=max(hold, segmenter.min_silence),
+    )
+
+
+def turn_message(session_id: str, event: TurnEvent) -> ServerMessage:
+    """`turn.ended` / `turn.resumed` for a segmenter's turn event."""
+    utterance_id = f"{session_id}-{event.index}"
+    if isinstance(event, TurnResumed):
+        return build.turn_resumed(utterance_id, seconds(event.sample))
+    return build.turn_ended(
+        utterance_id, seconds(event.sample), event.probability, eager=event.eager
+    )
