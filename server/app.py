@@ -125,7 +125,9 @@ async def _load_turns(settings: Settings) -> TurnBatcher | None:
     if not settings.turns.turn_model:
         return None
     try:
-        return TurnBatcher(await asyncio.to_thread(SmartTurn))
+        model = await asyncio.to_thread(SmartTurn)
+        await asyncio.to_thread(model.warmup)
+        return TurnBatcher(model)
     except Exception as exc:
         logger.warning(
             "end of turn by the model is unavailable (%s): silence alone ends turns", exc

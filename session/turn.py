@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime
 
-from session.turn_features import log_mel
+from session.turn_features import SAMPLES, log_mel
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,10 @@ class SmartTurn:
             sess_options=options,
             providers=["CPUExecutionProvider"],
         )
+
+    def warmup(self) -> None:
+        """One call, so the first turn does not pay for onnxruntime's first run."""
+        self.probabilities([np.zeros(SAMPLES // 8, np.float32)])
 
     def probabilities(self, turns: list[FloatArray]) -> FloatArray:
         """The probability that each turn (16 kHz audio up to now) is complete."""
