@@ -25,7 +25,7 @@ def stream_segmenter(services: SessionServices, config: StreamConfig) -> Segment
     segmenter = services.segmenter
     if not config.interim_results:
         segmenter = dataclasses.replace(segmenter, partial_interval=0.0)
-    if services.turns is None:
+    if services.turns is None or not config.turn_model:
         segmenter = dataclasses.replace(segmenter, turn_silence=0.0)
     threshold = config.turn_threshold or segmenter.turn_threshold
     hold = segmenter.turn_hold if config.turn_hold is None else config.turn_hold

@@ -65,6 +65,7 @@ class StreamConfig:
     # from which a turn ends (None: the server's), `turn_hold`: the most silence an
     # incomplete turn waits, in seconds (None: the server's).
     turn_events: bool = False
+    turn_model: bool = True  # False: the silence rule alone, even where a turn model runs
     turn_eager: float = 0.0
     turn_threshold: float | None = None
     turn_hold: float | None = None

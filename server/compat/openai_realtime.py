@@ -26,6 +26,13 @@ Mapping:
   `conversation.item.input_audio_transcription.completed`;
 - `error` → `error` (then the close with Parley's code). Client events a transcription
   session does not take are answered with an `error` event and the session goes on.
+
+Turn detection: `server_vad` (the default) is Parley's silence rule, reported with its own
+settings (values sent are not applied). `semantic_vad` is served by the turn model
+(session/turn.py) when the server runs one: `eagerness` sets how sure the model must be
+that the speaker has finished and how long an unfinished turn may pause (EAGERNESS);
+without a turn model the session reports `server_vad`, what it gets. Set before the audio
+starts; fixed after.
 """
 
 from __future__ import annotations
@@ -46,6 +53,14 @@ from wire.query import StreamConfig
 
 SAMPLE_RATE = 24_000  # the only PCM rate of OpenAI's realtime audio
 CLIENT_ERROR = "invalid_request_error"
+# semantic_vad's eagerness → (the turn model's threshold, the longest pause of an unfinished
+# turn in seconds); None: the server's. `auto` is `medium`, as OpenAI defines it.
+EAGERNESS: dict[str, tuple[float | None, float | None]] = {
+    "low": (0.7, 2.0),
+    "medium": (None, None),
+    "auto": (None, None),
+    "high": (0.3, 0.5),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +89,7 @@ class TranscriptionSession:
     prompt: str
     manual_turns: bool  # turn_detection: null (Parley's VAD cuts utterances all the same)
     keyterms: tuple[str, ...] = ()  # the prompt's terms (`wire.keyterms.prompt_terms`)
+    eagerness: str | None = None  # semantic_vad, served by the turn model; None: server_vad
 
 
 def denial(error: ProtocolError) -> Response:
@@ -91,11 +107,19 @@ class RealtimeCodec:
     """One realtime transcription session's translation, both ways."""
 
     def __init__(
-        self, *, session_id: str, beta: bool, vad: Vad, default_language: str, model: str
+        self,
+        *,
+        session_id: str,
+        beta: bool,
+        vad: Vad,
+        default_language: str,
+        model: str,
+        semantic: bool = False,
     ) -> None:
         self.session_id = session_id
         self.beta = beta
         self.vad = vad
+        self.semantic = semantic  # the server runs a turn model: semantic_vad is served
         self.settings = TranscriptionSession(
             model=model, language=default_language, prompt="", manual_turns=False
         )
@@ -108,6 +132,8 @@ class RealtimeCodec:
         self._committed: str | None = None
 
     def stream_config(self, meeting_id: str, participant: str) -> StreamConfig:
+        eagerness = self.settings.eagerness
+        threshold, hold = EAGERNESS[eagerness] if eagerness else (None, None)
         return StreamConfig(
             meeting_id=meeting_id,
             participant=participant,
@@ -116,6 +142,9 @@ class RealtimeCodec:
             encoding=Encoding.PCM_S16LE,
             interim_results=True,
             keyterms=self.settings.keyterms,
+            turn_model=eagerness is not None,
+            turn_threshold=threshold,
+            turn_hold=hold,
         )
 
     def created(self) -> str:
@@ -212,6 +241,18 @@ class RealtimeCodec:
                 return [self._error(exc.message, param=param, code=exc.code.value)]
         if turns != "unset":
             settings = replace(settings, manual_turns=turns is None)
+            if isinstance(turns, dict) and not self.started:
+                eagerness = turns.get("eagerness") or "auto"
+                if turns.get("type") == "semantic_vad" and eagerness not in EAGERNESS:
+                    return [
+                        self._error(
+                            f"eagerness must be one of {', '.join(EAGERNESS)}",
+                            param="session.audio.input.turn_detection.eagerness",
+                            code="invalid_value",
+                        )
+                    ]
+                semantic = turns.get("type") == "semantic_vad" and self.semantic
+                settings = replace(settings, eagerness=str(eagerness) if semantic else None)
         self.settings = settings
         kind = "transcription_session.updated" if self.beta else "session.updated"
         return [self._event(kind, session=self._session())]
@@ -321,6 +362,8 @@ class RealtimeCodec:
         s = self.settings
         transcription = {"model": s.model, "language": s.language, "prompt": s.prompt}
         turns = None if s.manual_turns else self.vad.turn_detection()
+        if turns is not None and s.eagerness is not None:
+            turns = {"type": "semantic_vad", "eagerness": s.eagerness}
         if self.beta:
             return {
                 "id": self.session_id,

@@ -103,6 +103,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         vad=_vad(state),
         default_language=state.settings.streams.default_language,
         model=websocket.query_params.get("model") or "whisper-1",
+        semantic=state.services is not None and state.services.turns is not None,
     )
     handshake = CompatHandshake(
         websocket,

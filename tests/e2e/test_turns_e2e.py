@@ -3,15 +3,27 @@ pause, a finished one is, and the stream says so with turn events."""
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from bench.meetings import Voice
 from bench.turns import longest_pause, speak
+from tests.compat_clients import (
+    WEBSOCKETS_LEGACY,
+    Received,
+    b64,
+    openai_client,
+    pcm16_at,
+    receive_openai,
+    transcription_session,
+)
 from tests.conftest import ServerProcess, start_server
 from tests.corpus import clip
 from tests.wsclient import stream_pcm
@@ -84,3 +96,61 @@ async def test_no_turn_events_unless_asked(turn_server: ServerProcess) -> None:
     result = await stream_pcm(turn_server.ws_url, "turn-quiet", pcm, trailing_silence=1.0)
     assert result.finals
     assert not result.of_type("turn.ended") and not result.of_type("turn.resumed")
+
+
+def openai_session(turns: dict[str, Any]) -> Any:
+    """A GA transcription session's `session.update` with these turn detection settings."""
+    session = transcription_session()
+    session["audio"]["input"]["turn_detection"] = turns  # type: ignore[typeddict-item]
+    return session
+
+
+async def openai_items(server: ServerProcess, turns: dict[str, Any], pcm16k: bytes) -> Received:
+    """Stream 16 kHz PCM through the openai SDK at 24 kHz in real time with these turn
+    detection settings, commit and wait for every item's transcript."""
+    samples = np.frombuffer(pcm16k, "<i2").astype(np.float32) / 32768
+    pcm = pcm16_at(samples, 24_000)
+    client = openai_client(server.http_url)
+    async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+        received = Received()
+        reader = asyncio.create_task(receive_openai(connection, received))
+        await connection.session.update(session=openai_session(turns))
+        step = 2400 * 2  # 100 ms
+        started = time.monotonic()
+        for i, offset in enumerate(range(0, len(pcm), step)):
+            await connection.input_audio_buffer.append(audio=b64(pcm[offset : offset + step]))
+            await asyncio.sleep(max(0.0, started + (i + 1) * 0.1 - time.monotonic()))
+        await connection.input_audio_buffer.commit()
+
+        def finished(r: Received) -> bool:
+            return any(
+                m.type in ("input_audio_buffer.committed", "error") for m in r.messages[-3:]
+            ) and len(r.of_type("input_audio_buffer.committed")) == len(
+                r.of_type("conversation.item.input_audio_transcription.completed")
+            )
+
+        await received.wait_for(finished, 60)
+        await connection.close()
+        await reader
+    return received
+
+
+@WEBSOCKETS_LEGACY
+async def test_openai_semantic_vad_keeps_an_unfinished_thought(turn_server: ServerProcess) -> None:
+    """The openai SDK asks for `semantic_vad`: the session reports it with its eagerness,
+    and the turn model keeps the held-out unfinished thought one item; the same audio in
+    a `server_vad` session (the silence rule) is cut at the pause into two items."""
+    pcm, _, _ = unfinished_thought()
+    pcm += bytes(2 * 16000)  # a second of silence: the turn ends before the commit
+    semantic = await openai_items(turn_server, {"type": "semantic_vad", "eagerness": "auto"}, pcm)
+    updated = semantic.of_type("session.updated")[-1]
+    detection = updated.session.audio.input.turn_detection
+    assert detection.type == "semantic_vad" and detection.eagerness == "auto"
+    items = semantic.of_type("conversation.item.input_audio_transcription.completed")
+    texts = [i.transcript.lower() for i in items if i.transcript]
+    assert len(texts) == 1 and "thinking" in texts[0] and "meeting" in texts[0], texts
+    plain = await openai_items(turn_server, {"type": "server_vad"}, pcm)
+    detection = plain.of_type("session.updated")[-1].session.audio.input.turn_detection
+    assert detection.type == "server_vad"
+    items = plain.of_type("conversation.item.input_audio_transcription.completed")
+    assert len([i for i in items if i.transcript]) == 2
