@@ -342,6 +342,7 @@ def create_app(
         WebSocketRoute("/v1/meetings/{meeting_id}/stream", stream.stream_endpoint),
         WebSocketRoute("/v1/meetings/{meeting_id}/events", stream.events_endpoint),
         WebSocketRoute("/v1/listen", compat_routes.listen_endpoint),  # Deepgram live
+        WebSocketRoute("/v2/listen", compat_routes.flux_endpoint),  # Deepgram Flux
         WebSocketRoute("/v1/realtime", compat_routes.realtime_endpoint),  # OpenAI realtime
         Route("/v1/meetings/{meeting_id}/transcript", rest.transcript, methods=["GET"]),
         Route("/v1/transcriptions", uploads.create_transcription, methods=["POST"]),

@@ -1,4 +1,5 @@
-"""The compat WebSocket endpoints: Deepgram's `/v1/listen` and OpenAI's `/v1/realtime`.
+"""The compat WebSocket endpoints: Deepgram's `/v1/listen`, Deepgram Flux's `/v2/listen`
+and OpenAI's `/v1/realtime`.
 
 Each authenticates in the vendor's terms, builds a protocol v1 stream config, and hands
 the socket, wrapped in its codec, to `serve_source`: the same admission, quotas, store,
@@ -14,10 +15,11 @@ import asyncio
 import logging
 import secrets
 import uuid
+from functools import partial
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.compat import deepgram, openai_realtime
+from server.compat import deepgram, flux, openai_realtime
 from server.compat.bridge import (
     CompatHandshake,
     TranslatingConnection,
@@ -79,6 +81,49 @@ async def listen_endpoint(websocket: WebSocket) -> None:
     codec = deepgram.DeepgramCodec(
         options, request_id=request_id, model_name=state.recognizer_name or "loading"
     )
+    connection = TranslatingConnection(
+        websocket, codec, max_frame_bytes=state.settings.streams.max_frame_bytes
+    )
+    await serve_source(
+        state, handshake, config, {}, principal, connection=connection, acknowledge_finalize=True
+    )
+
+
+async def flux_endpoint(websocket: WebSocket) -> None:
+    """Deepgram Flux: conversational recognition with turn events (server/compat/flux.py)."""
+    state = app_state(websocket)
+    request_id = str(uuid.uuid4())
+    offered = [str(p) for p in websocket.scope.get("subprotocols") or []]
+    via_subprotocol = subprotocol_credential(offered, DEEPGRAM_SCHEMES)
+    handshake = CompatHandshake(
+        websocket,
+        denial=deepgram.denial(request_id),
+        farewell=partial(flux.farewell, request_id),
+        headers={"dg-request-id": request_id},
+        subprotocol=via_subprotocol[0] if via_subprotocol else None,
+    )
+    query = dict(websocket.query_params)
+    try:
+        meeting_id = query.get("meeting_id") or request_id
+        principal = await compat_principal(
+            handshake,
+            state.auth,
+            meeting_id,
+            schemes=DEEPGRAM_SCHEMES,
+            subprotocol_token=via_subprotocol[1] if via_subprotocol else None,
+        )
+        options = flux.parse_options(
+            query, meeting_id=meeting_id, keyterms=websocket.query_params.getlist("keyterm")
+        )
+        multi = options.model.endswith("multi")
+        language = "auto" if multi else state.settings.streams.default_language
+        config = bind_participant(options.stream_config(language), principal, _named(query))
+    except WebSocketDisconnect:
+        return
+    except ProtocolError as exc:
+        await refuse(state, handshake, exc)
+        return
+    codec = flux.FluxCodec(options, request_id=request_id)
     connection = TranslatingConnection(
         websocket, codec, max_frame_bytes=state.settings.streams.max_frame_bytes
     )

@@ -19,8 +19,10 @@ from tests.compat_clients import (
     WEBSOCKETS_LEGACY,
     Received,
     b64,
+    deepgram_client,
     openai_client,
     pcm16_at,
+    receive_deepgram,
     receive_openai,
     transcription_session,
 )
@@ -154,3 +156,47 @@ async def test_openai_semantic_vad_keeps_an_unfinished_thought(turn_server: Serv
     assert detection.type == "server_vad"
     items = plain.of_type("conversation.item.input_audio_transcription.completed")
     assert len([i for i in items if i.transcript]) == 2
+
+
+@WEBSOCKETS_LEGACY
+async def test_flux_turn_events_through_deepgrams_sdk(turn_server: ServerProcess) -> None:
+    """deepgram-sdk's own Flux client (`listen.v2.connect`) over a real socket: a finished
+    sentence, 1.5 s of silence, then the held-out unfinished thought: `Connected`, then for
+    each turn StartOfTurn … EndOfTurn in Flux's order (turn_index 0 then 1, `sequence_id`
+    counting every message); the unfinished thought is one turn whose EndOfTurn holds
+    both halves; `CloseStream` ends the stream."""
+    sentence = clip("en_ls_1221-135766-0002").pcm16()
+    thought, _, _ = unfinished_thought()
+    pcm = sentence + bytes(2 * 24000) + thought + bytes(2 * 24000)
+    client = deepgram_client(turn_server.http_url, turn_server.ws_url)
+    async with client.listen.v2.connect(
+        model="flux-general-en", encoding="linear16", sample_rate="16000"
+    ) as connection:
+        received = Received()
+        reader = asyncio.create_task(receive_deepgram(connection, received))
+        step = 3200  # 100 ms
+        started = time.monotonic()
+        for i, offset in enumerate(range(0, len(pcm), step)):
+            await connection.send_media(pcm[offset : offset + step])
+            await asyncio.sleep(max(0.0, started + (i + 1) * 0.1 - time.monotonic()))
+        await received.wait_for(
+            lambda r: len([m for m in r.of_type("TurnInfo") if m.event == "EndOfTurn"]) >= 2, 60
+        )
+        await connection.send_close_stream()
+        await reader
+    assert received.messages[0].type == "Connected"
+    assert [m.sequence_id for m in received.messages] == list(range(len(received.messages)))
+    turns = received.of_type("TurnInfo")
+    ends = [m for m in turns if m.event == "EndOfTurn"]
+    assert [m.turn_index for m in ends] == [0, 1]
+    for index in (0, 1):
+        events = [m.event for m in turns if m.turn_index == index]
+        assert events[0] == "StartOfTurn" and events[-1] == "EndOfTurn"
+        assert set(events[1:-1]) <= {"Update"}, events
+    assert "meeting" in ends[1].transcript.lower() and "thinking" in ends[1].transcript.lower()
+    assert ends[0].trigger in ("model", "timeout")
+    assert len(ends[0].words) in (
+        0,
+        len(ends[0].transcript.split()),
+    )  # words: when the final has them
+    assert received.close_code == 1000
