@@ -21,6 +21,7 @@ pipeline (Silero VAD, the segmenter, the turn model) in 20 ms frames. Rates:
   (it waited for the hold or the silence rule).
 
     python -m bench.turns [--set tune|heldout|both] [--threshold 0.5] [--off]
+    python -m bench.turns --cost          # ms per decision, features and model, batches 1/4/8
 
 (`--off`: the fixed silence rule alone, for comparison.)
 """
@@ -202,7 +203,32 @@ def report(name: str, outcomes: Sequence[Outcome]) -> str:
     )
 
 
+def cost(repeats: int = 10) -> None:
+    """Wall ms per decision on one thread: the features, then the model, at batches 1, 4, 8
+    (5 s turns of real speech, the minimum of `repeats` runs)."""
+    from session.turn_features import log_mel
+
+    model = SmartTurn()
+    model.warmup()
+    turn = build("tune")[0].audio[: 5 * SAMPLE_RATE]
+    started = time.perf_counter()
+    for _ in range(repeats):
+        log_mel(turn)
+    features = (time.perf_counter() - started) / repeats * 1000
+    print(f"features: {features:.1f} ms per turn")
+    for batch in (1, 4, 8):
+        runs = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            model.probabilities([turn] * batch)
+            runs.append(time.perf_counter() - started)
+        print(f"batch {batch}: {min(runs) / batch * 1000:.1f} ms per decision (features included)")
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.cost:
+        cost()
+        return
     vad = SileroVad()
     turns = None if args.off else TurnBatcher(SmartTurn())
     segmenter = SegmenterConfig(
@@ -231,4 +257,5 @@ if __name__ == "__main__":
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--silence", type=float, default=192.0, help="TURN_SILENCE_MS")
     parser.add_argument("--off", action="store_true", help="the fixed silence rule alone")
+    parser.add_argument("--cost", action="store_true", help="time a decision, then stop")
     asyncio.run(main(parser.parse_args()))
