@@ -9,12 +9,13 @@ Two sets, each of complete and incomplete turns:
   tuning set never uses (bench/meetings.py's HELDOUT_VOICES, HELDOUT_*): no setting was
   fitted to it.
 
-A complete turn is one sentence (no pause inside), then 1.5 s of silence. An incomplete
-one is one sentence spoken with a 0.5-0.8 s pause inside it (an SSML `<break>`: the
-intonation before the pause is the sentence's, not a sentence's end, as when a speaker
-stops to think), then 1.5 s of silence; the pause is longer than MIN_SILENCE_MS, so the
-fixed rule closes the turn there. Each clip runs through the live
-pipeline (Silero VAD, the segmenter, the turn model) in 20 ms frames. Rates:
+Each sentence is spoken by three voices. A complete turn is one sentence (no pause
+inside), then 1.5 s of silence. An incomplete one is one sentence spoken with a 0.5-0.8 s
+pause inside it (an SSML `<break>`: the intonation before the pause is the sentence's,
+not a sentence's end, as when a speaker stops to think), then 1.5 s of silence; the
+pause is longer than MIN_SILENCE_MS, so the fixed rule closes the turn there. Each clip
+runs through the live pipeline (Silero VAD, the segmenter, the turn model) in 20 ms
+frames. Rates:
 
 - early close: an incomplete turn whose first utterance ended inside its pause;
 - late close: a complete turn that did not end within TURN_SILENCE_MS plus one window
@@ -85,6 +86,8 @@ HELDOUT_INCOMPLETE = (
     ("Before we go on I want to", "thank everyone for the hard work."),
     ("The numbers look better than", "what we expected in January."),
 )
+VOICES_PER_SENTENCE = 3
+SENTENCES = 6  # of each kind, in each set
 FRAME = 320  # samples per frame (20 ms), as a browser sends them
 TAIL = 1.5  # seconds of silence after each turn
 
@@ -99,8 +102,8 @@ class TurnClip:
 
 
 def voices(which: str, count: int, rng: np.random.Generator) -> list[Voice]:
-    if which == "tune":
-        return [Voice(VOICES[i % len(VOICES)], 175, 50) for i in range(count)]
+    if which == "tune":  # a sentence's repeats (SENTENCES apart) in three other voices
+        return [Voice(VOICES[(i + i // SENTENCES) % len(VOICES)], 175, 50) for i in range(count)]
     names = rng.permutation(HELDOUT_VOICES)
     return [
         Voice(str(names[i % len(names)]), int(rng.integers(130, 201)), int(rng.integers(25, 76)))
@@ -134,8 +137,8 @@ def longest_pause(audio: FloatArray) -> tuple[int, int]:
 def build(which: str, seed: int = 46) -> list[TurnClip]:
     """The set's clips, spoken now (espeak-ng, sox)."""
     rng = np.random.default_rng(seed + (0 if which == "tune" else 1))
-    complete = TUNE_COMPLETE if which == "tune" else HELDOUT_COMPLETE
-    incomplete = TUNE_INCOMPLETE if which == "tune" else HELDOUT_INCOMPLETE
+    complete = (TUNE_COMPLETE if which == "tune" else HELDOUT_COMPLETE) * VOICES_PER_SENTENCE
+    incomplete = (TUNE_INCOMPLETE if which == "tune" else HELDOUT_INCOMPLETE) * VOICES_PER_SENTENCE
     chosen = voices(which, len(complete) + len(incomplete), rng)
     lead = np.zeros(int(0.3 * SAMPLE_RATE), np.float32)
     tail = np.zeros(int(TAIL * SAMPLE_RATE), np.float32)
