@@ -17,9 +17,9 @@ from server.auth import (
     Principal,
     Scope,
     create_owned_source,
-    forbidden,
     meeting_access,
 )
+from server.channels import bind_participant, channel_configs, channel_query, serve_channels
 from server.gate import Handshake, authenticate, close_reason
 from server.limits import LimitedConnection, RealtimeBudget, StreamSlot, overloaded
 from server.registry import AdmissionRefused
@@ -49,15 +49,27 @@ async def stream_endpoint(websocket: WebSocket) -> None:
     meeting_id = websocket.path_params["meeting_id"]
     try:
         principal = await _authenticate(state, handshake, meeting_id, Scope.STREAM)
+        one, names = channel_query(query, state.settings.streams.max_channels)
         config = bind_participant(
-            parse_stream_config(meeting_id, query, state.settings.streams.default_language, terms),
+            parse_stream_config(meeting_id, one, state.settings.streams.default_language, terms),
             principal,
             query,
         )
+        configs = channel_configs(config, names, principal.participant) if len(names) > 1 else []
     except WebSocketDisconnect:
         return
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
+        return
+    if configs:  # one source per channel (server/channels.py)
+        await serve_channels(
+            handshake,
+            websocket,
+            configs,
+            lambda shake, config, channel: serve_source(
+                state, shake, config, {}, principal, connection=channel
+            ),
+        )
         return
     await serve_source(state, handshake, config, query, principal)
 
@@ -234,18 +246,6 @@ def _check_capacity(state: AppState, *, resumed: bool) -> None:
     reason = state.capacity.refusal(state.scheduler)
     if reason is not None:
         raise overloaded(reason)
-
-
-def bind_participant(
-    config: StreamConfig, principal: Principal, query: dict[str, str]
-) -> StreamConfig:
-    """A meeting token bound to a participant streams as that participant only."""
-    bound = principal.participant
-    if bound is None:
-        return config
-    if "participant" in query and query["participant"] != bound:
-        raise forbidden(f"the meeting token is for participant {bound!r}")
-    return dataclasses.replace(config, participant=bound)
 
 
 @dataclass(frozen=True, slots=True)
