@@ -1,0 +1,161 @@
+"""Multichannel streams on the real app (fake engine, real VAD): protocol v1 `channels=N`
+and Deepgram's `multichannel=true` through its SDK: one source per channel, every message
+tagged with its channel, one close; and what is refused."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.appserver import AppServer, serve_app
+from tests.compat_clients import (
+    WEBSOCKETS_LEGACY,
+    Received,
+    deepgram_client,
+    drain,
+    receive_deepgram,
+)
+from tests.corpus import clip
+
+pytestmark = WEBSOCKETS_LEGACY
+
+SECONDS = 3
+
+
+@pytest.fixture(scope="module")
+async def server() -> AsyncIterator[AppServer]:
+    async with serve_app(max_channels=4) as app:
+        yield app
+
+
+def speech(clip_id: str = "en_jfk") -> np.ndarray:
+    return np.frombuffer(clip(clip_id).pcm16()[: 16_000 * 2 * SECONDS], "<i2")
+
+
+def stereo(left: np.ndarray, right: np.ndarray) -> bytes:
+    return np.stack([left, right], axis=1).astype("<i2").tobytes()
+
+
+async def stream(server: AppServer, path: str, audio: bytes, frame: int = 6400) -> list[dict]:
+    async with connect(server.ws_url + path, max_size=None) as ws:
+        for offset in range(0, len(audio), frame):
+            await ws.send(audio[offset : offset + frame])
+        await ws.send('{"type": "stop"}')
+        messages = await drain(ws)
+    assert ws.close_code == 1000, messages
+    return messages
+
+
+async def test_v1_two_channels_are_two_participants_of_the_meeting(server: AppServer) -> None:
+    """channels=2&participant=ana,bo: speech on channel 0 only makes finals of `ana`,
+    channel 0; each channel has its own session.started and session.ended; the meeting's
+    transcript holds ana's finals."""
+    silence = np.zeros(16_000 * SECONDS, "<i2")
+    messages = await stream(
+        server,
+        "/v1/meetings/mc-v1/stream?channels=2&participant=ana,bo&interim_results=false",
+        stereo(speech(), silence),
+    )
+    started = [m for m in messages if m["type"] == "session.started"]
+    assert sorted((m["channel"], m["participant"]) for m in started) == [(0, "ana"), (1, "bo")]
+    finals = [m for m in messages if m["type"] == "transcript.final"]
+    assert finals and {(m["channel"], m["participant"]) for m in finals} == {(0, "ana")}
+    ended = [m for m in messages if m["type"] == "session.ended"]
+    assert sorted(m["channel"] for m in ended) == [0, 1]
+    assert all(m["audio_seconds"] == SECONDS for m in ended)
+    status, _, body = await server.request("GET", "/v1/meetings/mc-v1/transcript")
+    assert status == 200
+    assert {f["participant"] for f in orjson.loads(body)["finals"]} == {"ana"}
+
+
+async def test_v1_channels_are_numbered_after_one_participant(server: AppServer) -> None:
+    """channels=2 with one name: the channels are `name-0` and `name-1`, each with its own
+    finals (speech on both)."""
+    messages = await stream(
+        server,
+        "/v1/meetings/mc-v1-numbered/stream?channels=2&participant=desk&interim_results=false",
+        stereo(speech(), speech("en_ls_1089-134686-0001")),
+    )
+    finals = [m for m in messages if m["type"] == "transcript.final"]
+    assert {(m["channel"], m["participant"]) for m in finals} == {(0, "desk-0"), (1, "desk-1")}
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [
+        ("channels=5", "channels"),  # past max_channels=4
+        ("channels=0", "channels"),
+        ("channels=two", "channels"),
+        ("channels=2&participant=a,b,c", "participant"),
+        ("channels=2&participant=a,a", "participant"),
+        ("channels=2&resume_token=abc", "resume"),
+    ],
+)
+async def test_v1_refuses_bad_channel_parameters_with_4400(
+    server: AppServer, query: str, reason: str
+) -> None:
+    """Too many channels, participants that do not fit, or a resume of a multichannel
+    stream: an error naming why, then close 4400."""
+    async with connect(f"{server.ws_url}/v1/meetings/mc-bad/stream?{query}") as ws:
+        messages = await drain(ws)
+    assert ws.close_code == 4400
+    assert messages[-1]["code"] == "bad_config" and reason in messages[-1]["message"]
+
+
+async def test_v1_partial_sample_frames_close_1007_on_every_channel(server: AppServer) -> None:
+    """A frame that is not whole stereo samples: each channel says invalid_audio, then one
+    close 1007."""
+    async with connect(f"{server.ws_url}/v1/meetings/mc-odd/stream?channels=2") as ws:
+        await ws.send(stereo(speech(), speech())[:6400])
+        await ws.send(bytes(6))
+        messages = await drain(ws)
+    assert ws.close_code == 1007
+    errors = [m for m in messages if m["type"] == "error"]
+    assert sorted(m["channel"] for m in errors) == [0, 1]
+    assert {m["code"] for m in errors} == {"invalid_audio"}
+
+
+async def test_deepgram_sdk_multichannel_results_carry_channel_index(server: AppServer) -> None:
+    """The SDK with channels=2&multichannel=true: final Results for each channel with
+    channel_index [c, 2], and one Metadata (channels 2) after both, then close 1000."""
+    client = deepgram_client(server.http_url, server.ws_url)
+    audio = stereo(speech(), speech("en_ls_1089-134686-0001"))
+    async with client.listen.v1.connect(
+        model="nova-3", encoding="linear16", sample_rate=16000, channels=2, multichannel="true"
+    ) as connection:
+        received = Received()
+        reader = asyncio.create_task(receive_deepgram(connection, received))
+        for offset in range(0, len(audio), 6400):
+            await connection.send_media(audio[offset : offset + 6400])
+        await connection.send_close_stream()
+        await asyncio.wait_for(reader, 30)
+    assert received.close_code == 1000
+    finals = [m for m in received.of_type("Results") if m.is_final]
+    assert {tuple(m.channel_index) for m in finals} == {(0, 2), (1, 2)}
+    [metadata] = received.of_type("Metadata")
+    assert received.messages[-1] is metadata
+    assert metadata.channels == 2 and metadata.duration == SECONDS
+
+
+async def test_deepgram_channels_without_multichannel_mix_down(server: AppServer) -> None:
+    """channels=2 without multichannel: one stream of the mixed-down audio, Results with
+    channel_index [0, 1], Metadata channels 2 and the audio's duration."""
+    silence = np.zeros(16_000 * SECONDS, "<i2")
+    async with connect(
+        server.ws_url + "/v1/listen?encoding=linear16&channels=2&multichannel=false"
+    ) as ws:
+        audio = stereo(speech(), silence)
+        for offset in range(0, len(audio), 6400):
+            await ws.send(audio[offset : offset + 6400])
+        await ws.send('{"type": "CloseStream"}')
+        messages = await drain(ws)
+    assert ws.close_code == 1000
+    finals = [m for m in messages if m["type"] == "Results" and m["is_final"]]
+    assert finals and all(m["channel_index"] == [0, 1] for m in finals)
+    assert messages[-1]["type"] == "Metadata"
+    assert messages[-1]["channels"] == 2 and messages[-1]["duration"] == SECONDS
