@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import orjson
@@ -41,7 +42,7 @@ def stereo(left: np.ndarray, right: np.ndarray) -> bytes:
     return np.stack([left, right], axis=1).astype("<i2").tobytes()
 
 
-async def stream(server: AppServer, path: str, audio: bytes, frame: int = 6400) -> list[dict]:
+async def stream(server: AppServer, path: str, audio: bytes, frame: int = 6400) -> list[Any]:
     async with connect(server.ws_url + path, max_size=None) as ws:
         for offset in range(0, len(audio), frame):
             await ws.send(audio[offset : offset + frame])

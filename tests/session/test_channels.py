@@ -61,6 +61,6 @@ def test_mix_down_is_the_mean_of_the_channels() -> None:
     mono = np.frombuffer(mix_down(interleave(left, right), 2, Encoding.PCM_S16LE), "<i2")
     assert mono.tolist() == [200, -32768, 32767, 2]
     floats = mix_down(
-        interleave(np.float32([0.5, 1]), np.float32([-0.5, 0])), 2, Encoding.PCM_F32LE
+        interleave(np.array([0.5, 1], "<f4"), np.array([-0.5, 0], "<f4")), 2, Encoding.PCM_F32LE
     )
     assert np.frombuffer(floats, "<f4").tolist() == [0.0, 0.5]
