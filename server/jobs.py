@@ -36,16 +36,17 @@ import orjson
 
 from engine.api import SchedulerError
 from server.decode import DecodedAudio, DecodeLimits, decode_file
+from server.job_options import JobOptions, channel_utterances
 from server.sandbox import UNCONFINED, Sandbox
 from server.settings import UploadSettings
 from session.enrolled import load_voices
-from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
+from session.file_transcriber import FileOptions, FileProgress, transcribe_channels
 from session.services import SessionServices
 from session.vad import VadScorer
 from store.api import JobStore
 from store.errors import StoreError
 from store.records import SourceState
-from wire.transcript import TranscriptFormat, render, utterances
+from wire.transcript import TranscriptFormat, render
 
 logger = logging.getLogger(__name__)
 
@@ -75,35 +76,6 @@ _TRANSITIONS = {
 
 class JobsFull(Exception):
     """No room for another unfinished job, or the registry is closed."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobOptions:
-    language: str | None  # None: detect (multilingual models)
-    participant: str
-    labelled: bool  # the client named the participant: label TXT/SRT/VTT lines with it
-    meeting_id: str | None
-    format: TranscriptFormat  # of the result when the POST answers with it (`wait=true`)
-    diarize: bool = False  # label each utterance's speaker (a recording of several voices)
-    # Unix seconds the recording started at, as the client gave it (`started_at`): the
-    # meeting source's origin. None: the upload's start is.
-    started_at: float | None = None
-    keyterms: tuple[str, ...] = ()  # words to expect (`wire.keyterms`)
-
-    def as_dict(self) -> dict[str, Any]:
-        options: dict[str, Any] = {
-            "language": self.language or "auto",
-            "participant": self.participant,
-            "meeting_id": self.meeting_id,
-            "format": self.format.value,
-        }
-        if self.diarize:
-            options["diarize"] = True
-        if self.started_at is not None:
-            options["started_at"] = self.started_at
-        if self.keyterms:
-            options["keyterms"] = list(self.keyterms)
-        return options
 
 
 @dataclass(eq=False)
@@ -173,7 +145,7 @@ class Job:
             body["result"] = {
                 "text": " ".join(f.text for f in finals),
                 "language": finals[0].language if finals else self.options.language,
-                "utterances": utterances(finals),
+                "utterances": channel_utterances(finals, self._participants()),
             }
         return body
 
@@ -192,7 +164,12 @@ class Job:
         """The finished transcript as JSON (the job resource), TXT, SRT or VTT."""
         if fmt is TranscriptFormat.JSON or self.progress is None:
             return orjson.dumps(self.describe()).decode()
-        return render(self.id, self.progress.finals, fmt, labels=self.options.labelled)
+        labels = self.options.labelled or len(self._participants()) > 1
+        return render(self.id, self.progress.finals, fmt, labels=labels)
+
+    def _participants(self) -> tuple[str, ...]:
+        channels = 1 if self.audio is None else self.audio.output_channels
+        return self.options.participants(channels)
 
     def _timing(self) -> dict[str, float]:
         timing: dict[str, float] = {}
@@ -273,7 +250,11 @@ class JobRegistry:
         async with self._decoders:
             try:
                 return await decode_file(
-                    upload, job.workdir / "audio.s16", self.limits, self.sandbox
+                    upload,
+                    job.workdir / "audio.s16",
+                    self.limits,
+                    self.sandbox,
+                    job.options.channels,
                 )
             finally:
                 await asyncio.to_thread(upload.unlink, missing_ok=True)
@@ -306,7 +287,7 @@ class JobRegistry:
             raise JobsFull("the server is shutting down")
         job.meeting_source = meeting_source
         job.audio = audio
-        job.progress = FileProgress(total_samples=audio.samples)
+        job.progress = FileProgress(total_samples=audio.samples, channels=audio.output_channels)
         job.queued_at = time.monotonic()
         job.transition(JobStatus.QUEUED)
         await self._publish(job)
@@ -393,8 +374,15 @@ class JobRegistry:
                     in_flight=self._in_flight,
                     model_share=self._model_share,
                 )
-                transcriber = FileTranscriber(job.audio.path, services, options, job.progress, vad)
-                await transcriber.run()
+                names = job.options.participants(job.audio.output_channels)
+                channels = [  # a multichannel file: one source (and participant) per channel
+                    dataclasses.replace(
+                        options, source_id=f"{options.source_id}-{c}", participant=name,
+                        channels=len(names), channel=c,
+                    )
+                    for c, name in enumerate(names)
+                ] if len(names) > 1 else [options]  # fmt: skip
+                await transcribe_channels(job.audio.path, services, channels, job.progress, vad)
             job.transition(JobStatus.DONE)
             logger.info(
                 "upload job done",

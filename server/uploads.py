@@ -32,8 +32,9 @@ from starlette.responses import JSONResponse, Response
 from server.access import client_host, is_loopback
 from server.auth import ANONYMOUS, Principal, bearer, create_owned_source
 from server.decode_worker import Refusal
+from server.job_options import JobOptions
 from server.job_records import StoredJob
-from server.jobs import Job, JobOptions, JobsFull, JobStatus
+from server.jobs import Job, JobsFull, JobStatus
 from server.sandbox import unsandboxed
 from server.settings import Settings
 from server.state import app_state
@@ -49,8 +50,11 @@ from wire.transcript import TranscriptFormat
 logger = logging.getLogger(__name__)
 
 OPTION_FIELDS = frozenset(
-    {"language", "format", "participant", "meeting_id", "wait", "diarize", "started_at", "keyterm"}
-)
+    {
+        "language", "format", "participant", "meeting_id", "wait", "diarize", "started_at",
+        "keyterm", "multichannel",
+    }
+)  # fmt: skip
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
 EARLIEST_STARTED_AT = 946_684_800.0  # 2000-01-01T00:00:00Z
@@ -88,8 +92,15 @@ def _parse_options(
     diarize = parse_flag(raw.get("diarize", "false"))
     if diarize is None:
         raise bad("bad_config", "diarize must be true or false")
+    multichannel = parse_flag(raw.get("multichannel", "false"))
+    if multichannel is None:
+        raise bad("bad_config", "multichannel must be true or false")
+    if multichannel and "meeting_id" in raw:
+        raise bad("bad_config", "a multichannel upload stands alone: it takes no meeting_id")
     try:
-        participant = validate_id("participant", raw.get("participant", DEFAULT_PARTICIPANT))
+        participant = raw.get("participant", DEFAULT_PARTICIPANT)
+        for name in participant.split(",") if multichannel else [participant]:
+            validate_id("participant", name)  # their number is checked once it is known
         meeting_id = raw.get("meeting_id")
         if meeting_id is not None:
             validate_id("meeting_id", meeting_id)
@@ -114,6 +125,7 @@ def _parse_options(
         diarize=diarize,
         started_at=started_at,
         keyterms=terms,
+        channels=settings.streams.max_channels if multichannel else 1,
     )
     return options, wait
 
@@ -246,6 +258,7 @@ async def create_transcription(request: Request) -> Response:
         job.filename = form.filename[:256]
         job.upload_bytes = form.size
         audio = await state.jobs.decode(job, form.path)
+        options.participants(audio.output_channels)  # a multichannel file's: 400 if they do not fit
         source = None
         if options.meeting_id is not None:  # the file becomes a source of the meeting
             principal = ANONYMOUS if tenant is None else Principal(tenant, fast_replay=True)

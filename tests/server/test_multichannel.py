@@ -5,6 +5,8 @@ tagged with its channel, one close; and what is refused."""
 from __future__ import annotations
 
 import asyncio
+import io
+import wave
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +24,7 @@ from tests.compat_clients import (
     receive_deepgram,
 )
 from tests.corpus import clip
+from tests.httpclient import upload
 
 pytestmark = WEBSOCKETS_LEGACY
 
@@ -160,3 +163,68 @@ async def test_deepgram_channels_without_multichannel_mix_down(server: AppServer
     assert finals and all(m["channel_index"] == [0, 1] for m in finals)
     assert messages[-1]["type"] == "Metadata"
     assert messages[-1]["channels"] == 2 and messages[-1]["duration"] == SECONDS
+
+
+def stereo_wav(left: np.ndarray, right: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(2)
+        wav.setsampwidth(2)
+        wav.setframerate(16_000)
+        wav.writeframes(stereo(left, right))
+    return out.getvalue()
+
+
+def mono_wav(samples: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(16_000)
+        wav.writeframes(samples.astype("<i2").tobytes())
+    return out.getvalue()
+
+
+async def transcribe(server: AppServer, data: bytes, **fields: str) -> dict[str, Any]:
+    response = await upload(
+        server.http_url, data, "call.wav", params={"wait": "true"}, fields=fields
+    )
+    assert response.status == 200, response.body
+    return dict(response.json())
+
+
+async def test_a_stereo_upload_is_transcribed_per_channel(server: AppServer) -> None:
+    """multichannel=true: each channel of a stereo WAV is transcribed as its own file
+    would be (the same utterances as a mono upload of that track), each utterance with its
+    channel and participant, all in time order; without it the file is mixed down."""
+    left = np.frombuffer(clip("en_jfk").pcm16(), "<i2")
+    right = np.zeros_like(left)
+    other = np.frombuffer(clip("en_ls_1089-134686-0001").pcm16(), "<i2")
+    right[16_000 * 2 : 16_000 * 2 + len(other)] = other
+    job = await transcribe(
+        server, stereo_wav(left, right), multichannel="true", participant="ana,bo"
+    )
+    assert job["options"]["multichannel"] is True and job["file"]["channels"] == 2
+    utterances = job["result"]["utterances"]
+    assert {(u["channel"], u["participant"]) for u in utterances} == {(0, "ana"), (1, "bo")}
+    assert [u["start"] for u in utterances] == sorted(u["start"] for u in utterances)
+    for channel, track in enumerate((left, right)):
+        alone = (await transcribe(server, mono_wav(track)))["result"]["utterances"]
+        mine = [u for u in utterances if u["channel"] == channel]
+        assert [(u["start"], u["end"], u["text"]) for u in mine] == [
+            (u["start"], u["end"], u["text"]) for u in alone
+        ]
+    mixed = (await transcribe(server, stereo_wav(left, right)))["result"]["utterances"]
+    assert mixed and all("channel" not in u for u in mixed)
+
+
+async def test_a_multichannel_upload_refuses_names_that_do_not_fit(server: AppServer) -> None:
+    """Three names for a stereo file: 400 bad_config naming the participants."""
+    silence = np.zeros(16_000, "<i2")
+    response = await upload(
+        server.http_url,
+        stereo_wav(silence, silence),
+        "call.wav",
+        fields={"multichannel": "true", "participant": "a,b,c"},
+    )
+    assert response.status == 400 and b"participant" in response.body
