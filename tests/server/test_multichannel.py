@@ -124,6 +124,65 @@ async def test_v1_partial_sample_frames_close_1007_on_every_channel(server: AppS
     assert {m["code"] for m in errors} == {"invalid_audio"}
 
 
+async def test_v1_an_error_on_one_channel_stops_the_others(server: AppServer) -> None:
+    """pcm_f32le with a NaN on channel 1 only: channel 1 says invalid_audio, channel 0 is
+    stopped (its finals, then its session.ended), and the socket closes once, 1007."""
+    left = speech().astype("<f4") / 32768
+    right = np.zeros_like(left)
+    right[-100] = np.nan
+    audio = np.stack([left, right], axis=1).astype("<f4").tobytes()
+    async with connect(
+        f"{server.ws_url}/v1/meetings/mc-nan/stream?channels=2&encoding=pcm_f32le",
+        max_size=None,
+    ) as ws:
+        for offset in range(0, len(audio), 12_800):
+            await ws.send(audio[offset : offset + 12_800])
+        messages = await drain(ws)
+    assert ws.close_code == 1007
+    [error] = [m for m in messages if m["type"] == "error"]
+    assert error["channel"] == 1 and error["code"] == "invalid_audio"
+    assert [m["channel"] for m in messages if m["type"] == "session.ended"] == [0]
+    assert {m["channel"] for m in messages if m["type"] == "transcript.final"} == {0}
+
+
+async def test_v1_a_channel_refused_refuses_the_whole_stream() -> None:
+    """With room for one stream, channels=2 is refused whole: overloaded, close 1013, and
+    a mono stream is served afterwards (nothing was left admitted)."""
+    async with serve_app(max_sessions=1) as app:
+        async with connect(f"{app.ws_url}/v1/meetings/mc-full/stream?channels=2") as ws:
+            messages = await drain(ws)
+        assert ws.close_code == 1013 and messages[-1]["code"] == "overloaded"
+        assert "channel" not in messages[-1]
+        assert len(app.state.registry) == 0
+        async with connect(f"{app.ws_url}/v1/meetings/mc-full/stream") as ws:
+            await ws.send('{"type": "stop"}')
+            messages = await drain(ws)
+        assert ws.close_code == 1000 and messages[-1]["type"] == "session.ended"
+
+
+async def test_v1_each_channel_resumes_as_a_mono_stream(server: AppServer) -> None:
+    """After a dropped channels=2 stream, channel 1's source resumes as a mono stream with
+    channel 1's resume_token: the same session, its participant, its finals replayed."""
+    base = f"{server.ws_url}/v1/meetings/mc-resume/stream"
+    async with connect(f"{base}?channels=2&participant=ana,bo&interim_results=false") as ws:
+        audio = stereo(speech(), speech("en_ls_1089-134686-0001"))
+        for offset in range(0, len(audio), 6400):
+            await ws.send(audio[offset : offset + 6400])
+        await ws.send('{"type": "stop"}')
+        first = await drain(ws)
+    [bo] = [m for m in first if m["type"] == "session.started" and m["channel"] == 1]
+    finals = [m for m in first if m["type"] == "transcript.final" and m["channel"] == 1]
+    assert finals
+    async with connect(f"{base}?resume_token={bo['resume_token']}&last_seq=0") as ws:
+        started = orjson.loads(await ws.recv())
+        replayed = [orjson.loads(await ws.recv()) for _ in finals]
+        await ws.send('{"type": "stop"}')
+        await drain(ws)
+    assert started["resumed"] and started["session_id"] == bo["session_id"]
+    assert started["participant"] == "bo" and "channel" not in started
+    assert [m["text"] for m in replayed] == [m["text"] for m in finals]
+
+
 async def test_deepgram_sdk_multichannel_results_carry_channel_index(server: AppServer) -> None:
     """The SDK with channels=2&multichannel=true: final Results for each channel with
     channel_index [c, 2], and one Metadata (channels 2) after both, then close 1000."""
