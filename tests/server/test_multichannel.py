@@ -1,6 +1,7 @@
-"""Multichannel streams on the real app (fake engine, real VAD): protocol v1 `channels=N`
-and Deepgram's `multichannel=true` through its SDK: one source per channel, every message
-tagged with its channel, one close; and what is refused."""
+"""Multichannel on the real app (fake engine, real VAD): protocol v1 `channels=N`,
+Deepgram's `multichannel=true` through its SDK and the mixdown without it, and stereo
+uploads: one source per channel, everything tagged with its channel, one close; and what
+is refused."""
 
 from __future__ import annotations
 
@@ -203,6 +204,32 @@ async def test_deepgram_sdk_multichannel_results_carry_channel_index(server: App
     [metadata] = received.of_type("Metadata")
     assert received.messages[-1] is metadata
     assert metadata.channels == 2 and metadata.duration == SECONDS
+
+
+async def test_deepgram_multichannel_finalize_is_answered_on_every_channel(
+    server: AppServer,
+) -> None:
+    """A Finalize in mid-speech on a 2-channel stream: each channel answers with its own
+    from_finalize final Results (channel_index [0, 2] and [1, 2])."""
+    client = deepgram_client(server.http_url, server.ws_url)
+    audio = stereo(speech(), speech("en_ls_1089-134686-0001"))
+    async with client.listen.v1.connect(
+        model="nova-3", encoding="linear16", channels=2, multichannel="true"
+    ) as connection:
+        received = Received()
+        reader = asyncio.create_task(receive_deepgram(connection, received))
+        await connection.send_media(audio[: 16_000 * 4 * 2])  # 2 s of each
+        await connection.send_finalize()
+
+        def answered(r: Received) -> list[Any]:
+            return [m for m in r.of_type("Results") if m.from_finalize]
+
+        await received.wait_for(lambda r: len(answered(r)) >= 2, 10)
+        await connection.send_close_stream()
+        await asyncio.wait_for(reader, 10)
+    assert sorted(tuple(m.channel_index) for m in answered(received)) == [(0, 2), (1, 2)]
+    assert all(m.is_final and m.channel.alternatives[0].transcript for m in answered(received))
+    assert received.messages[-1].type == "Metadata"
 
 
 async def test_deepgram_channels_without_multichannel_mix_down(server: AppServer) -> None:
