@@ -2,7 +2,7 @@
 
 Sans-I/O and stateless: a frame in, bytes out. A multichannel frame must hold whole
 sample frames (one sample of every channel), as a mono `pcm_s16le` frame must hold whole
-samples; anything else is refused 1007 (`invalid_audio`). Live streams (server/channels.py)
+samples; anything else is refused 1007 (`invalid_audio`). Live streams (server/sockets/channels.py)
 and uploads (session/file_transcriber.py) split through the same function.
 """
 

@@ -1,6 +1,6 @@
 """Deepgram's `multichannel=true`: one `/v1/listen` socket, one codec per channel.
 
-server/channels.py serves each channel as a stream of its own and tags its messages with
+server/sockets/channels.py serves each channel as a stream of its own and tags its messages with
 `"channel": c`; `DeepgramChannels` hands each to that channel's `DeepgramCodec` (built with
 `channel=c`: its `Results`, `SpeechStarted` and `UtteranceEnd` say `[c, N]`, and it keeps
 its own finalizes, VAD stops and speakers). From the client, audio passes through (the

@@ -17,7 +17,6 @@ import uuid
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.channels import bind_participant, channel_configs, serve_channels
 from server.compat import deepgram, deepgram_errors, openai_realtime
 from server.compat.bridge import (
     CompatHandshake,
@@ -26,11 +25,12 @@ from server.compat.bridge import (
     subprotocol_credential,
 )
 from server.compat.deepgram_channels import DeepgramChannels
-from server.gate import Handshake
 from server.limits import overloaded
 from server.registry import AdmissionRefused
+from server.sockets.channels import bind_participant, channel_configs, serve_channels
+from server.sockets.gate import Handshake
+from server.sockets.stream import refuse, serve_source
 from server.state import AppState, app_state
-from server.stream import refuse, serve_source
 from session.stream_state import Connection
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
@@ -100,7 +100,7 @@ async def listen_endpoint(websocket: WebSocket) -> None:
             state, shake, config, {}, principal, connection=socket, acknowledge_finalize=True
         )
 
-    if configs:  # one source per channel (server/channels.py)
+    if configs:  # one source per channel (server/sockets/channels.py)
         await serve_channels(handshake, connection, configs, serve)
     else:
         await serve(handshake, config, connection)
