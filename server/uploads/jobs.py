@@ -27,7 +27,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,7 +89,7 @@ class Job:
     upload_bytes: int = 0
     audio: DecodedAudio | None = None
     progress: FileProgress | None = None
-    meeting_source: SourceState | None = None
+    meeting_sources: list[SourceState] = field(default_factory=list)  # one per channel
     tenant: str | None = None  # the API key's tenant that owns the job (auth on)
     error: dict[str, str] | None = None
     started_at: float | None = None  # monotonic, when transcription began
@@ -277,15 +277,15 @@ class JobRegistry:
         audio: DecodedAudio,
         services: SessionServices,
         vad: VadScorer,
-        meeting_source: SourceState | None = None,
+        meeting_sources: Sequence[SourceState] = (),
     ) -> None:
         """The upload is good audio: queue its transcription as the job's own task.
-        `vad` scores its windows; `meeting_source`: the meeting source its finals are
-        logged as, if attached. The job's record is in the store when this returns, so
-        another node can read it as soon as the client has its id."""
+        `vad` scores its windows; `meeting_sources`: the meeting sources its finals are
+        logged as (one per channel), if attached. The job's record is in the store when
+        this returns, so another node can read it as soon as the client has its id."""
         if self._closed:
             raise JobsFull("the server is shutting down")
-        job.meeting_source = meeting_source
+        job.meeting_sources = list(meeting_sources)
         job.audio = audio
         job.progress = FileProgress(total_samples=audio.samples, channels=audio.output_channels)
         job.queued_at = time.monotonic()
@@ -358,30 +358,28 @@ class JobRegistry:
                 job.started_at = time.monotonic()
                 job.transition(JobStatus.RUNNING)
                 await self._publish(job)
-                source = job.meeting_source
-                options = FileOptions(
-                    source_id=f"upload-{job.id}" if source is None else source.session_id,
-                    participant=job.options.participant,
-                    language=job.options.language,
-                    meeting_source=source,
-                    diarize=job.options.diarize,
-                    keyterms=job.options.keyterms,
-                    enrolled=(
-                        await load_voices(services.store, job.tenant, services.speaker_match)
-                        if job.options.diarize
-                        else None
-                    ),
-                    in_flight=self._in_flight,
-                    model_share=self._model_share,
-                )
                 names = job.options.participants(job.audio.output_channels)
+                sources: list[SourceState | None] = [*job.meeting_sources] or [None] * len(names)
+                voices = None
+                if job.options.diarize:
+                    voices = await load_voices(services.store, job.tenant, services.speaker_match)
                 channels = [  # a multichannel file: one source (and participant) per channel
-                    dataclasses.replace(
-                        options, source_id=f"{options.source_id}-{c}", participant=name,
-                        channels=len(names), channel=c,
+                    FileOptions(
+                        source_id=source.session_id if source is not None
+                        else f"upload-{job.id}" + (f"-{c}" if len(names) > 1 else ""),
+                        participant=name,
+                        language=job.options.language,
+                        meeting_source=source,
+                        diarize=job.options.diarize,
+                        keyterms=job.options.keyterms,
+                        enrolled=voices,
+                        in_flight=self._in_flight,
+                        model_share=self._model_share,
+                        channels=len(names),
+                        channel=c,
                     )
-                    for c, name in enumerate(names)
-                ] if len(names) > 1 else [options]  # fmt: skip
+                    for c, (name, source) in enumerate(zip(names, sources, strict=True))
+                ]  # fmt: skip
                 await transcribe_channels(job.audio.path, services, channels, job.progress, vad)
             job.transition(JobStatus.DONE)
             logger.info(

@@ -95,8 +95,6 @@ def _parse_options(
     multichannel = parse_flag(raw.get("multichannel", "false"))
     if multichannel is None:
         raise bad("bad_config", "multichannel must be true or false")
-    if multichannel and "meeting_id" in raw:
-        raise bad("bad_config", "a multichannel upload stands alone: it takes no meeting_id")
     try:
         participant = raw.get("participant", DEFAULT_PARTICIPANT)
         for name in participant.split(",") if multichannel else [participant]:
@@ -258,19 +256,21 @@ async def create_transcription(request: Request) -> Response:
         job.filename = form.filename[:256]
         job.upload_bytes = form.size
         audio = await state.jobs.decode(job, form.path)
-        options.participants(audio.output_channels)  # a multichannel file's: 400 if they do not fit
-        source = None
-        if options.meeting_id is not None:  # the file becomes a source of the meeting
+        names = options.participants(audio.output_channels)  # 400 if they do not fit
+        sources = []
+        if options.meeting_id is not None:  # the file (each channel) becomes a meeting source
             principal = ANONYMOUS if tenant is None else Principal(tenant, fast_replay=True)
-            source, _ = await create_owned_source(  # another tenant's: 4403 → 403
-                state.store,
-                options.meeting_id,
-                options.participant,
-                {},
-                principal,
-                origin=job.created_at if options.started_at is None else options.started_at,
-            )
-        await state.jobs.start(job, audio, services, file_vad, source)
+            for name in names:
+                source, _ = await create_owned_source(  # another tenant's: 4403 → 403
+                    state.store,
+                    options.meeting_id,
+                    name,
+                    {},
+                    principal,
+                    origin=job.created_at if options.started_at is None else options.started_at,
+                )
+                sources.append(source)
+        await state.jobs.start(job, audio, services, file_vad, sources)
     except Refusal as exc:
         await state.jobs.discard(job)
         logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)

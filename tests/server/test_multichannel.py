@@ -304,6 +304,28 @@ async def test_a_stereo_upload_is_transcribed_per_channel(server: AppServer) -> 
     assert mixed and all("channel" not in u for u in mixed)
 
 
+async def test_a_stereo_upload_attached_to_a_meeting_is_two_sources(server: AppServer) -> None:
+    """multichannel=true with meeting_id: each channel's finals are logged as its own
+    participant of the meeting, with the meeting's gap-free seq."""
+    left = np.frombuffer(clip("en_jfk").pcm16(), "<i2")
+    right = np.zeros_like(left)
+    other = np.frombuffer(clip("en_ls_1089-134686-0001").pcm16(), "<i2")
+    right[: len(other)] = other
+    job = await transcribe(
+        server,
+        stereo_wav(left, right),
+        multichannel="true",
+        participant="ana,bo",
+        meeting_id="mc-upload-meeting",
+    )
+    status, _, body = await server.request("GET", "/v1/meetings/mc-upload-meeting/transcript")
+    assert status == 200
+    logged = orjson.loads(body)["finals"]
+    assert {f["participant"] for f in logged} == {"ana", "bo"}
+    assert sorted(f["seq"] for f in logged) == list(range(1, len(logged) + 1))
+    assert len(logged) == len(job["result"]["utterances"])
+
+
 async def test_a_multichannel_upload_refuses_names_that_do_not_fit(server: AppServer) -> None:
     """Three names for a stereo file: 400 bad_config naming the participants."""
     silence = np.zeros(16_000, "<i2")
