@@ -2,7 +2,7 @@
 
 A multichannel stream (protocol v1 `channels=N`, Deepgram `multichannel=true`) is served
 as N mono streams of the same meeting, one per channel, through the one session pipeline
-(`serve`: server.stream.serve_source, with its admission, quotas, limits, actor). The
+(`serve`: server.sockets.stream.serve_source: admission, quotas, limits, the actor). The
 `ChannelGroup` stands between them and the socket:
 
 - the **pump** reads the socket once it is accepted: each binary frame is split
@@ -19,6 +19,7 @@ as N mono streams of the same meeting, one per channel, through the one session 
   get `stop` (their utterance in progress is finalized, their finals are sent).
 
 It keeps no state outside its own stream; nothing here is shared between connections.
+`channel_query` and `channel_configs` read a stream's `channels` and participants.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
-from starlette.websockets import WebSocketDisconnect
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server.auth.keys import Principal, forbidden
 from server.sockets.gate import Handshake
@@ -43,7 +44,9 @@ from wire.query import StreamConfig, channel_participants, parse_channels
 
 logger = logging.getLogger(__name__)
 
-INBOX_FRAMES = 64  # frames a channel may have unread before the socket is read no further
+# Frames a channel may have unread before the socket is read no further: a few, to smooth
+# the channels' turns; the socket's own buffer holds the rest (backpressure).
+INBOX_FRAMES = 8
 STOP = {"type": "websocket.receive", "text": '{"type":"stop"}'}
 INTERNAL = ProtocolError(
     ErrorCode.INTERNAL, CloseCode.INTERNAL_ERROR, "internal error; see server log"
@@ -79,6 +82,10 @@ class ChannelGroup:
         self._close: tuple[int, str | None] | None = None  # the first error close
         self._gone = False  # the client went away
         self._sending = asyncio.Lock()
+
+    @property
+    def websocket(self) -> WebSocket:
+        return self._handshake.websocket
 
     def connection(self, channel: int) -> ChannelConnection:
         return ChannelConnection(self, channel)
@@ -210,7 +217,7 @@ class ChannelHandshake(Handshake):
     admitted, and a refusal refuses the whole socket."""
 
     def __init__(self, group: ChannelGroup, channel: int) -> None:
-        super().__init__(group._handshake.websocket)
+        super().__init__(group.websocket)
         self._group = group
         self._channel = channel
 
