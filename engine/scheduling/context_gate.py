@@ -30,10 +30,7 @@ class ContextGate:
     def __init__(
         self, below: float | None, budget: float | None, clock: Callable[[], float]
     ) -> None:
-        if below is not None and not 0 < below <= 1:
-            raise ValueError("context_below must lie in (0, 1] (None: no load gate)")
-        if budget is not None and budget <= 0:
-            raise ValueError("context_budget must be positive (None: no budget)")
+        """`below` and `budget` as `SchedulerConfig` checked them."""
         self._below = below
         self._budget = budget
         self._clock = clock

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
+from engine.choices import QUANTIZE_SCOPES, DType, Quantize
 from engine.whisper import keyterms
 from engine.whisper.guard import GuardConfig
 from engine.whisper.int8 import int8_available
 
-DType = Literal["float32", "float16", "bfloat16"]
-# What runs in int8 (`engine.whisper.int8`): nothing; the vocabulary projection's shortlist only,
-# rescored in float32 (`engine.whisper.vocabulary`: float32's tokens); the decoder's linear layers
-# (its vocabulary projection included); or every linear layer (the encoder's too).
-Quantize = Literal["none", "int8-shortlist", "int8-decoder", "int8"]
-QUANTIZE_SCOPES: tuple[Quantize, ...] = ("none", "int8-shortlist", "int8-decoder", "int8")
 # The linear layers each scope replaces by `Int8Linear`s (int8-shortlist: none; it keeps an
 # int8 copy of the projection beside the float32 one).
 INT8_LAYERS: dict[str, Callable[[str], bool]] = {
@@ -92,7 +86,7 @@ class WhisperRecognizerConfig:
     encoder_dtype: DType | None = None
     windows: tuple[float, ...] = (10.0, 15.0, 20.0, 30.0)
     window_margin: float = 1.0
-    max_batch_size: int = 16
+    max_batch_size: int | None = None  # a direct caller's bound on one forward pass
     max_tokens_per_second: float = 8.0
     retry_loops_on_full_window: bool = True
     quantize: Quantize = "none"
@@ -112,7 +106,7 @@ class WhisperRecognizerConfig:
     decoder_graphs: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
+        if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_tokens_per_second <= 0 or self.partial_tokens_per_second <= 0:
             raise ValueError("max_tokens_per_second and partial_tokens_per_second must be > 0")

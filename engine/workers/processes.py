@@ -49,9 +49,9 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from engine.api import Transcription, Utterance
+from engine.choices import ProcessMode
 from engine.loading import ModelConfig, resolve_device
 from engine.recognizer import Interrupted, StopCheck
 from engine.workers.child import (
@@ -171,10 +171,6 @@ class ProcessRecognizer:
     @property
     def name(self) -> str:
         return self._ready.name
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._ready.max_batch_size
 
     @property
     def languages(self) -> frozenset[str]:
@@ -380,9 +376,6 @@ class ProcessRecognizer:
             child.process.join(max(0.0, deadline - time.monotonic()))
         for _, child in slots:
             child.kill()
-
-
-ProcessMode = Literal["auto", "on", "off"]
 
 
 def in_processes(mode: ProcessMode, config: ModelConfig) -> bool:
