@@ -18,7 +18,7 @@ batches at once than it has workers, so with every child up a call never waits f
 A stop (`should_stop`) is passed on through a flag in shared memory that the child's
 recognizer polls as it would its own.
 
-Supervision (STYLE.md 18: alive is not healthy):
+Supervision (alive is not healthy; docs/operations.md#model-worker-processes):
 - A child that dies while it runs a batch is seen within `STOP_POLL_S`; one that stops
   beating (`engine.worker_child`: it polls the stop flag at every encoder row and decoder
   step) for `hang_after` seconds (`PARLEY_WORKER_HANG_S`, 10 s) is hung and SIGKILLed, as
