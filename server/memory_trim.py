@@ -3,7 +3,7 @@
 glibc keeps the pages of the model's large, short-lived buffers, so without it the RSS
 stays at its busiest moment's peak (docs/performance.md#long-runs-memory). The call runs
 in a thread (a few ms, the GIL released); without `malloc_trim` (musl, macOS) it does
-nothing. Worker processes trim their own heaps (`engine.worker_processes`).
+nothing. Worker processes trim their own heaps (`engine.workers.processes`).
 """
 
 from __future__ import annotations
