@@ -28,8 +28,8 @@ from server.compat.deepgram_channels import DeepgramChannels
 from server.limits import overloaded
 from server.registry import AdmissionRefused
 from server.sockets.channels import bind_participant, channel_configs, serve_channels
-from server.sockets.gate import Handshake
-from server.sockets.stream import refuse, serve_source
+from server.sockets.gate import Handshake, refuse
+from server.sockets.stream import serve_source
 from server.state import AppState, app_state
 from session.stream_state import Connection
 from wire.codes import CloseCode, ErrorCode
