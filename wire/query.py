@@ -137,8 +137,10 @@ def parse_channels(raw: str | None, limit: int) -> int:
 def channel_participants(raw: str, channels: int) -> tuple[str, ...]:
     """Each channel's participant: `ana,bo` names them in channel order (as many names as
     channels, all different); one name numbers them by channel index (`ana-0`, `ana-1`)."""
+    if channels == 1:
+        return (validate_id("participant", raw),)
     names = raw.split(",")
-    if channels > 1 and len(names) == 1:
+    if len(names) == 1:
         names = [f"{raw}-{c}" for c in range(channels)]
     if len(names) != channels or len(set(names)) != channels:
         raise ProtocolError(

@@ -25,6 +25,8 @@ Mapping:
   stopped is followed by `UtteranceEnd` (`utterance_end_ms` set, whatever `endpointing`
   says: Deepgram's advice for noisy audio is `endpointing=false` with it);
   `session.ended` → `Metadata`;
+- `channels=N` interleaved linear16: mixed down to mono, or with `multichannel=true` one
+  stream and one codec per channel (`channel=c`, server/compat/deepgram_channels.py);
 - `punctuate=true`: Whisper's text, each final starting with a capital letter and a
   speech-final one ending with a full stop where Whisper left it bare (tiny.en sometimes
   writes a sentence on in lower case after the one before it).
