@@ -45,12 +45,14 @@ async def stream_endpoint(websocket: WebSocket) -> None:
     state = app_state(websocket)
     handshake = Handshake(websocket)
     query = dict(websocket.query_params)
-    terms = websocket.query_params.getlist("keyterm")  # the one parameter that repeats
+    terms, redact = (websocket.query_params.getlist(n) for n in ("keyterm", "redact"))
     meeting_id = websocket.path_params["meeting_id"]
     try:
         principal = await _authenticate(state, handshake, meeting_id, Scope.STREAM)
         config = bind_participant(
-            parse_stream_config(meeting_id, query, state.settings.streams.default_language, terms),
+            parse_stream_config(
+                meeting_id, query, state.settings.streams.default_language, terms, redact
+            ),
             principal,
             query,
         )

@@ -25,6 +25,8 @@ Mapping:
   stopped is followed by `UtteranceEnd` (`utterance_end_ms` set, whatever `endpointing`
   says: Deepgram's advice for noisy audio is `endpointing=false` with it);
   `session.ended` → `Metadata`;
+- `redact`, `numerals` (`smart_format`), `profanity_filter`: the stream's text options
+  (session/text_filter.py), applied before the text reaches this codec;
 - `punctuate=true`: Whisper's text, each final starting with a capital letter and a
   speech-final one ending with a full stop where Whisper left it bare (tiny.en sometimes
   writes a sentence on in lower case after the one before it).
@@ -45,6 +47,7 @@ import orjson
 from starlette.responses import Response
 
 from server.compat.bridge import Inbound, Message, audio, control, http_status
+from server.compat.deepgram_text import capitalized, ended, plain, sentence
 from wire.codes import (
     DEFAULT_SAMPLE_RATE,
     MAX_SAMPLE_RATE,
@@ -56,14 +59,14 @@ from wire.codes import (
 from wire.errors import ProtocolError
 from wire.keyterms import keyterms_field, keyword_terms, parse_keyterms
 from wire.query import StreamConfig, validate_id
+from wire.text_options import PLAIN, TextOptions, parse_text_options
 
 CHANNEL_INDEX = [0, 1]  # channel 0 of 1: Parley streams are mono
 MAX_UTTERANCE_END_MS = 60_000
 _LANGUAGE = re.compile(r"^([a-z]{2,3})(-[A-Za-z0-9]{1,8})*$")
-_PUNCTUATION = re.compile(r"[^\w\s']|(?<!\w)'|'(?!\w)")
 _TRUE, _FALSE = "true", "false"
-# Refused: honouring them is impossible here, and ignoring them would hand the client
-# something else than it asked for (results elsewhere, text it wanted redacted).
+_TEXT_FLAGS = ("numerals", "smart_format", "profanity_filter")
+# Refused: honouring them is impossible here (ignoring them: results lost elsewhere).
 _REFUSED = {
     "callback": "callbacks are not supported: results come on this socket",
     "callback_method": "callbacks are not supported: results come on this socket",
@@ -90,6 +93,7 @@ class DeepgramOptions:
     utterance_end_ms: int | None
     model: str | None  # reported back, not chosen: the server runs one model
     keyterms: tuple[str, ...] = ()  # `keyterm`s and `keywords` (their boosts dropped)
+    text: TextOptions = PLAIN  # `redact`, `numerals`/`smart_format`, `profanity_filter`
 
     def stream_config(self) -> StreamConfig:
         return StreamConfig(
@@ -101,6 +105,7 @@ class DeepgramOptions:
             interim_results=self.interim_results,
             diarize=self.diarize,
             keyterms=self.keyterms,
+            text=self.text,
         )
 
 
@@ -129,17 +134,15 @@ def parse_options(
     default_language: str,
     keyterms: Sequence[str] = (),
     keywords: Sequence[str] = (),
+    redact: Sequence[str] = (),
 ) -> DeepgramOptions:
-    """Validate the query string (`keyterms`, `keywords`: every `keyterm` and `keywords`
-    parameter, the ones that repeat); ProtocolError (bad_config, answered HTTP 400) on a
-    malformed value or a feature Parley cannot honour, too_many_keyterms past the
-    keyterms' bounds. Other Deepgram parameters (numerals, profanity_filter,
-    filler_words, tag, extra, ...) are accepted and ignored, as are unknown ones."""
+    """Validate the query string (`keyterms`, `keywords`, `redact`: the parameters that
+    repeat); ProtocolError (bad_config: HTTP 400) on a malformed value or a feature Parley
+    cannot honour (`redact=pii`), too_many_keyterms past the keyterms' bounds; the rest
+    (filler_words, tag, ...) is accepted and ignored, as are unknown ones (docs/compat.md)."""
     for name, why in _REFUSED.items():
         if name in query:
             raise bad(f"{name}: {why}")
-    if query.get("redact", _FALSE).lower() != _FALSE:
-        raise bad("redact is not supported: Parley would return the text unredacted")
     encoding = query.get("encoding", "linear16")
     if encoding != "linear16":
         raise bad(f"encoding {encoding[:32]!r} is not supported: send raw linear16 PCM")
@@ -168,6 +171,7 @@ def parse_options(
         utterance_end_ms=utterance_end_ms,
         model=query.get("model"),
         keyterms=parse_keyterms([*keyterms, *keyword_terms(keywords)]),
+        text=parse_text_options(redact, **{n: query.get(n) for n in _TEXT_FLAGS}),
     )
 
 
@@ -179,27 +183,6 @@ def _language(tag: str) -> str:
     if match is None:
         raise bad("language must be a BCP-47 tag such as 'en' or 'en-US', or 'multi'")
     return match.group(1)
-
-
-def plain(text: str) -> str:
-    """Deepgram's text without `punctuate`: lower case, no punctuation."""
-    return " ".join(_PUNCTUATION.sub("", text.lower()).split())
-
-
-def sentence(text: str, *, ending: bool) -> str:
-    """Text as `punctuate=true` promises it: a capital first letter and, where `ending`
-    (the speech stopped), a full stop after a last word Whisper left bare."""
-    return _ended(_capitalized(text)) if ending else _capitalized(text)
-
-
-def _capitalized(text: str) -> str:
-    head = len(text) - len(text.lstrip())
-    return text[:head] + text[head : head + 1].upper() + text[head + 1 :]
-
-
-def _ended(text: str) -> str:
-    stripped = text.rstrip()
-    return stripped + "." if stripped and stripped[-1].isalnum() else text
 
 
 def denial(request_id: str) -> Any:
@@ -380,9 +363,9 @@ class DeepgramCodec:
         words = [self._word(w, message.get("speaker")) for w in message.get("words") or []]
         if self.options.punctuate and is_final and words:
             first, last = words[0], words[-1]
-            first["punctuated_word"] = _capitalized(first["punctuated_word"])
+            first["punctuated_word"] = capitalized(first["punctuated_word"])
             if speech_final:
-                last["punctuated_word"] = _ended(last["punctuated_word"])
+                last["punctuated_word"] = ended(last["punctuated_word"])
         confidences = [w["confidence"] for w in words]
         start = message["start"]
         if self.options.punctuate and is_final:

@@ -69,6 +69,7 @@ async def listen_endpoint(websocket: WebSocket) -> None:
             default_language=state.settings.streams.default_language,
             keyterms=websocket.query_params.getlist("keyterm"),
             keywords=websocket.query_params.getlist("keywords"),
+            redact=websocket.query_params.getlist("redact"),
         )
         config = bind_participant(options.stream_config(), principal, _named(query))
     except WebSocketDisconnect:

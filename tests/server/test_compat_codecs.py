@@ -7,7 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from server.compat.deepgram import DeepgramCodec, parse_options, plain
+from server.compat.deepgram import DeepgramCodec, parse_options
+from server.compat.deepgram_text import plain
 from server.compat.openai_realtime import RealtimeCodec, Vad
 from wire.errors import ProtocolError
 
