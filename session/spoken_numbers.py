@@ -47,6 +47,7 @@ _ORDINALS = {
 }  # fmt: skip
 _REPEATS = {"double": 2, "triple": 3}
 _ZEROS = {"oh", "o"}  # zero between two numbers ("four oh one")
+_CONNECTORS = {"and", *_ZEROS, *_ORDINAL_UNITS}  # number words only where a run has them
 
 
 def word_set(words: str) -> frozenset[str]:
@@ -64,6 +65,7 @@ ONE_CUES = word_set(
 )
 _SENTENCE_END = set(".?!;:")
 _TOKEN = re.compile(r"^(\s*)([^\w]*)(.*?)([^\w]*)$", re.DOTALL)
+_SEPARATORS = re.compile(r"[-,/]")
 _LITERAL = re.compile(r"\d(?:[\d,.:]*\d)?(?:st|nd|rd|th|s)?")
 
 
@@ -118,7 +120,14 @@ class Run:
 
 
 def _parts(core: str) -> list[str]:
-    return [p for p in core.lower().split("-") if p]
+    return [p for p in _SEPARATORS.split(core.lower()) if p]
+
+
+def garbled(core: str) -> bool:
+    """A digit string the model mangled ("6,700-80-I-N"): 3 digits or more, and no
+    fewer digits than letters. Its digits count; its letters are dropped."""
+    digits = sum(c.isdigit() for c in core)
+    return digits >= 3 and digits * 2 >= sum(c.isalnum() for c in core)
 
 
 def _is_number_part(part: str) -> bool:
@@ -142,6 +151,8 @@ def _numeric(tokens: Sequence[Token], i: int, in_run: bool) -> bool:
     if all(_is_number_part(p) for p in parts):
         if parts[0] in _REPEATS:  # "double four": only before a number
             return i + 1 < len(tokens) and _plain_number(tokens[i + 1])
+        return True
+    if garbled(tokens[i].core):
         return True
     previous = tokens[i - 1].key if i else ""
     if len(parts) == 1 and parts[0] in _ORDINAL_UNITS:
@@ -198,7 +209,12 @@ def read_chunks(tokens: Sequence[Token], start: int, end: int) -> list[Chunk]:
     builder = _Builder()
     repeat = 1
     for index in range(start, end):
-        for part in _parts(tokens[index].core):
+        parts = _parts(tokens[index].core)
+        if not all(_is_number_part(p) or p in _CONNECTORS for p in parts):
+            chunks += builder.flush()  # a garbled digit string: its digits as they come
+            chunks.append(Chunk(re.sub(r"\D", "", tokens[index].core), index, index, literal=True))
+            continue
+        for part in parts:
             if part == "and":
                 continue
             if part in _REPEATS:

@@ -32,6 +32,15 @@ from wire.text_options import Redaction, TextOptions
 
 PCI_DIGITS = range(13, 20)
 SSN_DIGITS = 9
+# After a card's or a social security number's words, the digits a slightly mangled
+# transcription of one gives (tiny.en drops or repeats a spoken digit now and then).
+CUE_TOKENS = 6
+CUED_PCI_DIGITS = range(12, 23)
+CUED_SSN_DIGITS = range(7, 13)
+_CUES = {
+    Redaction.PCI: word_set("card credit debit visa mastercard amex number"),
+    Redaction.SSN: word_set("social security ssn"),
+}
 MAX_SPAN_TOKENS = 40  # parts of a longer run are not searched (whole runs still are)
 _WORDS = re.compile(r"\s*\S+")
 _CURRENCY = {"dollar": "$", "dollars": "$", "euro": "€", "euros": "€"}
@@ -107,7 +116,8 @@ class TextFilter:
         return sorted(edits, key=lambda e: e.start)
 
     def _run_edits(self, tokens: Sequence[Token], run: Run) -> list[Edit]:
-        redacted = _redactions(tokens, run.start, run.end, self.options.redact)
+        asked = self.options.redact
+        redacted = _redactions(tokens, run.start, run.end, asked, cues(tokens, run.start))
         edits = [
             Edit(start, end, tokens[start].lead + label.placeholder + tokens[end - 1].tail)
             for start, end, label in redacted
@@ -158,21 +168,50 @@ def _matches(label: Redaction, digits: str) -> bool:
     return bool(digits)
 
 
+def _nearly(label: Redaction, digits: str, cued: frozenset[Redaction]) -> bool:
+    """What a run no part of which `_matches` is still redacted as: a card inside a
+    longer run of digits (a Luhn-valid stretch), and, after a card's or a social
+    security number's words (`cued`), digits about as many as one has."""
+    if label is Redaction.PCI:
+        if label in cued and len(digits) in CUED_PCI_DIGITS:
+            return True
+        return len(digits) > PCI_DIGITS[-1] and any(
+            luhn(digits[i : i + n]) for n in PCI_DIGITS for i in range(len(digits) - n + 1)
+        )
+    return label is Redaction.SSN and label in cued and len(digits) in CUED_SSN_DIGITS
+
+
+def cues(tokens: Sequence[Token], start: int) -> frozenset[Redaction]:
+    """The labels whose words come in the CUE_TOKENS before token `start`, in its
+    sentence ("card", "social security")."""
+    found: set[Redaction] = set()
+    for token in reversed(tokens[max(0, start - CUE_TOKENS) : start]):
+        if token.ends_sentence:
+            break
+        for label, words in _CUES.items():
+            if token.key in words:
+                found.add(label)
+    return frozenset(found)
+
+
 def _redactions(
-    tokens: Sequence[Token], start: int, end: int, asked: frozenset[Redaction]
+    tokens: Sequence[Token],
+    start: int,
+    end: int,
+    asked: frozenset[Redaction],
+    cued: frozenset[Redaction] = frozenset(),
 ) -> list[tuple[int, int, Redaction]]:
-    """The spans of tokens `start`..`end` to redact: the whole, or else its longest part
-    that matches, then what is left on either side, searched the same way."""
+    """The spans of tokens `start`..`end` to redact: the whole if it matches or nearly
+    matches (`_nearly`; `cued`: the labels whose words came before it), or else its
+    longest part that matches, then what is left on either side, searched the same way."""
     if start >= end or not asked:
         return []
     labels = [r for r in (Redaction.PCI, Redaction.SSN, Redaction.NUMBERS) if r in asked]
     whole = _digits(tokens, start, end)
     for label in labels:
-        if _matches(label, whole):
+        if _matches(label, whole) or _nearly(label, whole, cued):
             return [(start, end, label)]
-    if end - start > MAX_SPAN_TOKENS:
-        return []
-    for width in range(end - start - 1, 0, -1):
+    for width in range(end - start - 1, 0, -1) if end - start <= MAX_SPAN_TOKENS else ():
         for first in range(start, end - width + 1):
             digits = _digits(tokens, first, first + width)
             for label in labels:
