@@ -45,6 +45,7 @@ from session.vad import VadScorer
 from store.api import JobStore
 from store.errors import StoreError
 from store.records import SourceState
+from wire.text_options import PLAIN, TextOptions
 from wire.transcript import TranscriptFormat, render, utterances
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class JobOptions:
     # meeting source's origin. None: the upload's start is.
     started_at: float | None = None
     keyterms: tuple[str, ...] = ()  # words to expect (`wire.keyterms`)
+    text: TextOptions = PLAIN  # redaction, numerals, profanity (`wire.text_options`)
 
     def as_dict(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -103,7 +105,7 @@ class JobOptions:
             options["started_at"] = self.started_at
         if self.keyterms:
             options["keyterms"] = list(self.keyterms)
-        return options
+        return options | self.text.as_dict()
 
 
 @dataclass(eq=False)
@@ -385,6 +387,7 @@ class JobRegistry:
                     meeting_source=source,
                     diarize=job.options.diarize,
                     keyterms=job.options.keyterms,
+                    text=job.options.text,
                     enrolled=(
                         await load_voices(services.store, job.tenant, services.speaker_match)
                         if job.options.diarize

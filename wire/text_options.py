@@ -23,6 +23,8 @@ from typing import Any
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 
+# The options' true/false query parameters (`parse_text_options`' keywords).
+TEXT_FLAGS = ("numerals", "smart_format", "profanity_filter")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 

@@ -59,13 +59,12 @@ from wire.codes import (
 from wire.errors import ProtocolError
 from wire.keyterms import keyterms_field, keyword_terms, parse_keyterms
 from wire.query import StreamConfig, validate_id
-from wire.text_options import PLAIN, TextOptions, parse_text_options
+from wire.text_options import PLAIN, TEXT_FLAGS, TextOptions, parse_text_options
 
 CHANNEL_INDEX = [0, 1]  # channel 0 of 1: Parley streams are mono
 MAX_UTTERANCE_END_MS = 60_000
 _LANGUAGE = re.compile(r"^([a-z]{2,3})(-[A-Za-z0-9]{1,8})*$")
 _TRUE, _FALSE = "true", "false"
-_TEXT_FLAGS = ("numerals", "smart_format", "profanity_filter")
 # Refused: honouring them is impossible here (ignoring them: results lost elsewhere).
 _REFUSED = {
     "callback": "callbacks are not supported: results come on this socket",
@@ -171,7 +170,7 @@ def parse_options(
         utterance_end_ms=utterance_end_ms,
         model=query.get("model"),
         keyterms=parse_keyterms([*keyterms, *keyword_terms(keywords)]),
-        text=parse_text_options(redact, **{n: query.get(n) for n in _TEXT_FLAGS}),
+        text=parse_text_options(redact, **{n: query.get(n) for n in TEXT_FLAGS}),
     )
 
 
