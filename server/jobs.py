@@ -45,6 +45,7 @@ from session.vad import VadScorer
 from store.api import JobStore
 from store.errors import StoreError
 from store.records import SourceState
+from wire import build
 from wire.text_options import PLAIN, TextOptions
 from wire.transcript import TranscriptFormat, render, utterances
 
@@ -176,6 +177,7 @@ class Job:
                 "text": " ".join(f.text for f in finals),
                 "language": finals[0].language if finals else self.options.language,
                 "utterances": utterances(finals),
+                "usage": build.usage(self.audio.seconds if self.audio is not None else 0.0),
             }
         return body
 

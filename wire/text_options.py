@@ -91,7 +91,7 @@ def parse_redact(values: Iterable[str]) -> frozenset[Redaction]:
             name = part.strip().lower()
             if name in _FALSE:
                 continue
-            if name in _TRUE:
+            if name in _TRUE or name == "aggressive_numbers":  # Deepgram's names of numbers
                 chosen.add(Redaction.NUMBERS)
                 continue
             try:
