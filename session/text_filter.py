@@ -74,12 +74,14 @@ class TextFilter:
     def __init__(self, options: TextOptions) -> None:
         self.options = options
 
-    def text(self, text: str) -> str:
-        """`text` as asked for (unchanged with every option off)."""
+    def text(self, text: str, *, partial: bool = False) -> str:
+        """`text` as asked for (unchanged with every option off). A `partial`'s last run
+        of digits may be the start of a card or an SSN still being said: with pci or ssn
+        asked, it is redacted whatever its length."""
         if not self.options.active or not text:
             return text
         pieces = _WORDS.findall(text)
-        out = _apply(pieces, self.edits([Token.parse(p) for p in pieces]))
+        out = _apply(pieces, self.edits([Token.parse(p) for p in pieces], open_end=partial))
         head = text[: len(text) - len(text.lstrip())]
         return head + "".join(out).lstrip() if out else text
 
@@ -102,11 +104,12 @@ class TextFilter:
             i = edit.end
         return tuple(out)
 
-    def edits(self, tokens: Sequence[Token]) -> list[Edit]:
-        """What changes, in order, spans not overlapping."""
+    def edits(self, tokens: Sequence[Token], *, open_end: bool = False) -> list[Edit]:
+        """What changes, in order, spans not overlapping (`open_end`: the last run may
+        go on)."""
         edits: list[Edit] = []
         for run in find_runs(tokens):
-            edits += self._run_edits(tokens, run)
+            edits += self._run_edits(tokens, run, open_end and run.end == len(tokens))
         if self.options.profanity_filter:
             edited = {i for e in edits for i in range(e.start, e.end)}
             for i, token in enumerate(tokens):
@@ -115,9 +118,12 @@ class TextFilter:
                     edits.append(Edit(i, i + 1, token.lead + masked + token.tail))
         return sorted(edits, key=lambda e: e.start)
 
-    def _run_edits(self, tokens: Sequence[Token], run: Run) -> list[Edit]:
+    def _run_edits(self, tokens: Sequence[Token], run: Run, open_end: bool) -> list[Edit]:
         asked = self.options.redact
         redacted = _redactions(tokens, run.start, run.end, asked, cues(tokens, run.start))
+        going_on = [r for r in (Redaction.PCI, Redaction.SSN) if r in asked and open_end]
+        if going_on and not redacted and run.digits:
+            redacted = [(run.start, run.end, going_on[0])]
         edits = [
             Edit(start, end, tokens[start].lead + label.placeholder + tokens[end - 1].tail)
             for start, end, label in redacted

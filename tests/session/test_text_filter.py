@@ -167,6 +167,14 @@ def test_words_are_redacted_as_the_text_is() -> None:
     assert not any(c.isdigit() for w in out for c in w.word)
 
 
+def test_a_partial_hides_a_number_still_being_said() -> None:
+    """A partial ending in digits (a card's first group, said so far) redacts them with
+    pci asked; the final, complete, is judged as it is; digits before other words stay."""
+    assert PCI_SSN.text("My card number is 4.", partial=True) == "My card number is [PCI]."
+    assert PCI_SSN.text("My card number is 4.") == "My card number is 4."
+    assert PCI_SSN.text("I have 2 kids and", partial=True) == "I have 2 kids and"
+
+
 def test_off_changes_nothing() -> None:
     """Every option off: text and words pass as they are."""
     plain = TextFilter(TextOptions())
