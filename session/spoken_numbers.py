@@ -12,7 +12,8 @@ one", "4111" and "forty one eleven" all say 4111 (each spoken number is read as 
 number, "forty one" 41 and "eleven" 11, then they follow each other). Redaction matches
 on them.
 
-"one" alone is a word more often than a number ("no one", "the one", "one of them"):
+A lone "hundred", "thousand", ... stays a word ("a thousand thoughts"). "one" alone is a
+word more often than a number ("no one", "the one", "one of them"):
 a run that is a lone "one" counts only before a unit ("one percent", "one dollar",
 "one pm") or after a word that announces a number ("page one", "version one"). Likewise
 "first", "second" and "third" are numbers only after a tens word ("twenty first").
@@ -46,6 +47,7 @@ _ORDINALS = {
     "sixtieth": 60, "seventieth": 70, "eightieth": 80, "ninetieth": 90,
 }  # fmt: skip
 _REPEATS = {"double": 2, "triple": 3}
+_LONE_WORDS = {"hundred", *_SCALES}  # alone, a word ("a thousand", "a million times")
 _ZEROS = {"oh", "o"}  # zero between two numbers ("four oh one")
 _CONNECTORS = {"and", *_ZEROS, *_ORDINAL_UNITS}  # number words only where a run has them
 
@@ -191,6 +193,8 @@ def find_runs(tokens: Sequence[Token]) -> list[Run]:
         end = i + 1
         i = end
         if end - start == 1 and tokens[start].key == "one" and not _one_is_number(tokens, start):
+            continue
+        if end - start == 1 and tokens[start].key in _LONE_WORDS:  # "a thousand thoughts"
             continue
         runs.append(Run(start, end, tuple(read_chunks(tokens, start, end))))
     return runs

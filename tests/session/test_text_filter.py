@@ -140,6 +140,7 @@ def test_numerals() -> None:
     )
     assert NUMERALS.text("No one came; the one I like.") == "No one came; the one I like."
     assert NUMERALS.text("wait a second") == "wait a second"
+    assert NUMERALS.text("I have a thousand thoughts.") == "I have a thousand thoughts."
 
 
 def test_profanity_is_masked_letter_for_letter() -> None:
