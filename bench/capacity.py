@@ -66,6 +66,8 @@ from loadgen.run import (
     run_load,
     write_report,
 )
+from server.engine_plan import describe_plan, plan_engine
+from server.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -449,6 +451,8 @@ def main() -> int:
     try:
         wait_ready(url, server)
         print("settings:", " ".join(args.settings) or "(defaults)", flush=True)
+        # what the server logs when its model is ready, from the same settings
+        print(describe_plan(plan_engine(Settings.from_env(env))), flush=True)
         print(markdown([]), flush=True)
         rows = asyncio.run(measure(args, url, ServerProbe(url, server.pid)))
         (report_dir / "capacity.json").write_bytes(

@@ -4,13 +4,20 @@ detection and segmenting, and speaker labels. Each group checks its own fields."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, get_args
 
+from engine.choices import (
+    INT8_SCOPES,
+    BatchCost,
+    DeviceChoice,
+    DTypeChoice,
+    PartialQuantizeChoice,
+    ProcessMode,
+    QuantizeChoice,
+)
 from server.settings.base import SettingError, at_least, one_of, positive, setting, within
 from wire.query import is_language
 
-DTYPES = ("auto", "float32", "float16", "bfloat16")
-INT8_SCOPES = ("int8-shortlist", "int8-decoder", "int8")
 # session/segmenter.py's SegmenterConfig: the hysteresis under the threshold, the length
 # past which a pause ends an utterance, the longest utterance (tests/server/test_settings.py
 # checks that the bounds below are the ones SegmenterConfig accepts).
@@ -35,18 +42,20 @@ class ModelSettings:
     model_cache: str = setting(
         "~/.cache/parley/models", "Folder where bundled weights are converted to once."
     )
-    device: str = setting("auto", "`auto`, `cpu` or `cuda` (`auto` picks cuda when present).")
-    dtype: str = setting(
+    device: DeviceChoice = setting(
+        "auto", "`auto`, `cpu` or `cuda` (`auto` picks cuda when present)."
+    )
+    dtype: DTypeChoice = setting(
         "auto", "`auto`, `float32`, `float16` or `bfloat16` (`auto`: fp32 on CPU, fp16 on CUDA)."
     )
-    encoder_dtype: str = setting(
+    encoder_dtype: DTypeChoice = setting(
         "auto",
         "The encoder's dtype: `auto`, `float32`, `float16` or `bfloat16` (`auto`: bfloat16 "
         "on a CPU with native bfloat16 dot products, AVX-512 BF16 or AMX, for a float32 "
         "model: encoder passes ~1.5-1.8x faster; else the model's dtype). "
         "docs/performance.md has the figures.",
     )
-    quantize: str = setting(
+    quantize: QuantizeChoice = setting(
         "auto",
         "Int8 on the CPU in float32, activations quantized per row: `int8-shortlist` (each "
         "decoder step's candidate tokens from an int8 vocabulary projection, rescored in "
@@ -55,7 +64,7 @@ class ModelSettings:
         "`int8` (the encoder's too), `none`, or `auto` (`int8-shortlist` on the CPU in "
         "float32, else `none`). docs/performance.md has the figures.",
     )
-    partial_quantize: str = setting(
+    partial_quantize: PartialQuantizeChoice = setting(
         "auto",
         "The weights partials decode through: `int8-decoder` (the decoder's layers and "
         "vocabulary projection in int8, copies beside the finals': ~15 % less model time "
@@ -81,7 +90,7 @@ class ModelSettings:
     torch_threads: int = setting(
         0, "Threads for each model worker's CPU kernels; 0 = the cores shared out among them."
     )
-    model_processes: str = setting(
+    model_processes: ProcessMode = setting(
         "auto",
         "Where the model workers run: `on`, each in a child process of its own with a GIL of "
         "its own (the event loop and the other workers do not hold up its decoder steps; a "
@@ -99,19 +108,19 @@ class ModelSettings:
     decoder_graphs: bool = setting(
         False,
         "Replay each decoder step after the prompt from a CUDA graph captured per batch "
-        "shape (engine/step_graphs.py): one launch instead of one per kernel, where a small "
-        "model's step is bound by launches (~3 ms on an H200). CUDA only; not measured yet.",
+        "shape (engine/whisper/step_graphs.py): one launch instead of one per kernel, "
+        "where a small model's step is bound by kernel launches. CUDA only.",
     )
 
     def __post_init__(self) -> None:
         if not self.model:
             raise SettingError("model", self.model, "must name a model or a folder")
-        one_of(self, "device", ("auto", "cpu", "cuda"))
-        one_of(self, "dtype", DTYPES)
-        one_of(self, "encoder_dtype", DTYPES)
-        one_of(self, "quantize", ("auto", "none", *INT8_SCOPES))
-        one_of(self, "partial_quantize", ("auto", "same", "int8-decoder"))
-        one_of(self, "model_processes", ("auto", "on", "off"))
+        one_of(self, "device", get_args(DeviceChoice))
+        one_of(self, "dtype", get_args(DTypeChoice))
+        one_of(self, "encoder_dtype", get_args(DTypeChoice))
+        one_of(self, "quantize", get_args(QuantizeChoice))
+        one_of(self, "partial_quantize", get_args(PartialQuantizeChoice))
+        one_of(self, "model_processes", get_args(ProcessMode))
         at_least(self, "model_workers", 0, " (0: automatic)")
         at_least(self, "torch_threads", 0, " (0: automatic)")
         positive(self, "worker_hang_s")
@@ -265,13 +274,13 @@ class SchedulerSettings:
         "batches are sized to fit it (by the measured model time per partial); 0: batches "
         "of MAX_PARTIAL_BATCH, always stopped.",
     )
-    batch_cost: str = setting(
+    batch_cost: BatchCost = setting(
         "auto",
         "How a batch's model time grows with its rows: `per-row` (the CPU: partial batches "
         "sized to fit PARTIAL_WAIT_MS by the measured cost of a row, finals shared out over "
         "the workers), `flat` (a GPU, where a batch of 32 costs about one row: every ready "
-        "final in one batch, every queued partial up to MAX_PARTIAL_BATCH, engine/policy.py "
-        "rule 5), `auto`: flat on CUDA, per-row on the CPU.",
+        "final in one batch, every queued partial up to MAX_PARTIAL_BATCH, "
+        "engine/scheduling/policy.py rule 5), `auto`: flat on CUDA, per-row on the CPU.",
     )
     batch_wait_ms: float = setting(
         20.0, "How long a batch may wait to fill after its oldest request arrived."
@@ -292,7 +301,7 @@ class SchedulerSettings:
         at_least(self, "max_partial_batch", 1)
         at_least(self, "partial_wait_ms", 0)
         at_least(self, "batch_wait_ms", 0)
-        one_of(self, "batch_cost", ("auto", "per-row", "flat"))
+        one_of(self, "batch_cost", get_args(BatchCost))
         if not self.max_queue >= self.max_batch_size:
             raise SettingError(
                 "max_queue",
