@@ -35,13 +35,13 @@ SSN_DIGITS = 9
 # After a card's or a social security number's words, the digits a slightly mangled
 # transcription of one gives (tiny.en drops or repeats a spoken digit now and then).
 CUE_TOKENS = 6
+LONG_RUN_DIGITS = 40  # a longer run goes whole with pci, unsearched
 CUED_PCI_DIGITS = range(12, 23)
 CUED_SSN_DIGITS = range(7, 13)
 _CUES = {
     Redaction.PCI: word_set("card credit debit visa mastercard amex number"),
     Redaction.SSN: word_set("social security ssn"),
 }
-MAX_SPAN_TOKENS = 40  # parts of a longer run are not searched (whole runs still are)
 _WORDS = re.compile(r"\s*\S+")
 _CURRENCY = {"dollar": "$", "dollars": "$", "euro": "€", "euros": "€"}
 _MERIDIEM = {"am": "AM", "a.m": "AM", "pm": "PM", "p.m": "PM"}
@@ -120,7 +120,7 @@ class TextFilter:
 
     def _run_edits(self, tokens: Sequence[Token], run: Run, open_end: bool) -> list[Edit]:
         asked = self.options.redact
-        redacted = _redactions(tokens, run.start, run.end, asked, cues(tokens, run.start))
+        redacted = _redactions(run.chunks, asked, cues(tokens, run.start))
         going_on = [r for r in (Redaction.PCI, Redaction.SSN) if r in asked and open_end]
         if going_on and not redacted and run.digits:
             redacted = [(run.start, run.end, going_on[0])]
@@ -181,6 +181,8 @@ def _nearly(label: Redaction, digits: str, cued: frozenset[Redaction]) -> bool:
     if label is Redaction.PCI:
         if label in cued and len(digits) in CUED_PCI_DIGITS:
             return True
+        if len(digits) > LONG_RUN_DIGITS:  # nearly sure to hold a Luhn-valid stretch
+            return True
         return len(digits) > PCI_DIGITS[-1] and any(
             luhn(digits[i : i + n]) for n in PCI_DIGITS for i in range(len(digits) - n + 1)
         )
@@ -201,37 +203,52 @@ def cues(tokens: Sequence[Token], start: int) -> frozenset[Redaction]:
 
 
 def _redactions(
-    tokens: Sequence[Token],
-    start: int,
-    end: int,
-    asked: frozenset[Redaction],
-    cued: frozenset[Redaction] = frozenset(),
+    chunks: Sequence[Chunk], asked: frozenset[Redaction], cued: frozenset[Redaction]
 ) -> list[tuple[int, int, Redaction]]:
-    """The spans of tokens `start`..`end` to redact: the whole if it matches or nearly
-    matches (`_nearly`; `cued`: the labels whose words came before it), or else its
-    longest part that matches, then what is left on either side, searched the same way."""
-    if start >= end or not asked:
+    """The token spans of a run (its `chunks`, the numbers it says) to redact: the whole
+    if it matches or nearly matches (`_nearly`; `cued`: the labels whose words came before
+    it), or else its parts that match (numbers one after another, on word boundaries):
+    cards first, then SSNs, from the left, each the longest that matches where it
+    starts."""
+    if not chunks or not asked:
         return []
     labels = [r for r in (Redaction.PCI, Redaction.SSN, Redaction.NUMBERS) if r in asked]
-    whole = _digits(tokens, start, end)
+    whole = "".join(c.digits for c in chunks)
     for label in labels:
         if _matches(label, whole) or _nearly(label, whole, cued):
-            return [(start, end, label)]
-    for width in range(end - start - 1, 0, -1) if end - start <= MAX_SPAN_TOKENS else ():
-        for first in range(start, end - width + 1):
-            digits = _digits(tokens, first, first + width)
-            for label in labels:
-                if label is not Redaction.NUMBERS and _matches(label, digits):
-                    return [
-                        *_redactions(tokens, start, first, asked),
-                        (first, first + width, label),
-                        *_redactions(tokens, first + width, end, asked),
-                    ]
-    return []
+            return [(chunks[0].first, chunks[-1].last + 1, label)]
+    spans: list[tuple[int, int, Redaction]] = []
+    taken: set[int] = set()  # chunks already redacted
+    for label in (r for r in labels if r is not Redaction.NUMBERS):
+        first = 0
+        while first < len(chunks):
+            end = _longest(chunks, first, label, taken)
+            if end is None:
+                first += 1
+                continue
+            spans.append((chunks[first].first, chunks[end - 1].last + 1, label))
+            taken.update(range(first, end))
+            first = end
+    return sorted(spans)
 
 
-def _digits(tokens: Sequence[Token], start: int, end: int) -> str:
-    return "".join(c.digits for c in read_chunks(tokens, start, end))
+def _longest(chunks: Sequence[Chunk], first: int, label: Redaction, taken: set[int]) -> int | None:
+    """Where the longest stretch of `chunks` from `first` that `label` redacts ends (on
+    word boundaries, through no chunk `taken`); None if none does."""
+    if first and chunks[first].first == chunks[first - 1].last:
+        return None  # inside a token ("four-one")
+    found = None
+    digits = ""
+    for end in range(first + 1, len(chunks) + 1):
+        if end - 1 in taken:
+            break
+        digits += chunks[end - 1].digits
+        if len(digits) > PCI_DIGITS[-1]:
+            break
+        on_boundary = end == len(chunks) or chunks[end].first != chunks[end - 1].last
+        if on_boundary and _matches(label, digits):
+            found = end
+    return found
 
 
 def _numerals(tokens: Sequence[Token], start: int, end: int, run_end: int) -> Edit | None:
