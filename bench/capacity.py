@@ -15,7 +15,7 @@ or both: `--interim`), or as a search for the most rooms within the SLO. Every r
 one row:
 
 - rooms, partials on/off, pass/fail against the SLO (P95, lost finals, growing lag);
-- final latency P50/P95/P99 (client-side, DESIGN.md's definition), WER, lost finals;
+- final latency P50/P95/P99 (client-side: docs/protocol.md#server--client), WER, lost finals;
 - partial cadence: median time to an utterance's first partial, and partials per 2 s of
   speech (the worst room, and the median room);
 - the finals' queue wait P50/P95 (the server's own `timing.queue`), where the rest of a

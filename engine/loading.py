@@ -65,8 +65,8 @@ def resolve_device(config: ModelConfig) -> str:
 
 def resolve_quantize(config: ModelConfig, device: str) -> Quantize:
     """The int8 scope: the configured one, or for `auto` on the CPU in float32 the int8
-    shortlist of the vocabulary projection (float32's tokens, decoder steps about twice as
-    fast: docs/performance.md), nothing elsewhere."""
+    shortlist of the vocabulary projection (float32's tokens from faster decoder steps:
+    docs/performance.md#the-models-arithmetic), nothing elsewhere."""
     if config.quantize != "auto":
         return config.quantize
     from engine.whisper.int8 import int8_available
@@ -77,8 +77,8 @@ def resolve_quantize(config: ModelConfig, device: str) -> Quantize:
 
 def resolve_partial_quantize(config: ModelConfig, device: str) -> Literal["int8-decoder"] | None:
     """The int8 scope partials decode with (None: the finals'): the configured one, or for
-    `auto` `int8-decoder` where finals use `int8-shortlist` (partials ~15 % cheaper: a
-    step reads a quarter of the layers' bytes: docs/performance.md, "Partials in int8")."""
+    `auto` `int8-decoder` where finals use `int8-shortlist` (cheaper partials: a step reads
+    a quarter of the layers' bytes: docs/performance.md#the-models-arithmetic)."""
     if config.partial_quantize == "same":
         return None
     if config.partial_quantize == "int8-decoder":
@@ -89,7 +89,7 @@ def resolve_partial_quantize(config: ModelConfig, device: str) -> Literal["int8-
 def resolve_encoder_dtype(config: ModelConfig, device: str) -> DType | None:
     """The encoder's dtype (None: the model's): the configured one, or for `auto` bfloat16
     on a CPU that multiplies bfloat16 natively, where it runs a float32 model's encoder
-    ~1.5-1.8x faster (docs/performance.md, "The encoder in bfloat16"), the model's
+    faster at the same WER (docs/performance.md#the-models-arithmetic), the model's
     elsewhere and under `int8` (which quantizes the encoder)."""
     if config.encoder_dtype != "auto":
         return config.encoder_dtype
@@ -114,7 +114,8 @@ def worker_plan(config: ModelConfig) -> tuple[int, int]:
     """(model workers, torch threads for each). On the CPU one worker per CPU this process
     may use (`engine.cpus`: affinity and cgroup quota, not the host's count) with one
     thread each: a decoder step is ~150 small operations that a second thread hardly
-    speeds up, while a second worker runs a second batch (docs/performance.md). On cuda
+    speeds up, while a second worker runs a second batch
+    (docs/performance.md#workers-and-batches). On cuda
     one worker: the GPU batches rows; more workers would only contend for it."""
     cores = available_cpus()
     workers = config.workers or (cores if resolve_device(config) == "cpu" else 1)

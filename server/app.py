@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.resources
 import logging
 from collections.abc import AsyncIterator, Callable
 from functools import partial
@@ -296,15 +297,18 @@ def create_app(
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-SOURCE_TREE = Path(__file__).resolve().parent.parent  # the folder that holds server/
+# The installed `server` package: its `static/` is the browser client that ships with it
+# (package data in the wheel, the folder itself in a checkout or an editable install).
+PACKAGE = Path(str(importlib.resources.files("server")))
 
 
 def browser_client_dir(setting: str) -> Path | None:
     """The folder `PARLEY_STATIC_DIR` names: as given, or, when relative and not found
-    under the working directory, under the source tree (`make run` from another folder
-    still serves the page); None, with a warning, where neither exists."""
+    under the working directory, inside the installed `server` package (the default,
+    `static`, is the page shipped with it, served from any working directory); None, with
+    a warning, where neither exists."""
     given = Path(setting)
-    candidates = [given] if given.is_absolute() else [given, SOURCE_TREE / given]
+    candidates = [given] if given.is_absolute() else [given, PACKAGE / given]
     for folder in candidates:
         if folder.is_dir():
             return folder

@@ -15,11 +15,11 @@ when to look again. The rules:
    next decoder step or encoder row); its partials go back to the queue and the worker
    takes the finals. But a partial batch expected to end before the oldest waiting final
    has waited `partial_wait` is left to finish: stopping it would throw its work away to
-   save the final less than that (on the 2-core CPU at 16 rooms, stopped partial batches
-   were 36-80 % of the partials' model time). It is left only until then: one that
-   overruns is stopped when the final has waited `partial_wait` (the plan wakes then), so
-   `partial_wait` bounds a final's wait for partials. Its expected end is its start plus
-   its rows times `PartialCost`'s
+   save the final less than that (under load on the CPU, stopped partial batches were most
+   of the partials' model time: docs/performance.md#partials). It is left only until then:
+   one that overruns is stopped when the final has waited `partial_wait` (the plan wakes
+   then), so `partial_wait` bounds a final's wait for partials. Its expected end is its
+   start plus its rows times `PartialCost`'s
    measure of a partial row; partial batches are sized to fit `partial_wait` (rule 4),
    so on the CPU, where a row costs ~0.1-0.3 s, they are single rows left to finish,
    while larger batches (on a GPU, or before any cost is known) are stopped as before.
@@ -49,7 +49,7 @@ when to look again. The rules:
    `max_partial_batch` rows, and no more than are expected to run within `partial_wait`
    (`PartialCost`), at least one; one until a partial batch has run to its end.
 5. **Flat batches (a GPU).** Where a batch costs about what one row does
-   (`flat_batches`: on CUDA up to batch 32, docs/performance.md), rows are not rationed
+   (`flat_batches`: on CUDA, docs/performance.md#a-gpu-node), rows are not rationed
    by their cost: a batch of finals takes every ready final (up to `max_batch_size`,
    not shared out over the free workers), a partial batch every queued partial (up to
    `max_partial_batch`), and a partial batch's expected end is its start plus what a
@@ -67,8 +67,8 @@ from dataclasses import dataclass, field
 from engine.api import Priority
 from engine.scheduling.config import SchedulerConfig
 
-# A final behind its left context took 1.6-1.9x its model time alone in our runs (the
-# longer encoder window; docs/performance.md, "Cheaper left context").
+# A final behind its left context takes longer than alone (the longer encoder window):
+# this ratio is the middle of the measured range (docs/performance.md#left-context).
 CONTEXT_RATIO = 1.7
 
 

@@ -26,7 +26,8 @@ class ServerSettings:
     static_dir: str = setting(
         "static",
         "Folder of the browser client, served at `/`; a relative one not found in the "
-        "working directory is looked for beside the server's code.",
+        "working directory is looked for in the installed `server` package, whose "
+        "`static/` is the page Parley ships.",
     )
     drain_grace_s: float = setting(
         0.0,

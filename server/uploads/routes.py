@@ -1,4 +1,4 @@
-"""HTTP routes for transcribing uploaded recordings (see docs/protocol.md, "Transcribe a file").
+"""HTTP routes for transcribing uploaded recordings (docs/protocol.md#transcribe-a-file).
 
 - `POST /v1/transcriptions` streams the multipart upload to the job's temp folder
   (counted: 413 past `max_upload_bytes`), decodes it in a sandboxed subprocess (415
