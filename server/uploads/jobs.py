@@ -46,6 +46,7 @@ from session.vad import VadScorer
 from store.api import JobStore
 from store.errors import StoreError
 from store.records import SourceState
+from wire import build
 from wire.transcript import TranscriptFormat, render
 
 logger = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class Job:
                 "text": " ".join(f.text for f in finals),
                 "language": finals[0].language if finals else self.options.language,
                 "utterances": channel_utterances(finals, self._participants()),
+                "usage": build.usage(self.audio.seconds if self.audio is not None else 0.0),
             }
         return body
 
@@ -372,6 +374,7 @@ class JobRegistry:
                         meeting_source=source,
                         diarize=job.options.diarize,
                         keyterms=job.options.keyterms,
+                        text=job.options.text,
                         enrolled=voices,
                         in_flight=self._in_flight,
                         model_share=self._model_share,

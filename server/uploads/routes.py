@@ -45,6 +45,7 @@ from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 from wire.keyterms import parse_keyterms
 from wire.query import is_language, parse_flag, validate_id
+from wire.text_options import TEXT_FLAGS, parse_text_options
 from wire.transcript import TranscriptFormat
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ OPTION_FIELDS = frozenset(
         "language", "format", "participant", "meeting_id", "wait", "diarize", "started_at",
         "keyterm", "multichannel",
     }
+    | {"redact", *TEXT_FLAGS}  # wire.text_options
 )  # fmt: skip
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
@@ -70,10 +72,13 @@ def _problem(
 
 
 def _parse_options(
-    raw: dict[str, str], settings: Settings, keyterms: Sequence[str] = ()
+    raw: dict[str, str],
+    settings: Settings,
+    keyterms: Sequence[str] = (),
+    redact: Sequence[str] = (),
 ) -> tuple[JobOptions, bool]:
-    """Validate the options (query string, then form fields; `keyterms`: every `keyterm`
-    given, the one that repeats); raise Refusal (400)."""
+    """Validate the options (query string, then form fields; `keyterms`, `redact`: every
+    `keyterm` and `redact` given, the ones that repeat); raise Refusal (400)."""
 
     def bad(code: str, message: str) -> Refusal:
         return Refusal(400, code, message)
@@ -103,6 +108,7 @@ def _parse_options(
         if meeting_id is not None:
             validate_id("meeting_id", meeting_id)
         terms = parse_keyterms(keyterms)
+        text = parse_text_options(redact, **{name: raw.get(name) for name in TEXT_FLAGS})
     except ProtocolError as exc:
         raise bad(exc.code.value, exc.message) from None
     started_at = None
@@ -124,6 +130,7 @@ def _parse_options(
         started_at=started_at,
         keyterms=terms,
         channels=settings.streams.max_channels if multichannel else 1,
+        text=text,
     )
     return options, wait
 
@@ -210,8 +217,8 @@ async def create_transcription(request: Request) -> Response:
             request, 400, "bad_request", f"unknown query parameter {sorted(unknown)[0]!r}"
         )
     try:
-        keyterms = request.query_params.getlist("keyterm")
-        options, wait = _parse_options(query, settings, keyterms)
+        keyterms, redact = (request.query_params.getlist(n) for n in ("keyterm", "redact"))
+        options, wait = _parse_options(query, settings, keyterms, redact)
     except Refusal as exc:
         return await _refuse(request, exc.status, exc.code, exc.message)
     declared = request.headers.get("content-length", "")
@@ -249,7 +256,10 @@ async def create_transcription(request: Request) -> Response:
             receive_timeout_s=settings.uploads.upload_receive_timeout_s,
         )
         form_terms = [form.fields["keyterm"]] if "keyterm" in form.fields else []
-        options, wait = _parse_options({**query, **form.fields}, settings, keyterms + form_terms)
+        form_redact = [form.fields["redact"]] if "redact" in form.fields else []
+        options, wait = _parse_options(
+            {**query, **form.fields}, settings, keyterms + form_terms, redact + form_redact
+        )
         _check_language(options.language, services.languages, state.recognizer_name)
         _check_diarize(options.diarize, services)
         job.options = options
