@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.api import SAMPLE_RATE, EngineDead, Priority, SchedulerStopped
-from session.audio import FrameDecoder
 from session.committer import Committer, CommitterConfig
 from session.ending import (
     CLIENT_GONE,
@@ -48,7 +47,7 @@ from session.enrolled import EnrolledVoices
 from session.final_order import PendingFinal
 from session.outbox import Outbox, OutboxDelivery, OutboxState
 from session.partial_sender import PartialSender
-from session.pipeline import AudioPipeline, seconds
+from session.pipeline import seconds
 from session.resume_context import ResendLead, ResumeContext, stored_vad_state
 from session.segmenter import (
     PartialDue,
@@ -63,7 +62,7 @@ from session.services import SessionServices
 from session.speakers import SpeakerLabeller
 from session.speculation import Speculator
 from session.stream_state import TRANSITIONS, Connection, SessionState, SessionTotals
-from session.turns import TurnEvent, stream_segmenter, turn_message
+from session.turns import TurnEvent, live_pipeline, turn_message
 from store.errors import StoreError
 from store.records import FinalRecord, SourceState
 from wire import build, keyterms
@@ -115,16 +114,12 @@ class SessionActor:
         # second connection of the source, and neither may cancel the other's requests.
         self.request_key = f"{self.session_id}/{self.source.generation}"
         self.start_sample = round(self.source.acked_until * SAMPLE_RATE)
-        self._pipeline = AudioPipeline(
-            FrameDecoder(config.encoding, config.sample_rate),
-            services.vad,
-            stream_segmenter(services, config),  # partials, turn model and events
+        self._pipeline = live_pipeline(  # its segmenter: partials, turn model and events
+            services,
+            config,
             start_sample=self.start_sample,
             first_index=self.source.next_utterance,
-            telemetry=services.telemetry,
             vad_start=stored_vad_state(self.source) if self.resumed else None,
-            turns=services.turns,
-            turn_events=config.turn_events,
         )
         self._lead = ResendLead(self.context)
         self._outbox = Outbox(
@@ -145,6 +140,7 @@ class SessionActor:
                 live=True,
                 request_key=self.request_key,
                 keyterms=config.keyterms,
+                text=config.text,
             ),
             self._speculator,
             services.store,

@@ -1,4 +1,4 @@
-"""A live stream's segmenter settings and turn messages.
+"""A live stream's pipeline, its segmenter settings, and turn messages.
 
 The server's segmenter config holds its turn model's settings (`turn_silence` 0: none is
 loaded); a stream narrows them: no partials without `interim_results`, its own threshold,
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from session.pipeline import seconds
+from session.audio import FrameDecoder
+from session.pipeline import AudioPipeline, seconds
 from session.segmenter import SegmenterConfig, TurnEnded, TurnResumed
 from session.services import SessionServices
+from session.vad import VadState
 from wire import build
 from wire.messages import ServerMessage
 from wire.query import StreamConfig
@@ -34,6 +36,29 @@ def stream_segmenter(services: SessionServices, config: StreamConfig) -> Segment
         turn_threshold=threshold,
         turn_eager=min(config.turn_eager, threshold),
         turn_hold=max(hold, segmenter.min_silence),
+    )
+
+
+def live_pipeline(
+    services: SessionServices,
+    config: StreamConfig,
+    *,
+    start_sample: int,
+    first_index: int,
+    vad_start: VadState | None,
+) -> AudioPipeline:
+    """A live stream's pipeline: its decoder, the shared VAD, its segmenter, the turn model
+    (when the server runs one) and its turn events (when it asks)."""
+    return AudioPipeline(
+        FrameDecoder(config.encoding, config.sample_rate),
+        services.vad,
+        stream_segmenter(services, config),
+        start_sample=start_sample,
+        first_index=first_index,
+        telemetry=services.telemetry,
+        vad_start=vad_start,
+        turns=services.turns,
+        turn_events=config.turn_events,
     )
 
 

@@ -28,6 +28,7 @@ from wire.messages import (
     TranscriptSpeaker,
     TurnEnded,
     TurnResumed,
+    Usage,
 )
 from wire.timeline import wall_time
 
@@ -176,4 +177,10 @@ def session_ended(
         "utterances": utterances,
         "finals": finals,
         "finals_lost": finals_lost,
+        "usage": usage(audio_seconds),
     }
+
+
+def usage(audio_seconds: float) -> Usage:
+    """What a stream or an upload was billed: its seconds of audio heard."""
+    return {"audio_seconds": round(audio_seconds, 3)}
