@@ -85,6 +85,12 @@ def client_host(connection: HTTPConnection) -> str | None:
     return connection.client.host if connection.client is not None else None
 
 
+def is_local(connection: HTTPConnection) -> bool:
+    """Whether the connection's client is loopback: what protected mode and the decoder's
+    sandbox rule (server/sandbox.py `Sandbox.admit`) trust."""
+    return is_loopback(client_host(connection))
+
+
 def protected_refusal() -> ProtocolError:
     return ProtocolError(ErrorCode.PROTECTED_MODE, CloseCode.FORBIDDEN, PROTECTED_MESSAGE)
 

@@ -29,18 +29,17 @@ from collections.abc import Sequence
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from server.access import client_host, is_loopback
+from server.access import client_host, is_local
 from server.auth import ANONYMOUS, Principal, bearer, create_owned_source
 from server.decode_worker import Refusal
 from server.job_records import StoredJob
 from server.jobs import Job, JobOptions, JobsFull, JobStatus
-from server.sandbox import unsandboxed
 from server.settings import Settings
 from server.state import app_state
-from server.upload_form import FORM_OVERHEAD, receive_form, too_large
+from server.upload_form import FORM_OVERHEAD, drain, receive_form, too_large
 from session.services import SessionServices
 from store.errors import StoreError
-from wire.codes import CloseCode, ErrorCode
+from wire.codes import CloseCode
 from wire.errors import ProtocolError
 from wire.keyterms import parse_keyterms
 from wire.query import is_language, parse_flag, validate_id
@@ -158,26 +157,11 @@ def _check_diarize(diarize: bool, services: SessionServices) -> None:
         raise Refusal(400, "bad_config", services.speakers_off)
 
 
-# Body bytes read and dropped before an early refusal (no key, bad options, no model, no job
-# slot): a server that closes with unread bytes makes the kernel reset the connection, and
-# the client may lose the answer to a "connection reset". Bigger bodies are cut off.
-DRAIN_BEFORE_REFUSAL = 1 << 20
-DRAIN_TIMEOUT_S = 2.0
-
-
 async def _refuse(
     request: Request, status: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> Response:
-    """`_problem`, after reading what is cheap of the request's body (see above)."""
-    drained = 0
-    try:
-        async with asyncio.timeout(DRAIN_TIMEOUT_S):
-            async for chunk in request.stream():
-                drained += len(chunk)
-                if drained > DRAIN_BEFORE_REFUSAL:
-                    break
-    except (ClientDisconnect, TimeoutError):
-        pass
+    """`_problem`, after reading what is cheap of the request's body (upload_form.drain)."""
+    await drain(request.stream())
     return _problem(status, code, message, headers)
 
 
@@ -189,10 +173,11 @@ async def create_transcription(request: Request) -> Response:
         tenant = _tenant_of(request)
     except ProtocolError as exc:
         return await _refuse(request, _auth_status(exc), exc.code.value, exc.message)
-    missing = state.jobs.sandbox.missing
-    if missing is not None and not is_loopback(client_host(request)):
-        code = ErrorCode.SANDBOX_UNAVAILABLE.value
-        return await _refuse(request, 503, code, unsandboxed(missing))
+    remote = not is_local(request)
+    try:
+        state.jobs.sandbox.admit(remote=remote)  # before the body; the decode checks again
+    except Refusal as exc:
+        return await _refuse(request, exc.status, exc.code, exc.message)
     query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
     unknown = set(request.query_params) - OPTION_FIELDS
     if unknown:
@@ -245,7 +230,7 @@ async def create_transcription(request: Request) -> Response:
         job.options = options
         job.filename = form.filename[:256]
         job.upload_bytes = form.size
-        audio = await state.jobs.decode(job, form.path)
+        audio = await state.jobs.decode(job, form.path, remote=remote)
         source = None
         if options.meeting_id is not None:  # the file becomes a source of the meeting
             principal = ANONYMOUS if tenant is None else Principal(tenant, fast_replay=True)

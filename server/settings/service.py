@@ -254,9 +254,9 @@ class UploadSettings:
         "auto",
         "Sandbox of the upload decoder: `bwrap` (bubblewrap: no network, none of the host's "
         "files; the server refuses to start without it), `auto` (bubblewrap when it works "
-        "here; else unconfined for loopback clients only, and remote uploads are refused "
-        "with 503 `sandbox_unavailable`), or `off` (unconfined for every client, on "
-        "purpose; `none` is the same).",
+        "here; else unconfined for loopback clients only, and remote uploads and "
+        "enrollments are refused with 503 `sandbox_unavailable`), or `off` (unconfined for "
+        "every client, on purpose; `none` is the same).",
     )
     upload_max_jobs: int = setting(
         16,

@@ -15,8 +15,15 @@ from starlette.routing import Route, WebSocketRoute
 from server.__main__ import uvicorn_config
 from server.access import Access, is_loopback, start_line
 from server.app import create_app
+from server.decode_worker import Refusal
+from server.jobs import JobRegistry
+from server.sandbox import Sandbox
 from server.settings import Settings
+from store.memory_cluster import MemoryJobs
 from tests.appserver import serve_app
+from tests.audiofiles import wav_header
+from tests.corpus import clip
+from tests.httpclient import multipart, request
 from tests.route_probe import (
     MEETING_ROUTES,
     OPEN_ROUTES,
@@ -29,6 +36,11 @@ from tests.route_probe import (
 
 REMOTE = {"X-Forwarded-For": "10.9.8.7"}  # a remote client, as a proxy on loopback names it
 KEY = "protected-test-key-0123456789"
+
+
+def jfk_wav() -> bytes:
+    pcm = clip("en_jfk").pcm16()
+    return wav_header(16_000, len(pcm)) + pcm
 
 
 def test_the_probe_tries_every_route_of_the_app() -> None:
@@ -170,3 +182,38 @@ async def test_uploads_without_a_sandbox_are_decoded_for_loopback_clients_only(
         assert b'"upload_sandbox":"missing"' in ready
     async with serve_app(protected_mode=False, upload_sandbox="off") as app:
         assert (await probe(app.http_url, REMOTE))["upload"].status == 202
+
+
+async def test_enrollment_without_a_sandbox_is_decoded_for_loopback_clients_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upload's sandbox rule holds for enrollment too: where bubblewrap is missing, a
+    remote client's `POST /v1/speakers` is refused 503 sandbox_unavailable before its file
+    is decoded (nothing is enrolled), while a loopback client's recording is enrolled."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
+    content_type, pieces = multipart(jfk_wav(), "voice.wav", name="Jack")
+    headers = {"Content-Type": content_type}
+    async with serve_app(protected_mode=False) as app:
+        url = f"{app.http_url}/v1/speakers"
+        remote = await request("POST", url, body=pieces, headers={**headers, **REMOTE})
+        assert remote.status == 503, remote.body
+        assert remote.json()["error"]["code"] == "sandbox_unavailable"
+        assert "PARLEY_UPLOAD_SANDBOX=off" in remote.json()["error"]["message"]
+        assert (await request("GET", url)).json() == {"speakers": []}
+        local = await request("POST", url, body=pieces, headers=headers)
+        assert local.status == 201, local.body
+
+
+async def test_every_decode_goes_through_the_sandbox_rule(tmp_path: Path) -> None:
+    """The registry's decodes refuse a remote caller's file where the sandbox is missing,
+    whichever route calls them (the rule is the decoder's, not only the routes')."""
+    registry = JobRegistry(
+        Settings.from_env({}).uploads, MemoryJobs("n1"), sandbox=Sandbox(missing="no bwrap")
+    )
+    src = tmp_path / "voice.wav"
+    src.write_bytes(jfk_wav())
+    with pytest.raises(Refusal) as refused:
+        await registry.decode_other(src, tmp_path / "out.s16", 30.0, remote=True)
+    assert (refused.value.status, refused.value.code) == (503, "sandbox_unavailable")
+    decoded = await registry.decode_other(src, tmp_path / "out.s16", 30.0, remote=False)
+    assert decoded.seconds > 5
