@@ -16,9 +16,12 @@ Three modes, one per server:
 every mode: balancers and scrapers probe them from other hosts.
 
 The client's address is the socket peer's, or, when that peer is a trusted proxy
-(`PARLEY_TRUSTED_PROXIES`), the one its `X-Forwarded-For` names: uvicorn's proxy-headers
-middleware (server/__main__.py configures it) rewrites the ASGI scope's `client` before
-the app sees it, and ignores the header from anyone else.
+(`PARLEY_TRUSTED_PROXIES`), the one its `X-Forwarded-For` names: `ProxyHeaders`, the
+app's outermost middleware, rewrites the ASGI scope's `client` (uvicorn's proxy-headers
+handling) and ignores the header from anyone else. A forwarded address is never loopback
+(`is_local`): a proxy inside the trusted ranges may write any address, 127.0.0.1 too, as
+Redis's protected mode never takes a forwarded identity for a local one. A proxy on this
+host therefore makes its clients remote, which they are.
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ from __future__ import annotations
 import enum
 import ipaddress
 import logging
+from collections.abc import Sequence
 
 from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
@@ -64,7 +70,7 @@ def is_loopback(host: str | None) -> bool:
 
 
 def trusted_proxies(raw: str) -> list[str]:
-    """PARLEY_TRUSTED_PROXIES as uvicorn's `forwarded_allow_ips`: each address or network,
+    """PARLEY_TRUSTED_PROXIES as uvicorn's `trusted_hosts`: each address or network,
     and for an IPv4 one its IPv4-mapped IPv6 form too. A server bound to `::` sees an IPv4
     peer as ::ffff:a.b.c.d, which uvicorn would not match to a.b.c.d: a proxy on 127.0.0.1
     would then go untrusted, and every client it forwards would look like loopback."""
@@ -80,24 +86,49 @@ def trusted_proxies(raw: str) -> list[str]:
     return found
 
 
+FORWARDED = "parley.forwarded"  # ASGI scope key: True when `client` is a proxy's word
+
+
+class ProxyHeaders:
+    """The client's address behind trusted proxies: uvicorn's proxy-headers middleware
+    (a trusted peer's `X-Forwarded-For` names the client; from any other peer it is
+    ignored), and in the scope under FORWARDED whether the request came through a trusted
+    proxy that named a client, so `is_local` can tell the socket's own peer from a
+    forwarded address. ASGI middleware: the app's outermost (server/app.py)."""
+
+    def __init__(self, app: ASGIApp, trusted: Sequence[str]) -> None:
+        self._proxied = ProxyHeadersMiddleware(app, trusted_hosts=list(trusted))  # type: ignore[arg-type]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            peer = scope.get("client")
+            scope[FORWARDED] = (
+                peer is not None
+                and peer[0] in self._proxied.trusted_hosts
+                and any(name == b"x-forwarded-for" for name, _ in scope["headers"])
+            )
+        await self._proxied(scope, receive, send)  # type: ignore[arg-type]
+
+
 def client_host(connection: HTTPConnection) -> str | None:
     """The client's address as the app sees it (after a trusted proxy's X-Forwarded-For)."""
     return connection.client.host if connection.client is not None else None
 
 
 def is_local(connection: HTTPConnection) -> bool:
-    """Whether the connection's client is loopback: what protected mode and the decoder's
-    sandbox rule (server/sandbox.py `Sandbox.admit`) trust."""
-    return is_loopback(client_host(connection))
+    """Whether the connection's client is loopback: the socket's peer is, and no proxy
+    named it (a forwarded address never is). What protected mode and the decoder's sandbox
+    rule (server/sandbox.py `Sandbox.admit`) trust."""
+    return is_loopback(client_host(connection)) and not connection.scope.get(FORWARDED, False)
 
 
 def protected_refusal() -> ProtocolError:
     return ProtocolError(ErrorCode.PROTECTED_MODE, CloseCode.FORBIDDEN, PROTECTED_MESSAGE)
 
 
-def admit(access: Access, client_host: str | None) -> None:
+def admit(access: Access, connection: HTTPConnection) -> None:
     """Raise ProtocolError 4403 `protected_mode` if `access` keeps this client out."""
-    if access is Access.PROTECTED and not is_loopback(client_host):
+    if access is Access.PROTECTED and not is_local(connection):
         raise protected_refusal()
 
 

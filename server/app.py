@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
@@ -31,7 +32,7 @@ from engine.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from engine.worker_processes import ProcessRecognizer, in_processes
 from server import rest, speakers_api, stream, uploads
-from server.access import start_line
+from server.access import ProxyHeaders, start_line, trusted_proxies
 from server.auth import build_authenticator
 from server.compat import routes as compat_routes
 from server.jobs import JobRegistry
@@ -338,7 +339,10 @@ def create_app(
     static_dir = browser_client_dir(settings.server.static_dir)
     if static_dir is not None:
         routes.append(Mount("/", StaticFiles(directory=static_dir, html=True), name="static"))
-    return Starlette(routes=routes, lifespan=lifespan)
+    # The client's address behind trusted proxies, and whether a proxy named it.
+    trusted = trusted_proxies(settings.auth.trusted_proxies)
+    proxied = [Middleware(ProxyHeaders, trusted)]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=proxied)
 
 
 SOURCE_TREE = Path(__file__).resolve().parent.parent  # the folder that holds server/

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from starlette.requests import HTTPConnection
+
 from server.access import Access, admit
 from server.tokens import TokenGrant, TokenStore
 from store.api import Store
@@ -214,10 +216,10 @@ class Authenticator:
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def admit(self, client_host: str | None) -> None:
+    def admit(self, connection: HTTPConnection) -> None:
         """Before any credential: raise ProtocolError 4403 `protected_mode` if this server
         serves no meeting to this client (server/access.py)."""
-        admit(self.access, client_host)
+        admit(self.access, connection)
 
     def key_tenant(self, key: str) -> str | None:
         """The tenant of an API key, None if no key matches. Compares every digest."""

@@ -15,7 +15,6 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.access import client_host
 from server.auth import (
     SUBPROTOCOL,
     TOKEN_SUBPROTOCOL,
@@ -88,7 +87,7 @@ async def authenticate(
     room: the sockets waiting so are bounded). Raises ProtocolError (4401, 4403, 1013) or
     WebSocketDisconnect."""
     websocket = handshake.websocket
-    auth.admit(client_host(websocket))
+    auth.admit(websocket)
     if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
         raise forbidden("this page's Origin may not open Parley sockets (PARLEY_ALLOWED_ORIGINS)")
     principal = await auth.presented(

@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from engine.api import SAMPLE_RATE
-from server.access import client_host, is_local
+from server.access import is_local
 from server.auth import bearer
 from server.decode_worker import Refusal
 from server.rest import refusal
@@ -67,7 +67,7 @@ def _tenant(request: Request) -> str | None:
     """The API key's tenant (None while authentication is off). Raises ProtocolError:
     `protected_mode` (403) for a client protected mode keeps out, else 401."""
     auth = app_state(request).auth
-    auth.admit(client_host(request))
+    auth.admit(request)
     return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
 
 

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from server.access import client_host, is_local
+from server.access import is_local
 from server.auth import ANONYMOUS, Principal, bearer, create_owned_source
 from server.decode_worker import Refusal
 from server.job_records import StoredJob
@@ -288,7 +288,7 @@ def _tenant_of(request: Request) -> str | None:
     tenant owns the job. None while authentication is off. Raises ProtocolError (401; 403
     `protected_mode` for a client that protected mode keeps out)."""
     auth = app_state(request).auth
-    auth.admit(client_host(request))
+    auth.admit(request)
     return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
 
 

@@ -22,7 +22,6 @@ import orjson
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.access import client_host
 from server.auth import ANONYMOUS, Authenticator, Principal, Scope, forbidden, unauthorized
 from server.gate import Handshake, close_reason
 from server.logs import note_denial
@@ -178,7 +177,7 @@ async def compat_principal(
     key: those stay out of URLs and subprotocols). Raises ProtocolError 4401/4403 (4403
     `protected_mode` first, for a client that protected mode keeps out)."""
     websocket = handshake.websocket
-    auth.admit(client_host(websocket))
+    auth.admit(websocket)
     if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
         raise forbidden("this page's Origin may not open Parley sockets (PARLEY_ALLOWED_ORIGINS)")
     if not auth.enabled:

@@ -185,10 +185,12 @@ class AuthSettings:
         "`/healthz`, `/readyz` and `/metrics` are open either way.",
     )
     trusted_proxies: str = setting(
-        "127.0.0.1,::1",
+        "127.0.0.0/8,::1",
         "Proxies (IP addresses or CIDRs, comma separated) whose `X-Forwarded-For` names the "
-        "client: the address protected mode and uploads judge. List only the proxies "
-        "themselves; from anyone else the header is ignored. Empty: trust none.",
+        "client: the address protected mode and uploads judge (a forwarded address is never "
+        "loopback). List only the proxies themselves (in Kubernetes: the ingress "
+        "controller's pod addresses); from anyone else the header is ignored. Empty: trust "
+        "none.",
     )
     token_ttl_s: float = setting(
         60.0, "Lifetime of a meeting token (single use) minted by POST /v1/meetings/{id}/tokens."

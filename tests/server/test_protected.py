@@ -5,6 +5,8 @@ client in `X-Forwarded-For`; tests/server/test_protected_netns.py has a real rem
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import logging
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 from starlette.routing import Route, WebSocketRoute
 
 from server.__main__ import uvicorn_config
-from server.access import Access, is_loopback, start_line
+from server.access import FORWARDED, Access, ProxyHeaders, is_loopback, start_line, trusted_proxies
 from server.app import create_app
 from server.decode_worker import Refusal
 from server.jobs import JobRegistry
@@ -101,17 +103,20 @@ def test_trusted_proxies_and_sandbox_settings_are_checked() -> None:
 
 
 async def test_forwarded_for_is_read_from_trusted_proxies_in_either_address_family() -> None:
-    """Through the uvicorn configuration the server runs: a trusted proxy's
-    X-Forwarded-For names the client, also when a dual-stack socket shows the proxy as
-    ::ffff:127.0.0.1; an untrusted peer's header (127.0.0.1, a spoof) changes nothing."""
-    seen: list[str] = []
+    """Through the middleware the app runs (uvicorn's own rewrite is off): a trusted
+    proxy's X-Forwarded-For names the client, and the scope says it was forwarded, also
+    when a dual-stack socket shows the proxy as ::ffff:127.0.0.1; an untrusted peer's
+    header (127.0.0.1, a spoof) changes nothing and forwards nothing."""
+    seen: list[tuple[str, bool]] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        seen.append(scope["client"][0])
+        seen.append((scope["client"][0], scope[FORWARDED]))
 
     settings = Settings.from_env({}, trusted_proxies="127.0.0.1, 10.1.0.0/16")
-    config = uvicorn_config(app, settings)  # type: ignore[arg-type]  # a bare ASGI app
-    config.load()
+    assert not uvicorn_config(app, settings).proxy_headers  # type: ignore[arg-type]
+    served = create_app(settings)
+    assert [m.cls for m in served.user_middleware] == [ProxyHeaders]  # type: ignore[comparison-overlap]
+    middleware = ProxyHeaders(app, trusted_proxies(settings.auth.trusted_proxies))
     for peer, forwarded in (
         ("127.0.0.1", "10.9.8.7"),
         ("::ffff:127.0.0.1", "10.9.8.7"),
@@ -124,9 +129,51 @@ async def test_forwarded_for_is_read_from_trusted_proxies_in_either_address_fami
             "client": (peer, 4321),
             "headers": [(b"x-forwarded-for", forwarded.encode())],
         }
-        await config.loaded_app(scope, None, None)
-    assert seen == ["10.9.8.7", "10.9.8.7", "10.9.8.7", "10.2.0.1", "::ffff:10.2.0.1"]
-    assert not is_loopback(seen[-1])
+        await middleware(scope, None, None)  # type: ignore[arg-type]
+    assert seen == [
+        ("10.9.8.7", True),
+        ("10.9.8.7", True),
+        ("10.9.8.7", True),
+        ("10.2.0.1", False),
+        ("::ffff:10.2.0.1", False),
+    ]
+    assert not is_loopback(seen[-1][0])
+
+
+async def test_a_forwarded_address_is_never_loopback() -> None:
+    """A trusted proxy (here the loopback peer itself) that names 127.0.0.1 in
+    X-Forwarded-For does not make its client loopback: every meeting route refuses it 403
+    / 4403 protected_mode, where the same peer without the header is served."""
+    async with serve_app() as app:
+        forwarded = await probe(app.http_url, {"X-Forwarded-For": "127.0.0.1"})
+        assert not mismatches(forwarded, refused_everywhere())
+        assert not mismatches(await probe(app.http_url, {}), served_everywhere())
+
+
+def _get_from(address: str, port: int, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=10, source_address=(address, 0)
+    )
+    try:
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+async def test_a_proxy_anywhere_on_loopback_is_trusted_by_default() -> None:
+    """The default trusted proxies are 127.0.0.0/8 and ::1: a same-host proxy on 127.0.0.2
+    that forwards a remote client is read (that client is refused 403 protected_mode),
+    not taken for the loopback client it would be if its header were ignored."""
+    async with serve_app() as app:
+        status, body = await asyncio.to_thread(
+            _get_from, "127.0.0.2", app.port, "/v1/speakers", REMOTE
+        )
+        assert status == 403 and b"protected_mode" in body, body
+        status, body = await asyncio.to_thread(_get_from, "127.0.0.2", app.port, "/v1/speakers", {})
+        assert status == 200, body
+    assert Settings().auth.trusted_proxies == "127.0.0.0/8,::1"
 
 
 async def test_protected_mode_refuses_every_meeting_route_to_a_remote_client() -> None:
