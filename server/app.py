@@ -233,6 +233,7 @@ def create_app(
         fast_replay_tenants=settings.auth.fast_replay_tenants,
         token_ttl_s=settings.auth.token_ttl_s,
         protected_mode=settings.auth.protected_mode,
+        allowed_hosts=settings.auth.allowed_hosts,
     )
     upload_dir = settings.uploads.upload_dir
     if upload_dir is not None:  # made here, not at the first upload, so a bad one stops the start

@@ -21,7 +21,6 @@ from server.auth import (
     Authenticator,
     Principal,
     Scope,
-    forbidden,
     unauthorized,
 )
 from server.limits import ALL, Slots, overloaded
@@ -88,8 +87,6 @@ async def authenticate(
     WebSocketDisconnect."""
     websocket = handshake.websocket
     auth.admit(websocket)
-    if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
-        raise forbidden("this page's Origin may not open Parley sockets (PARLEY_ALLOWED_ORIGINS)")
     principal = await auth.presented(
         websocket.headers.get("authorization"),
         handshake.token_subprotocol() or websocket.query_params.get("access_token"),

@@ -22,7 +22,7 @@ import orjson
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.auth import ANONYMOUS, Authenticator, Principal, Scope, forbidden, unauthorized
+from server.auth import ANONYMOUS, Authenticator, Principal, Scope, unauthorized
 from server.gate import Handshake, close_reason
 from server.logs import note_denial
 from wire.codes import CloseCode, ErrorCode
@@ -178,8 +178,6 @@ async def compat_principal(
     `protected_mode` first, for a client that protected mode keeps out)."""
     websocket = handshake.websocket
     auth.admit(websocket)
-    if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
-        raise forbidden("this page's Origin may not open Parley sockets (PARLEY_ALLOWED_ORIGINS)")
     if not auth.enabled:
         return ANONYMOUS
     allowed = [s.lower() for s in schemes]

@@ -172,10 +172,18 @@ class AuthSettings:
     )
     allowed_origins: str | None = setting(
         None,
-        "Origins browsers may open WebSockets from, comma separated (`https://app.example`); "
-        "`*`: any. Unset: this server's own origin; while authentication is off, also pages "
-        "on loopback hosts (`localhost`, `127.0.0.1`), and the own origin only by IP or "
-        "`localhost`.",
+        "Origins of browser pages that may open WebSockets and send state-changing requests "
+        "(POST, DELETE; others get 403 / 4403 `forbidden`), comma separated "
+        "(`https://app.example`); `*`: any. Unset: this server's own origin; while "
+        "authentication is off, also pages on loopback hosts (`localhost`, `127.0.0.1`), "
+        "and the own origin only by IP, `localhost` or an ALLOWED_HOSTS name.",
+    )
+    allowed_hosts: str = setting(
+        "",
+        "Host names a protected-mode server answers besides its loopback ones (`localhost`, "
+        "`*.localhost`, 127.0.0.0/8, `[::1]`), comma separated (`devbox`); `*`: any. Any "
+        "other `Host` is refused 403 / 4403 `host_not_allowed` (a defence against DNS "
+        "rebinding); its page's own origin by a listed name is allowed too.",
     )
     protected_mode: bool = setting(
         True,
