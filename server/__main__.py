@@ -23,9 +23,9 @@ from starlette.applications import Starlette
 
 from server.app import RecognizerFactory, create_app, drain, whisper_recognizer
 from server.logs import configure
-from server.sandbox import SandboxUnavailable
 from server.settings import Settings
 from server.state import AppState
+from server.uploads.sandbox import SandboxUnavailable
 
 # uvicorn's sans-I/O implementation over the websockets library: what `--ws auto` picks,
 # and what `--ws websockets` will point at (the legacy implementation is deprecated). It
@@ -46,7 +46,7 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
         "ws_per_message_deflate": False,
         "ws_ping_interval": settings.streams.ws_ping_interval_s,
         "ws_ping_timeout": settings.streams.ws_ping_timeout_s,
-        # The app reads X-Forwarded-For itself (server/access.py ProxyHeaders: it must know
+        # The app reads X-Forwarded-For itself (server/auth/access.py ProxyHeaders: it must know
         # a forwarded address from the socket's peer); uvicorn's own rewrite would hide it.
         "proxy_headers": False,
         "lifespan": "on",

@@ -15,12 +15,19 @@ import pytest
 from starlette.routing import Route, WebSocketRoute
 
 from server.__main__ import uvicorn_config
-from server.access import FORWARDED, Access, ProxyHeaders, is_loopback, start_line, trusted_proxies
 from server.app import create_app
-from server.decode_worker import Refusal
-from server.jobs import JobRegistry
-from server.sandbox import Sandbox
+from server.auth.access import (
+    FORWARDED,
+    Access,
+    ProxyHeaders,
+    is_loopback,
+    start_line,
+    trusted_proxies,
+)
 from server.settings import Settings
+from server.uploads.decode_worker import Refusal
+from server.uploads.jobs import JobRegistry
+from server.uploads.sandbox import Sandbox
 from store.memory_cluster import MemoryJobs
 from tests.appserver import serve_app
 from tests.audiofiles import wav_header

@@ -1,6 +1,6 @@
 """What a web page can do against a server on the developer's machine (protected mode, no
 key): the page's browser is a loopback client, so the address alone lets it in. The one
-request rule (server/access.py `admit`) keeps it out of every meeting route: a page of
+request rule (server/auth/access.py `admit`) keeps it out of every meeting route: a page of
 another origin sends nothing that changes state (its `Origin` is refused, as on the
 sockets), and a page reached by DNS rebinding reads nothing (its `Host` is refused)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from server.access import OriginPolicy
+from server.auth.access import OriginPolicy
 from tests.appserver import serve_app
 from tests.audiofiles import wav_header
 from tests.corpus import clip
