@@ -29,19 +29,18 @@ from collections.abc import Sequence
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from server.auth.access import client_host, is_loopback
+from server.auth.access import is_local
 from server.auth.keys import ANONYMOUS, Principal, bearer, create_owned_source
 from server.settings import Settings
 from server.state import app_state
 from server.uploads.decode_worker import Refusal
-from server.uploads.form import FORM_OVERHEAD, receive_form, too_large
+from server.uploads.form import FORM_OVERHEAD, drain, receive_form, too_large
 from server.uploads.jobs import Job, JobsFull, JobStatus
 from server.uploads.options import JobOptions
 from server.uploads.records import StoredJob
-from server.uploads.sandbox import unsandboxed
 from session.services import SessionServices
 from store.errors import StoreError
-from wire.codes import CloseCode, ErrorCode
+from wire.codes import CloseCode
 from wire.errors import ProtocolError
 from wire.keyterms import parse_keyterms
 from wire.query import is_language, parse_flag, validate_id
@@ -175,26 +174,11 @@ def _check_diarize(diarize: bool, services: SessionServices) -> None:
         raise Refusal(400, "bad_config", services.speakers_off)
 
 
-# Body bytes read and dropped before an early refusal (no key, bad options, no model, no job
-# slot): a server that closes with unread bytes makes the kernel reset the connection, and
-# the client may lose the answer to a "connection reset". Bigger bodies are cut off.
-DRAIN_BEFORE_REFUSAL = 1 << 20
-DRAIN_TIMEOUT_S = 2.0
-
-
 async def _refuse(
     request: Request, status: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> Response:
-    """`_problem`, after reading what is cheap of the request's body (see above)."""
-    drained = 0
-    try:
-        async with asyncio.timeout(DRAIN_TIMEOUT_S):
-            async for chunk in request.stream():
-                drained += len(chunk)
-                if drained > DRAIN_BEFORE_REFUSAL:
-                    break
-    except (ClientDisconnect, TimeoutError):
-        pass
+    """`_problem`, after reading what is cheap of the request's body (form.py `drain`)."""
+    await drain(request.stream())
     return _problem(status, code, message, headers)
 
 
@@ -206,10 +190,11 @@ async def create_transcription(request: Request) -> Response:
         tenant = _tenant_of(request)
     except ProtocolError as exc:
         return await _refuse(request, _auth_status(exc), exc.code.value, exc.message)
-    missing = state.jobs.sandbox.missing
-    if missing is not None and not is_loopback(client_host(request)):
-        code = ErrorCode.SANDBOX_UNAVAILABLE.value
-        return await _refuse(request, 503, code, unsandboxed(missing))
+    remote = not is_local(request)
+    try:
+        state.jobs.sandbox.admit(remote=remote)  # before the body; the decode checks again
+    except Refusal as exc:
+        return await _refuse(request, exc.status, exc.code, exc.message)
     query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
     unknown = set(request.query_params) - OPTION_FIELDS
     if unknown:
@@ -265,7 +250,7 @@ async def create_transcription(request: Request) -> Response:
         job.options = options
         job.filename = form.filename[:256]
         job.upload_bytes = form.size
-        audio = await state.jobs.decode(job, form.path)
+        audio = await state.jobs.decode(job, form.path, remote=remote)
         names = options.participants(audio.output_channels)  # 400 if they do not fit
         sources = []
         if options.meeting_id is not None:  # the file (each channel) becomes a meeting source
@@ -326,7 +311,7 @@ def _tenant_of(request: Request) -> str | None:
     tenant owns the job. None while authentication is off. Raises ProtocolError (401; 403
     `protected_mode` for a client that protected mode keeps out)."""
     auth = app_state(request).auth
-    auth.admit(client_host(request))
+    auth.admit(request)
     return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
 
 
