@@ -33,6 +33,7 @@ from server.compat import routes as compat_routes
 from server.engine_plan import describe_plan, plan_engine
 from server.http import rest
 from server.http import speakers as speakers_api
+from server.http.problems import EXCEPTION_HANDLERS
 from server.limits import CapacityMonitor, ListenerQuota, Slots
 from server.memory_trim import trim_memory_forever
 from server.metrics import Metrics
@@ -299,7 +300,12 @@ def create_app(
     # The client's address behind trusted proxies, and whether a proxy named it.
     trusted = trusted_proxies(settings.auth.trusted_proxies)
     proxied = [Middleware(ProxyHeaders, trusted)]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=proxied)
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=proxied,
+        exception_handlers=EXCEPTION_HANDLERS,
+    )
 
 
 # The installed `server` package: its `static/` is the browser client that ships with it

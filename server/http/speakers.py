@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 from engine.api import SAMPLE_RATE
 from server.auth.access import is_local
 from server.auth.keys import bearer
-from server.http.rest import refusal
+from server.http.problems import refusal
 from server.state import AppState, app_state
 from server.uploads.decode_worker import Refusal
 from server.uploads.form import FORM_OVERHEAD, drain, receive_form, too_large

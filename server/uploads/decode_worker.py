@@ -66,9 +66,10 @@ EXIT_REFUSED = 3
 
 
 class Refusal(Exception):
-    """An upload is refused: `status` is the HTTP status the server answers with, `code`
-    and `message` go in its error body. The one such error of the server (the form, the
-    decoder, the worker raise it): it lives here because this module must run alone."""
+    """A request is refused: `status` is the HTTP status the server answers with, `code`
+    and `message` go in its error body (server/http/problems.py renders it). The one such
+    error of the server's HTTP routes (the upload form, the decoder, this worker raise it
+    too): it lives here because this module must run alone."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
