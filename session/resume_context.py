@@ -13,6 +13,7 @@ protocol before `send_from`) gets what it got before: a next final without conte
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 from engine.api import SAMPLE_RATE, WordTiming
@@ -50,9 +51,13 @@ class ResumeContext:
 
     def lead_samples(self, start: float) -> int:
         """Samples the client re-sends before `resume_from` when it re-sends from second
-        `start` (a `resend`); ProtocolError unless `send_from` ≤ `start` ≤ `resume_from`."""
+        `start` (a `resend`); ProtocolError unless `send_from` ≤ `start` ≤ `resume_from`
+        (compared in seconds first: a number no sample count can hold is refused too)."""
         resume = round(self.resume_from * SAMPLE_RATE)
-        lead = resume - round(start * SAMPLE_RATE)
+        slack = 1 / SAMPLE_RATE  # the sample counts below decide within one sample
+        low, high = self.send_from - slack, self.resume_from + slack
+        within = math.isfinite(start) and low <= start <= high
+        lead = resume - round(start * SAMPLE_RATE) if within else -1
         if not 0 <= lead <= resume - round(self.send_from * SAMPLE_RATE):
             raise resend_refused(
                 f"resend from {start:g} s: it must lie between send_from {self.send_from:g} "
@@ -108,7 +113,8 @@ def resend_refused(reason: str) -> ProtocolError:
 
 def stored_vad_state(source: SourceState) -> VadState | None:
     """The VAD state a resumed stream goes on from: the one stored with its last final
-    (None: state an older server stored; the VAD then starts from zero, as it used to)."""
+    (None: state an older server stored, or one that is not a packed state (not text,
+    not finite): the VAD then starts from zero, as it used to)."""
     if source.vad_state is None:
         return None
     try:
