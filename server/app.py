@@ -35,7 +35,7 @@ from server.access import start_line
 from server.auth import build_authenticator
 from server.compat import routes as compat_routes
 from server.jobs import JobRegistry
-from server.limits import CapacityMonitor, ListenerQuota, Slots
+from server.limits import CapacityMonitor, ListenerQuota, Slots, Turns
 from server.memory_trim import trim_memory_forever
 from server.metrics import Metrics
 from server.registry import SessionRegistry
@@ -279,6 +279,12 @@ def create_app(
                 settings.streams.max_listeners,
             ),
             waiting_auth=Slots(settings.auth.max_waiting_auth),
+            enrollments=Turns(
+                "enrollments",
+                settings.speakers.enrol_concurrency,
+                settings.speakers.enrol_queue,
+                settings.speakers.enrol_wait_s,
+            ),
         )
         state.metrics.watch(
             lambda: state.scheduler,

@@ -212,7 +212,7 @@ def _decode_container(
             last_bad = last_bad and flushing
             for frame in frames:
                 source_seconds += frame.samples / frame.sample_rate
-                if source_seconds > max_seconds:
+                if round(source_seconds, 6) > max_seconds:  # a sum of frames: not exact
                     raise Refusal(
                         422,
                         "audio_too_long",

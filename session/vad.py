@@ -126,6 +126,11 @@ class DirectScorer:
         self.windows = 0
 
     async def score(self, state: VadState, windows: FloatArray) -> FloatArray:
+        return self.score_now(state, windows)
+
+    def score_now(self, state: VadState, windows: FloatArray) -> FloatArray:
+        """`score` as a plain call, for a worker thread (`asyncio.to_thread`) when the
+        windows are many: the model releases the GIL while it runs."""
         self.calls += len(windows)
         self.windows += len(windows)
         return np.array(
