@@ -48,6 +48,11 @@ class RealtimeBudget:
         self._tokens = burst_s
         self._at = now
 
+    def widen(self, audio_s: float) -> None:
+        """`audio_s` more may come at once, once: a resumed client's re-sent lead."""
+        self._burst += audio_s
+        self._tokens += audio_s
+
     def spend(self, audio_s: float, now: float) -> float:
         self._tokens = min(self._burst, self._tokens + (now - self._at) * self._factor)
         self._at = now

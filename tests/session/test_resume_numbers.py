@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from server.limits import RealtimeBudget
 from session.resume_context import ResendLead, ResumeContext, resume_context, stored_vad_state
 from session.vad import VadState, pack_state, unpack_state
 from store.records import FinalRecord, SourceState
@@ -116,3 +117,53 @@ def test_a_stored_vad_state_holding_nan_or_inf_is_refused(bad: float) -> None:
     clean = pack_state(good.state, good.context)
     assert stored_vad_state(source(6.0, 2, clean)) is not None
     assert np.isfinite(np.frombuffer(base64.b64decode(clean), "<f4")).all()
+
+
+def test_two_finals_an_hour_apart_keep_no_hour_of_lead() -> None:
+    """Finals at 0-2 s and 3,602-3,604 s, resumed at 3,604 s: `send_from` asks for at most
+    the context's limit (20 s) of re-sent audio, not the hour between them; a `resend` from
+    the first final is refused (1007)."""
+    finals = [final(0, 0.0, 2.0), final(1, 3602.0, 3604.0)]
+    ctx = resume_context(finals, source(3604.0, 2), 20.0)
+    assert 3604.0 - ctx.send_from <= 20.0
+    assert [h.index for h in ctx.heard] == [1]
+    assert ctx.lead_samples(ctx.send_from) == 2 * 16_000
+    with pytest.raises(ProtocolError) as caught:
+        ctx.lead_samples(0.0)
+    assert caught.value.close_code is CloseCode.INVALID_PAYLOAD
+
+
+def test_a_lead_within_the_limit_keeps_both_utterances() -> None:
+    """Short pauses: both utterances are heard and `send_from` is the first one's start."""
+    finals = [final(0, 1.0, 3.0), final(1, 4.0, 6.0)]
+    ctx = resume_context(finals, source(6.0, 2), 20.0)
+    assert [h.index for h in ctx.heard] == [0, 1] and ctx.send_from == 1.0
+
+
+def test_a_resend_widens_the_budget_by_its_lead_only() -> None:
+    """The real-time budget grows by the lead a `resend` announces (5 s here), and a
+    resumed stream that re-sends nothing gets no more than the live burst."""
+    told: list[float] = []
+    ResendLead(context(), told.append).resend(1.0, pipeline(None))  # type: ignore[arg-type]
+    assert told == [5.0]
+    told.clear()
+    ResendLead(context(), told.append).resend(6.0, pipeline(None))  # type: ignore[arg-type]
+    assert told == []
+
+    budget = RealtimeBudget(1.0, 2.0, now=0.0)
+    budget.widen(5.0)
+    assert budget.spend(7.0, now=0.0) == 0.0  # the lead and the burst at once
+    assert budget.spend(1.0, now=0.0) == pytest.approx(1.0)  # then real time
+
+
+async def test_the_pipeline_keeps_no_copy_of_a_heard_lead() -> None:
+    """Once its context is heard, the re-sent lead is the left context's alone: the
+    pipeline holds none of it for the rest of the session."""
+    stream = pipeline(None)  # type: ignore[arg-type]  # the lead is never scored
+    lead = ResendLead(context())
+    lead.resend(1.0, stream)
+    assert await stream.decode(bytes(5 * 16_000 * 2)) == []  # the whole lead, one frame
+    said = lead.heard(stream)
+    assert said is not None
+    assert said.before(2, 6 * 16_000, 20.0) is not None  # both utterances' context
+    assert stream.take_lead().size == 0
