@@ -6,9 +6,13 @@ for one that died."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
+import redis.asyncio
 
+from server.registry import SessionRegistry
+from server.takeovers import watch_takeovers
 from store.api import QuotaClaim, Store
 from store.errors import QuotaFull
 from store.redis_store import RedisStore
@@ -166,3 +170,43 @@ async def test_takeovers_reach_the_other_nodes_only(
         await b.takeovers.announce("meeting-2", "session-2")
         assert await anext(heard_by_b) == ("meeting-1", "session-1")
         assert await anext(heard_by_a) == ("meeting-2", "session-2")
+
+
+async def test_a_malformed_takeover_is_skipped_and_the_watcher_goes_on(
+    make_store: StoreFactory, request: pytest.FixtureRequest, redis_url: str, redis_prefix: str
+) -> None:
+    """Bad JSON and wrong shapes published on the takeovers channel (real Redis pub/sub)
+    are logged and skipped: B's watcher (server.takeovers) keeps running and supersedes
+    the good announcement that follows them."""
+    a, b = _redis_nodes(make_store, request)
+    heard: list[tuple[str, str]] = []
+    arrived = asyncio.Event()
+
+    class Recording(SessionRegistry):
+        def supersede(self, meeting_id: str, session_id: str, keep: object = None) -> int:
+            heard.append((meeting_id, session_id))
+            arrived.set()
+            return 0
+
+    watcher = asyncio.create_task(watch_takeovers(b, Recording(4), retry_s=60.0))
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with asyncio.timeout(SETTLE_S):
+            while not heard:  # subscribed once a probe arrives (pub/sub keeps nothing)
+                await a.takeovers.announce("probe", "probe")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), 0.1)
+        channel = f"{redis_prefix}takeovers"
+        for bad in (b"{not json", b'{"a": 1}', b'["m", "s"]', b"[1, 2, 3]", b'"text"', b"\xff"):
+            await client.publish(channel, bad)
+        await a.takeovers.announce("meeting-9", "session-9")
+        async with asyncio.timeout(SETTLE_S):
+            while heard[-1] != ("meeting-9", "session-9"):
+                arrived.clear()
+                await arrived.wait()
+        assert not watcher.done()
+        assert set(heard) == {("probe", "probe"), ("meeting-9", "session-9")}
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        await client.aclose()
