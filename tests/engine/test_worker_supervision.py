@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from bench.corpus import clips
 from engine.api import Priority, RecognitionRequest, Utterance
 from engine.loading import ModelConfig
 from engine.scheduler import BatchScheduler
+from engine.worker_child import ChildProcess, WorkerLost
 from engine.worker_processes import ProcessRecognizer, WorkerHealth
 
 pytestmark = pytest.mark.slow
@@ -154,3 +156,49 @@ def test_a_replacement_that_cannot_load_in_time_is_killed_and_retried(
         pool.close()
     for pid in pool.health().pids:
         assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_batch_on_a_killed_childs_closed_pipe_is_a_lost_worker(
+    model_cache: Path, jfk: Utterance
+) -> None:
+    """A batch that meets a child already killed, its pipe closed (the supervisor found it
+    dead while idle), raises WorkerLost, which moves the batch to another worker; not the
+    OSError of the closed pipe, which failed the batch."""
+    child = ChildProcess(0, ModelConfig(cache=model_cache), 1, 0.0, False)
+    child.kill()  # SIGKILL, reap, close the pipe: what the supervisor does to a dead child
+    with pytest.raises(WorkerLost):
+        child.run([jfk], None, HANG_AFTER)
+
+
+def test_an_idle_child_killed_between_batches_loses_no_batch(
+    pool: ProcessRecognizer, jfk: Utterance
+) -> None:
+    """An idle child SIGKILLed while batches keep coming from two threads: every batch
+    returns the model's text (none fails on the dead child's pipe), the death is counted
+    once and the child replaced."""
+    before = pool.health()
+    assert before.alive == 2 and not before.busy
+    errors: list[BaseException] = []
+    texts: list[str] = []
+
+    def batches() -> None:
+        for _ in range(3):
+            try:
+                texts.append(pool.transcribe([jfk])[0].text)
+            except BaseException as exc:
+                errors.append(exc)
+
+    os.kill(before.pids[0], signal.SIGKILL)
+    threads = [threading.Thread(target=batches) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(SETTLE)
+    assert not errors, errors
+    assert len(texts) == 6 and all("your country" in text for text in texts)
+    deadline = time.monotonic() + SETTLE
+    while (after := pool.health()).alive < 2:
+        assert time.monotonic() < deadline, after
+        time.sleep(0.05)
+    assert after.restarts["died"] == before.restarts["died"] + 1
+    assert before.pids[0] not in after.pids
