@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import orjson
 
-from store.api import SUBSCRIBER_QUEUE, JobEntry, Lease, QuotaClaim
+from store.api import SUBSCRIBER_QUEUE, TOMBSTONE_S, JobEntry, Lease, QuotaClaim
 from store.errors import QuotaFull, SubscriptionLost
 from store.listener import Listener
 
@@ -116,8 +116,12 @@ class MemoryJobs:
         job.cancel = True
         return True
 
+    async def cancelled(self, job_id: str) -> bool:
+        job = self._live(job_id)
+        return job is not None and job.cancel
+
     async def delete(self, job_id: str) -> None:
-        self._jobs.pop(job_id, None)
+        self._jobs[job_id] = _Job(b"", False, self._clock() + TOMBSTONE_S, cancel=True)
 
     def __len__(self) -> int:
         return len(self._jobs)

@@ -80,10 +80,11 @@ async def test_job_records_read_cancel_and_expire(store: Store) -> None:
     assert await jobs.get("0123456789abcdef") is None
     assert not await jobs.put("0123456789abcdef", b'{"s":2}', finished=False, ttl_s=60)
     assert not await jobs.request_cancel("fedcba9876543210")  # no such job
-    await jobs.delete("0123456789abcdef")
-    assert await jobs.put("0123456789abcdef", b'{"s":3}', finished=True, ttl_s=0.05)
+    await jobs.delete("0123456789abcdef")  # a tombstone: no write brings it back
+    assert not await jobs.put("0123456789abcdef", b'{"s":3}', finished=True, ttl_s=60)
+    assert await jobs.put("00000000000000ff", b'{"s":3}', finished=True, ttl_s=0.05)
     deadline = asyncio.get_running_loop().time() + SETTLE_S
-    while await jobs.get("0123456789abcdef") is not None:  # its TTL ran out
+    while await jobs.get("00000000000000ff") is not None:  # its TTL ran out
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.02)
 
@@ -210,3 +211,17 @@ async def test_a_malformed_takeover_is_skipped_and_the_watcher_goes_on(
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
         await client.aclose()
+
+
+async def test_a_deleted_job_leaves_a_tombstone_no_late_write_undoes(store: Store) -> None:
+    """A job's record deleted (its DELETE) while its node's sync write is in flight: the
+    write lands after the delete and is refused (the node cancels), readers still find
+    nothing, and the job reads as cancelled."""
+    assert await store.jobs.put("cccccccccccccccc", b"running", finished=False, ttl_s=60)
+    assert not await store.jobs.cancelled("cccccccccccccccc")
+    await store.jobs.delete("cccccccccccccccc")
+    late = await store.jobs.put("cccccccccccccccc", b"running", finished=False, ttl_s=60)
+    assert late is False
+    assert await store.jobs.get("cccccccccccccccc") is None
+    assert await store.jobs.cancelled("cccccccccccccccc")
+    assert await store.jobs.request_cancel("cccccccccccccccc") is False  # no such job
