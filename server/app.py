@@ -141,7 +141,14 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
 
 async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
     settings = state.settings
-    recognizer = state.recognizer = await asyncio.to_thread(factory, settings)
+    loading = asyncio.ensure_future(asyncio.to_thread(factory, settings))
+    try:
+        recognizer = state.recognizer = await asyncio.shield(loading)
+    except asyncio.CancelledError:  # shut down mid-load: the thread cannot be stopped
+        built = await asyncio.gather(loading, return_exceptions=True)
+        if isinstance(built[0], ProcessRecognizer):  # its children would outlive us
+            await asyncio.to_thread(built[0].close)
+        raise
     await asyncio.to_thread(recognizer.warmup)
     vad_model = await asyncio.to_thread(SileroVad)
     speakers, speakers_off = (

@@ -4,7 +4,10 @@ server/decode.py runs this file as `python -I server/decode_worker.py ...`, neve
 the server process: a hostile file that crashes, hangs or balloons FFmpeg takes down
 only this process. Before it touches the input the worker lowers its own limits
 (RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE on the output, no core dumps) and its priority
-(nice 10, so live rooms keep the CPU); the parent adds the wall-clock limit.
+(nice 10, so live rooms keep the CPU), and once its libraries are loaded it may start no
+process or thread (RLIMIT_NPROC 0: code that exploits FFmpeg cannot fork-bomb the
+server's user; in the sandbox's user namespace the limit holds whoever runs the server);
+the parent adds the wall-clock limit.
 
 What it accepts, through PyAV (FFmpeg), never hand-written parsing:
 - containers (demuxers) on a whitelist: wav, mp3, mp4/m4a/mov, flac, ogg. FFmpeg
@@ -91,6 +94,12 @@ def limit_self(cpu_seconds: int, memory_bytes: int, output_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (output_bytes, output_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     os.nice(10)
+
+
+def forbid_processes() -> None:
+    """From now on this process may create no process and no thread (FFmpeg decodes on
+    one thread here). The kernel does not hold root (outside a user namespace) to it."""
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
 
 
 def _sniff(path: str) -> bool:
@@ -294,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
              "message": f"the decoder could not start: {type(exc).__name__}"},
             EXIT_REFUSED,
         )  # fmt: skip
+    forbid_processes()  # after the imports (a library may start threads as it loads)
     try:
         facts = decode(args.src, args.dst, args.max_seconds)
     except Refusal as refusal:
