@@ -8,7 +8,7 @@
   to authenticate (1013), listeners in all (1013). `StreamSlot` (streams per tenant,
   4429) and `ListenerQuota` (listeners per meeting and per tenant, 4429) hold leases in
   the store's quotas: with Redis they count across every node, and a dead node's
-  expire with its lease (store/redis_leases.py).
+  expire with its lease (store/redis/leases.py).
 - `Turns` lets a few of one kind of request run at once (enrollments), a bounded number
   wait a bounded time for a turn, and answers the rest `overloaded` (HTTP 503).
 - `CapacityMonitor` watches the scheduler: when finals have recently waited too long for
@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.stream_state import Connection
 from store.api import Lease, QuotaClaim, Quotas
 from store.errors import QuotaFull, StoreError

@@ -12,10 +12,10 @@ import pytest
 import redis.asyncio
 
 from server.registry import SessionRegistry
-from server.takeovers import watch_takeovers
+from server.sockets.takeovers import watch_takeovers
 from store.api import QuotaClaim, Store
 from store.errors import QuotaFull
-from store.redis_store import RedisStore
+from store.redis.store import RedisStore
 from tests.conftest import StoreFactory
 
 STREAMS = QuotaClaim("streams", "tenant-a", 2)
