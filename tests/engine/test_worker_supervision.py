@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+import types
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -203,3 +204,37 @@ def test_an_idle_child_killed_between_batches_loses_no_batch(
         time.sleep(0.05)
     assert after.restarts["died"] == before.restarts["died"] + 1
     assert before.pids[0] not in after.pids
+
+
+def _running(pids: tuple[int, ...]) -> list[int]:
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+
+
+async def test_a_shutdown_during_the_first_model_load_closes_the_pool(model_cache: Path) -> None:
+    """The lifespan cancels the model load (SIGTERM) while the worker pool is still being
+    built on its thread: the load waits for it and closes it, so no model worker process
+    outlives the shutdown (the pool was dropped unclosed)."""
+    from server.app import _start_model  # the lifespan's loader, driven directly
+
+    began, pools = threading.Event(), []
+
+    def factory(settings: object) -> ProcessRecognizer:
+        began.set()
+        pools.append(
+            ProcessRecognizer(model_config_with(cache=model_cache), processes=1, threads=1)
+        )
+        return pools[0]
+
+    state = types.SimpleNamespace(settings=None, recognizer=None)
+    loader = asyncio.create_task(_start_model(state, factory))  # type: ignore[arg-type]
+    await asyncio.to_thread(began.wait, SETTLE)
+    loader.cancel()
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(loader, SETTLE)
+        assert len(pools) == 1
+        pids = pools[0].health().pids
+        assert pids and not _running(pids), pids
+    finally:
+        for pool in pools:
+            pool.close()
