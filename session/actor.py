@@ -103,8 +103,7 @@ class SessionActor:
     resumed: bool = False
     context: ResumeContext | None = None
     on_resend: OnResend | None = None  # told a `resend`'s lead, in seconds
-    # Answer each `finalize` with an internal `finalize.done` (the compat adapters ask).
-    acknowledge_finalize: bool = False
+    acknowledge_finalize: bool = False  # answer `finalize` with `finalize.done` (compat asks)
     # The tenant's enrolled voices (diarized sources name the ones that match).
     enrolled: EnrolledVoices | None = None
     state: SessionState = SessionState.CONNECTING
