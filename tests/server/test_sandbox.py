@@ -152,7 +152,7 @@ async def test_sandboxed_decoder_killed_by_its_cpu_limit_is_a_decode_limit(
 
 
 ATTACK = '''
-def decode(src, dst, max_seconds):
+def decode(src, dst, max_seconds, *options):
     """An exploited decoder: after the worker's own limits, it tries to fork and to start
     a thread, and writes what it got."""
     import json, os, threading
@@ -173,7 +173,7 @@ def decode(src, dst, max_seconds):
     with open(dst, "w") as out:
         json.dump(found, out)
     return {"ok": True, "samples": 0, "format": "attack", "codec": "attack",
-            "sample_rate": 16000, "channels": 1}
+            "sample_rate": 16000, "channels": 1, "output_channels": 1}
 
 
 if __name__ == "__main__":'''
