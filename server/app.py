@@ -34,7 +34,7 @@ from server.engine_plan import describe_plan, plan_engine
 from server.http import rest
 from server.http import speakers as speakers_api
 from server.http.problems import EXCEPTION_HANDLERS
-from server.limits import CapacityMonitor, ListenerQuota, Slots
+from server.limits import CapacityMonitor, ListenerQuota, Slots, Turns
 from server.memory_trim import trim_memory_forever
 from server.metrics import Metrics
 from server.registry import SessionRegistry
@@ -111,7 +111,14 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
 
 async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
     settings = state.settings
-    recognizer = state.recognizer = await asyncio.to_thread(factory, settings)
+    loading = asyncio.ensure_future(asyncio.to_thread(factory, settings))
+    try:
+        recognizer = state.recognizer = await asyncio.shield(loading)
+    except asyncio.CancelledError:  # shut down mid-load: the thread cannot be stopped
+        built = await asyncio.gather(loading, return_exceptions=True)
+        if isinstance(built[0], ProcessRecognizer):  # its children would outlive us
+            await asyncio.to_thread(built[0].close)
+        raise
     await asyncio.to_thread(recognizer.warmup)
     vad_model = await asyncio.to_thread(SileroVad)
     speakers, speakers_off = (
@@ -238,6 +245,12 @@ def create_app(
                 settings.streams.max_listeners,
             ),
             waiting_auth=Slots(settings.auth.max_waiting_auth),
+            enrollments=Turns(
+                "enrollments",
+                settings.speakers.enrol_concurrency,
+                settings.speakers.enrol_queue,
+                settings.speakers.enrol_wait_s,
+            ),
         )
         state.metrics.watch(
             lambda: state.scheduler,

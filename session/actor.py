@@ -50,7 +50,7 @@ from session.final_order import PendingFinal
 from session.outbox import Outbox, OutboxDelivery, OutboxState
 from session.partial_sender import PartialSender
 from session.pipeline import AudioPipeline, seconds
-from session.resume_context import ResendLead, ResumeContext, stored_vad_state
+from session.resume_context import OnResend, ResendLead, ResumeContext, stored_vad_state
 from session.segmenter import (
     PartialDue,
     SegmentEvent,
@@ -102,8 +102,8 @@ class SessionActor:
     replay: list[FinalRecord] = field(default_factory=list)
     resumed: bool = False
     context: ResumeContext | None = None
-    # Answer each `finalize` with an internal `finalize.done` (the compat adapters ask).
-    acknowledge_finalize: bool = False
+    on_resend: OnResend | None = None  # told a `resend`'s lead, in seconds
+    acknowledge_finalize: bool = False  # answer `finalize` with `finalize.done` (compat asks)
     # The tenant's enrolled voices (diarized sources name the ones that match).
     enrolled: EnrolledVoices | None = None
     state: SessionState = SessionState.CONNECTING
@@ -127,7 +127,7 @@ class SessionActor:
             telemetry=services.telemetry,
             vad_start=stored_vad_state(self.source) if self.resumed else None,
         )
-        self._lead = ResendLead(self.context)
+        self._lead = ResendLead(self.context, self.on_resend)
         self._outbox = Outbox(
             services.outbox_limit,
             on_partial_dropped=lambda: services.telemetry.partial_dropped("merged"),

@@ -398,6 +398,21 @@ class SpeakerSettings:
     enrol_max_bytes: int = setting(
         5_000_000, "Largest enrollment upload, in bytes (413 `upload_too_large`)."
     )
+    enrol_concurrency: int = setting(
+        1,
+        "Enrollment recordings (`POST /v1/speakers`) taken in at once: received, decoded, "
+        "scored and embedded; others wait for a turn (ENROL_QUEUE, ENROL_WAIT_S). Each one "
+        "costs CPU beside the live streams, and its upload a place in the upload folder.",
+    )
+    enrol_queue: int = setting(
+        16,
+        "Enrollments that may wait for a turn (ENROL_CONCURRENCY); more: 503 `overloaded`.",
+    )
+    enrol_wait_s: float = setting(
+        30.0,
+        "Longest an enrollment waits for a turn (ENROL_CONCURRENCY) before it is answered "
+        "503 `overloaded`, in seconds.",
+    )
     speaker_match_similarity: float = setting(
         0.75,
         "How alike (cosine, 0-1) a voice must be to an enrolled speaker to show its name "
@@ -410,4 +425,7 @@ class SpeakerSettings:
         within(self, "enrol_min_speech_s", 0.5, 30.0, " seconds")
         within(self, "enrol_max_audio_s", self.enrol_min_speech_s, 300.0, " seconds")
         within(self, "enrol_max_bytes", 1024, 100_000_000)
+        within(self, "enrol_concurrency", 1, 64)
+        within(self, "enrol_queue", 0, 10_000)
+        within(self, "enrol_wait_s", 0.0, 600.0, " seconds")
         within(self, "speaker_match_similarity", 0.0, 1.0)

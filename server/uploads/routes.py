@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from server.auth.access import is_local
 from server.auth.keys import ANONYMOUS, Principal, bearer, create_owned_source
 from server.settings import Settings
-from server.state import app_state
+from server.state import AppState, app_state
 from server.uploads.decode_worker import Refusal
 from server.uploads.form import FORM_OVERHEAD, drain, receive_form, too_large
 from server.uploads.jobs import Job, JobsFull, JobStatus
@@ -328,13 +328,19 @@ def _auth_status(error: ProtocolError) -> int:
 
 
 async def _job(request: Request) -> Job | StoredJob | Response:
-    """The job: this node's own, else as its node last wrote it in the store."""
+    """The job: this node's own (unless it was deleted or cancelled through another node:
+    the store says so), else as its node last wrote it in the store."""
     tenant = _tenant(request)
     if isinstance(tenant, Response):
         return tenant
     state = app_state(request)
     job_id = request.path_params["job_id"]
-    job: Job | StoredJob | None = state.jobs.get(job_id)
+    own = state.jobs.get(job_id)
+    if own is not None and own.tenant == tenant and await _cancelled_elsewhere(state, own):
+        logger.info("upload job %s cancelled through another node", own.id)
+        await state.jobs.cancel(own)  # gone here too, files and all
+        return _problem(404, "not_found", "no such transcription job (it may have expired)")
+    job: Job | StoredJob | None = own
     if job is None and JOB_ID.fullmatch(job_id):
         try:
             entry = await state.store.jobs.get(job_id)
@@ -345,6 +351,16 @@ async def _job(request: Request) -> Job | StoredJob | Response:
     if job is None or job.tenant != tenant:  # another tenant's job does not exist for you
         return _problem(404, "not_found", "no such transcription job (it may have expired)")
     return job
+
+
+async def _cancelled_elsewhere(state: AppState, job: Job) -> bool:
+    """Whether another node deleted (or asked to cancel) this node's job; while the store
+    is unreachable, not known: no."""
+    try:
+        return await state.store.jobs.cancelled(job.id)
+    except StoreError as exc:
+        logger.warning("upload job %s: could not ask the store about it: %s", job.id, exc)
+        return False
 
 
 async def get_transcription(request: Request) -> Response:
