@@ -6,7 +6,8 @@ body `{"error": {"code", "message"}}`, and the headers the refusal calls for
 - `ProtocolError` (wire/): the HTTP form of a socket's refusal; a 4xxx close code is its
   HTTP status less 4000, 1013 is 503, anything else 400.
 - `Refusal` (an upload's or an enrollment's): its own status and code.
-- `StoreError`: the store cannot be reached: 503 `overloaded`, retry later.
+- `StoreError` (the store cannot be reached), `JobsFull` (no room for another upload):
+  503 `overloaded`, retry later.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from server.limits import overloaded
 from server.uploads.decode_worker import Refusal
+from server.uploads.jobs import JobsFull
 from store.errors import StoreError
 from wire.codes import CloseCode
 from wire.errors import ProtocolError
@@ -49,7 +51,11 @@ async def _on_protocol_error(request: Request, exc: Exception) -> Response:
 
 async def _on_refusal(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Refusal)
-    return problem(exc.status, exc.code, exc.message)
+    return problem(exc.status, exc.code, exc.message, exc.headers)
+
+
+async def _on_jobs_full(request: Request, exc: Exception) -> Response:
+    return refusal(overloaded(str(exc)))
 
 
 async def _on_store_error(request: Request, exc: Exception) -> Response:
@@ -60,4 +66,5 @@ EXCEPTION_HANDLERS = {
     ProtocolError: _on_protocol_error,
     Refusal: _on_refusal,
     StoreError: _on_store_error,
+    JobsFull: _on_jobs_full,
 }

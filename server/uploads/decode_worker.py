@@ -74,11 +74,14 @@ class Refusal(Exception):
     error of the server's HTTP routes (the upload form, the decoder, this worker raise it
     too): it lives here because this module must run alone."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
 
 
 def _unsupported(message: str) -> Refusal:
