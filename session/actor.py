@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -391,9 +392,8 @@ class SessionActor:
             elif isinstance(event, UtteranceMayEnd):
                 # Its queued partial would only delay the speculation (which supersedes it).
                 self.services.scheduler.cancel(self.request_key, only=Priority.PARTIAL)
-                draft = self._partials.draft_for(event.index)
-                utterance = self._committer.speculative_utterance(event, draft)
-                await self._speculator.speculate(self.request_key, utterance)
+                ask = functools.partial(self._partials.speculative, event)
+                await self._speculator.speculate_when(self.request_key, ask)
             elif isinstance(event, UtteranceResumed):
                 self._speculator.withdraw()
             elif isinstance(event, UtteranceEnded):
@@ -418,6 +418,7 @@ class SessionActor:
             committed = await self._committer.commit(pending)
             if pending.flushed_at is not None:
                 self._speculator.answered(pending.future, pending.flushed_at)
+            await self._speculator.retry()  # one this final's prompt held up
             if isinstance(committed.lost, SchedulerStopped | EngineDead):
                 raise committed.lost  # nothing more will be transcribed: end the stream
             if committed.lost is None:

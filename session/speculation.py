@@ -73,6 +73,8 @@ class Speculator:
         self._telemetry = telemetry
         self._clock = clock
         self._held: _Speculation | None = None
+        # A speculation not known yet (`speculate_when`), and the key it goes under.
+        self._wanted: tuple[str, Callable[[], Utterance | None]] | None = None
         # The futures of the speculations finals took, and whether each was ready then.
         self._served: dict[asyncio.Future[RecognitionResult], str] = {}
         self.outcomes: dict[str, int] = {"used": 0, "discarded": 0, "cancelled": 0}
@@ -91,8 +93,27 @@ class Speculator:
         future.add_done_callback(_retrieve)
         self._held = _Speculation(request, future)
 
+    async def speculate_when(self, key: str, build: Callable[[], Utterance | None]) -> None:
+        """Speculate the utterance `build` gives; while it gives None (the final's prompt or
+        left context is still an open final's), `retry` asks it again, after each final
+        commits, until the speculation is withdrawn: a flush after a slow final is still
+        answered from a speculation when the silence lasts long enough."""
+        self.withdraw()
+        self._wanted = (key, build)
+        await self.retry()
+
+    async def retry(self) -> None:
+        """Make the speculation `speculate_when` wants, if it can be made now."""
+        if self._wanted is None or self._held is not None:
+            return
+        key, build = self._wanted
+        if (utterance := build()) is not None:
+            self._wanted = None
+            await self.speculate(key, utterance)
+
     def withdraw(self) -> None:
         """The speculation will not be a final: drop it (counted as discarded or cancelled)."""
+        self._wanted = None
         held, self._held = self._held, None
         if held is None:
             return
