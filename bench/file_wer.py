@@ -41,9 +41,9 @@ import numpy as np
 
 from bench.corpus import Clip, clips
 from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer, set_torch_threads
-from engine.scheduler import BatchScheduler
-from engine.whisper import Quantize, WhisperRecognizerConfig
-from engine.whisper_config import QUANTIZE_SCOPES, DType
+from engine.scheduling.scheduler import BatchScheduler
+from engine.whisper.config import QUANTIZE_SCOPES, DType
+from engine.whisper.recognizer import Quantize, WhisperRecognizerConfig
 from loadgen.wer import ErrorCounts, error_counts, normalize
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import offline_services

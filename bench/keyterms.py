@@ -15,7 +15,7 @@ ones: WER against their references, and the words the terms added. Cost: the mea
 time per final with and without keyterms.
 
 Mechanisms: `prompt` (the terms in Whisper's previous-text prompt), `boost` (logit
-bonuses along the terms' token prefix tree, `engine.keyterms`), `both`.
+bonuses along the terms' token prefix tree, `engine.whisper.keyterms`), `both`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from bench.corpus import clips, read_wav
 from engine.api import AudioArray, Utterance
 from engine.loading import load_recognizer
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import error_counts, normalize
 
 TUNING: list[tuple[str, tuple[str, ...]]] = [
@@ -179,7 +179,7 @@ def main() -> None:
     parser.add_argument("--show", action="store_true", help="print every transcript")
     parser.add_argument("--voices", nargs="+", default=list(VOICES), help="espeak-ng voices")
     args = parser.parse_args()
-    from engine import keyterms
+    from engine.whisper import keyterms
 
     start = keyterms.START if args.start is None else args.start  # the boost modes' bonuses
     go_on = keyterms.CONTINUE if args.go_on is None else args.go_on

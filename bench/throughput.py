@@ -25,9 +25,9 @@ import torch
 
 from bench.corpus import Clip, clips
 from engine.api import Utterance
-from engine.int8 import int8_available
 from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.int8 import int8_available
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 
 logger = logging.getLogger("bench.throughput")
 

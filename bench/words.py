@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from bench.corpus import clips
-from engine import alignment
 from engine.api import Utterance, WordTiming
-from engine.int8 import int8_available
 from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper import alignment
+from engine.whisper.int8 import int8_available
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 
 ENGLISH = ("en_ls_", "en_jfk", "en_lj_LJ0")
 

@@ -28,7 +28,7 @@ import torch
 from bench.corpus import clips
 from engine.api import Utterance
 from engine.loading import DEFAULT_MODEL, load_recognizer
-from engine.whisper import WhisperRecognizer
+from engine.whisper.recognizer import WhisperRecognizer
 
 
 @dataclass(frozen=True, slots=True)

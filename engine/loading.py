@@ -18,13 +18,13 @@ from engine.recognizer import Recognizer
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+    from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 
 DEFAULT_MODEL = "tiny.en"
 DEFAULT_CACHE = Path("~/.cache/parley/models")
 
 DType = Literal["auto", "float32", "float16", "bfloat16"]
-# What runs in int8 (engine/whisper_config.py `Quantize`, repeated here so that importing
+# What runs in int8 (engine/whisper/config.py `Quantize`, repeated here so that importing
 # this module does not import torch); `auto`: `int8-shortlist` where the model runs on the
 # CPU in float32 and the int8 kernels exist, else none.
 Quantize = Literal["auto", "none", "int8-shortlist", "int8-decoder", "int8"]
@@ -56,7 +56,7 @@ class ModelConfig:
     context_window: float = 20.0  # longest window a left context may fill (seconds)
     context_own_window: bool = False  # a left context only fills the utterance's own window
     word_timings: bool = True
-    decoder_graphs: bool = False  # CUDA graphs for decoder steps (`engine.step_graphs`)
+    decoder_graphs: bool = False  # CUDA graphs for decoder steps (`engine.whisper.step_graphs`)
     workers: int = 0
     torch_threads: int = 0
     max_batch_size: int = 16
@@ -79,7 +79,7 @@ def resolve_quantize(
     fast: docs/performance.md), nothing elsewhere."""
     if config.quantize != "auto":
         return config.quantize
-    from engine.int8 import int8_available
+    from engine.whisper.int8 import int8_available
 
     cpu_float32 = device == "cpu" and config.dtype in ("auto", "float32")
     return "int8-shortlist" if cpu_float32 and int8_available() else "none"
@@ -145,7 +145,7 @@ def load_whisper(config: ModelConfig) -> Recognizer:
     """The default recognizer: Whisper through torch + transformers."""
     import torch
 
-    from engine.whisper import WhisperRecognizerConfig
+    from engine.whisper.recognizer import WhisperRecognizerConfig
 
     # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
     # This is the loading thread's count; each model worker sets its own (`worker_plan`).
@@ -177,7 +177,7 @@ def load_recognizer(
     cache: Path = DEFAULT_CACHE,
 ) -> WhisperRecognizer:
     """`resolve_model(spec, cache)` (converting a packaged model once), as a recognizer."""
-    from engine.weights import resolve_model
-    from engine.whisper import WhisperRecognizer
+    from engine.whisper.recognizer import WhisperRecognizer
+    from engine.whisper.weights import resolve_model
 
     return WhisperRecognizer(resolve_model(spec, cache), config, name=spec)

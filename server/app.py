@@ -27,23 +27,26 @@ from engine.loading import (
     worker_plan,
 )
 from engine.recognizer import Recognizer
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
-from engine.worker_processes import ProcessRecognizer, in_processes
-from server import rest, speakers_api, stream, uploads
-from server.access import start_line
-from server.auth import build_authenticator
+from engine.workers.processes import ProcessRecognizer, in_processes
+from server.auth.access import start_line
+from server.auth.keys import build_authenticator
+from server.auth.tokens import open_tokens
 from server.compat import routes as compat_routes
-from server.jobs import JobRegistry
+from server.http import rest
+from server.http import speakers as speakers_api
 from server.limits import CapacityMonitor, ListenerQuota, Slots
 from server.memory_trim import trim_memory_forever
 from server.metrics import Metrics
 from server.registry import SessionRegistry
-from server.sandbox import SandboxMode, open_sandbox
 from server.settings import SettingError, Settings
+from server.sockets import stream
+from server.sockets.takeovers import watch_takeovers
 from server.state import AppState, ModelState
-from server.takeovers import watch_takeovers
-from server.tokens import open_tokens
+from server.uploads import routes as uploads
+from server.uploads.jobs import JobRegistry
+from server.uploads.sandbox import SandboxMode, open_sandbox
 from session.actor import CLOSE_TIMEOUT
 from session.diarizer import DiarizerConfig
 from session.segmenter import SegmenterConfig

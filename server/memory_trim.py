@@ -13,7 +13,7 @@ each pass took ~30 % longer (every large buffer mmapped, page-faulted and unmapp
 `trim_memory_forever` calls `malloc_trim(0)` every `interval` seconds in a worker thread
 (ctypes releases the GIL for the call; it takes a few milliseconds and never blocks the
 event loop). On a C library without `malloc_trim` (musl, macOS) it does nothing. Model
-workers that run as processes (`engine.worker_processes`) trim their own heaps, where
+workers that run as processes (`engine.workers.processes`) trim their own heaps, where
 the activations live, on the same interval.
 """
 

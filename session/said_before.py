@@ -1,4 +1,4 @@
-"""What a source said just before an utterance: its left context (`engine.context`).
+"""What a source said just before an utterance: its left context (`engine.whisper.context`).
 
 Each final may carry its source's previous utterances' audio and final text
 (`Utterance.left`), so the model hears them in the same window ahead of the utterance: on
@@ -10,7 +10,7 @@ after it. The gaps are silence to the VAD and go in as zeros, at most `MAX_GAP` 
 model needs no more to hear a pause; it keeps the window short). The context of two
 utterances carries that of the last one alone (`LeftContext.shorter`), for a recognizer
 that has room for one only. The context's words carry the finals' word timings moved
-onto its audio, so a recognizer may keep only its last words (`engine.context.filled`).
+onto its audio, so a recognizer may keep only its last words (`engine.whisper.context.filled`).
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from deploy.processes import end_process
-from engine.weights import resolve_model
+from engine.whisper.weights import resolve_model
 from store.api import Store
 from store.memory import MemoryStore
-from store.redis_store import RedisStore
+from store.redis.store import RedisStore
 from tests.corpus import REPO
 from tests.redis_support import ManualClock, RedisServer, delete_keys, free_port, redis_answers
 

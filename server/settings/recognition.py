@@ -99,8 +99,8 @@ class ModelSettings:
     decoder_graphs: bool = setting(
         False,
         "Replay each decoder step after the prompt from a CUDA graph captured per batch "
-        "shape (engine/step_graphs.py): one launch instead of one per kernel, where a small "
-        "model's step is bound by launches (~3 ms on an H200). CUDA only; not measured yet.",
+        "shape (engine/whisper/step_graphs.py): one launch instead of one per kernel, "
+        "where a small model's step is bound by kernel launches. CUDA only.",
     )
 
     def __post_init__(self) -> None:
@@ -270,8 +270,8 @@ class SchedulerSettings:
         "How a batch's model time grows with its rows: `per-row` (the CPU: partial batches "
         "sized to fit PARTIAL_WAIT_MS by the measured cost of a row, finals shared out over "
         "the workers), `flat` (a GPU, where a batch of 32 costs about one row: every ready "
-        "final in one batch, every queued partial up to MAX_PARTIAL_BATCH, engine/policy.py "
-        "rule 5), `auto`: flat on CUDA, per-row on the CPU.",
+        "final in one batch, every queued partial up to MAX_PARTIAL_BATCH, "
+        "engine/scheduling/policy.py rule 5), `auto`: flat on CUDA, per-row on the CPU.",
     )
     batch_wait_ms: float = setting(
         20.0, "How long a batch may wait to fill after its oldest request arrived."

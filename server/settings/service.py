@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from server.settings.base import SettingError, at_least, one_of, positive, setting, within
-from store.redis_clients import SentinelURL, is_sentinel
-from store.redis_scripts import MAX_PREFIX
+from store.redis.clients import SentinelURL, is_sentinel
+from store.redis.scripts import MAX_PREFIX
 from wire.query import is_language
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

@@ -1,5 +1,5 @@
 """Left context: the pure helpers, then the real model on corpus speech behind the speech
-that came before it (engine/context.py)."""
+that came before it (engine/whisper/context.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from bench.corpus import clips
-from engine import context
 from engine.api import SAMPLE_RATE, LeftContext, Utterance, WordTiming
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper import context
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import error_rate
 
 # Consecutive sentences of one reader: the second continues the first.

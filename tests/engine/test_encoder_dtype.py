@@ -11,7 +11,7 @@ from bench.corpus import clips
 from engine import loading
 from engine.api import Utterance
 from engine.loading import ModelConfig, resolve_encoder_dtype
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import ErrorCounts, error_counts
 
 # Four clips of one window (10 s) and JFK: read speech with exact references.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.int8 import Int8Linear, int8_available, quantize_linears
 from engine.loading import ModelConfig, resolve_quantize
+from engine.whisper.int8 import Int8Linear, int8_available, quantize_linears
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="no fbgemm/x86 int8 kernels")
 

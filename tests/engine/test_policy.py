@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.api import Priority
-from engine.policy import (
+from engine.scheduling.policy import (
     CONTEXT_RATIO,
     ContextCost,
     PartialBudget,

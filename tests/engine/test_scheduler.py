@@ -23,7 +23,7 @@ from engine.api import (
     SchedulerStopped,
     Utterance,
 )
-from engine.scheduler import BatchScheduler, SchedulerState
+from engine.scheduling.scheduler import BatchScheduler, SchedulerState
 from tests.fakes import FakeRecognizer
 from tests.tasks import blocked
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from bench.corpus import Clip, clips
-from engine import context
 from engine.api import SAMPLE_RATE, Transcription, Utterance
 from engine.recognizer import Recognizer
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper import context
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import ErrorCounts, error_counts
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from bench.corpus import clips
 from engine.api import Utterance
 from engine.loading import ModelConfig, load_whisper
 from engine.recognizer import Interrupted
-from engine.worker_processes import ProcessRecognizer
+from engine.workers.processes import ProcessRecognizer
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ import pytest
 from bench.corpus import clips
 from engine.api import Priority, RecognitionRequest, Utterance
 from engine.loading import ModelConfig
-from engine.scheduler import BatchScheduler
-from engine.worker_processes import ProcessRecognizer, WorkerHealth
+from engine.scheduling.scheduler import BatchScheduler
+from engine.workers.processes import ProcessRecognizer, WorkerHealth
 
 pytestmark = pytest.mark.slow
 

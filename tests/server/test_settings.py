@@ -44,7 +44,7 @@ def test_bad_values_are_refused_with_the_variable_name() -> None:
 def test_model_workers_run_as_processes_on_the_cpu_unless_told_otherwise() -> None:
     """PARLEY_MODEL_PROCESSES: `auto` means processes on the CPU and threads on CUDA;
     `on` and `off` say so everywhere."""
-    from engine.worker_processes import in_processes
+    from engine.workers.processes import in_processes
     from server.app import model_config
 
     def decide(mode: str, device: str) -> bool:
@@ -57,7 +57,7 @@ def test_model_workers_run_as_processes_on_the_cpu_unless_told_otherwise() -> No
 
 
 def test_batches_are_flat_on_cuda_and_per_row_on_the_cpu_unless_told_otherwise() -> None:
-    """PARLEY_BATCH_COST: `auto` means flat batches (engine/policy.py rule 5) on CUDA and
+    """PARLEY_BATCH_COST: `auto` means flat batches (engine/scheduling/policy.py rule 5) on CUDA and
     per-row on the CPU; `flat` and `per-row` say so everywhere; anything else is refused."""
     from server.app import flat_batches
 
@@ -201,7 +201,7 @@ def test_the_groups_bounds_are_the_ones_the_components_accept() -> None:
     """What the settings allow, the segmenter, the diarizer and the scheduler accept at
     its edges (they used to refuse such values in the model loader's task, after the
     load), and what they refuse, the settings refuse first."""
-    from engine.scheduler import BatchScheduler
+    from engine.scheduling.scheduler import BatchScheduler
     from server.app import segmenter_config
     from session.diarizer import DiarizerConfig
     from session.segmenter import SegmenterConfig

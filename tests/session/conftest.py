@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from tests.fakes import FakeRecognizer
 
 

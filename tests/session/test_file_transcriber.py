@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.api import RecognitionRequest, RecognitionResult
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.final_order import CONTEXT_CHARS
 from session.services import SessionServices, offline_services

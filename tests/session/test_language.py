@@ -12,7 +12,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from engine.weights import ModelNotInstalledError, resolve_model
+from engine.whisper.weights import ModelNotInstalledError, resolve_model
 from session.language import LanguageDetector, LanguagePinned
 from tests.appserver import serve_app
 from tests.corpus import clip

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.api import SAMPLE_RATE, WordTiming
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.final_order import PendingFinal
 from session.said_before import LEFT_UTTERANCES, MAX_GAP, SaidBefore
 from session.segmenter import UtteranceEnded

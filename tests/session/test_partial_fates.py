@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from engine.api import Priority
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.outbox import Outbox
 from session.partial_sender import PartialSender
 from session.segmenter import PartialDue

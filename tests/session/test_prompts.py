@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from engine.api import Priority
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.committer import Committer, CommitterConfig
 from session.final_order import PendingFinal
 from session.segmenter import UtteranceEnded

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.api import LeftContext, Priority, RecognitionRequest, Utterance
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.speculation import Speculator
 from session.telemetry import NullTelemetry
 from tests.appserver import serve_app, serving

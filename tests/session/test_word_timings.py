@@ -11,8 +11,8 @@ import numpy.typing as npt
 import pytest
 
 from engine.api import SAMPLE_RATE
-from engine.scheduler import BatchScheduler
-from engine.whisper import WhisperRecognizer
+from engine.scheduling.scheduler import BatchScheduler
+from engine.whisper.recognizer import WhisperRecognizer
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import offline_services
 from store.memory import MemoryStore
