@@ -16,8 +16,9 @@ sent to `/v1/listen` in 20 ms frames at real time, one clip at a time; the VAD i
 probabilities as running it live) with pipecat's `VADParams` defaults: speech at
 confidence >= 0.7, start after 0.2 s of it, stop after `stop_secs` without it (pipecat's
 volume gate, `min_volume`, is left out). The last final (`is_final`) that arrives before
-the stream's `Metadata` is the clip's last segment. WER is pooled over the clips (the
-finals joined, against the manifest's reference).
+the stream's `Metadata` is the clip's last segment. WER is pooled over the clips heard to
+their end (the finals joined, against the manifest's reference); a clip refused or cut short
+is counted apart.
 
 `--rooms 0,8`: alone, then beside 8 rooms of corpus meetings (`python -m loadgen`, real
 time, partials on) started first and kept running through the clips. The server's own
@@ -42,6 +43,7 @@ from typing import Any
 import numpy as np
 import orjson
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from bench.capacity import REPO, scrape, wait_ready
 from bench.processes import free_port
@@ -92,6 +94,7 @@ class ClipRun:
     ttfs: float | None = None
     text: str = ""
     finals: list[tuple[float, str]] = field(default_factory=list)
+    error: str = ""  # why the clip did not run to its end (refused, timed out)
 
 
 async def run_clip(url: str, clip: Clip, params: VadParams, tail: float) -> ClipRun:
@@ -169,6 +172,8 @@ def summary(
     q = np.percentile(ttfs, [50, 95, 99]) if ttfs else [float("nan")] * 3
     errors = words = 0
     for run, clip in zip(runs, clips, strict=True):
+        if run.error:  # not heard to its end: its WER would say nothing of the model
+            continue
         counts = error_counts(clip.reference_text, run.text)
         errors += counts.errors
         words += counts.reference_length
@@ -181,15 +186,18 @@ def summary(
         "ttfs_p99": round(float(q[2]), 3),
         "wer": round(errors / max(words, 1), 4),
         "flush": flush,
-        "per_clip": [{"clip": r.clip, "ttfs": r.ttfs, "text": r.text} for r in runs],
+        "failed": sum(1 for r in runs if r.error),
+        "per_clip": [
+            {"clip": r.clip, "ttfs": r.ttfs, "text": r.text, "error": r.error} for r in runs
+        ],
     }
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| rooms beside | clips | TTFS P50 | P95 | P99 | pooled WER | flush→final P50 | P95 "
-        "| flushes served |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| flushes served | clips failed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         f = r["flush"]
@@ -197,7 +205,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['rooms']} | {r['answered']}/{r['clips']} | {r['ttfs_p50']:.3f} s "
             f"| {r['ttfs_p95']:.3f} s | {r['ttfs_p99']:.3f} s | {r['wer']:.1%} "
-            f"| {_ms(f.get('p50'))} | {_ms(f.get('p95'))} | {served} |"
+            f"| {_ms(f.get('p50'))} | {_ms(f.get('p95'))} | {served} | {r['failed']} |"
         )
     return "\n".join(lines)
 
@@ -226,8 +234,12 @@ async def measure(args: argparse.Namespace, url: str, report_dir: Path) -> list[
         before = scrape(url)
         runs = []
         for clip in clips:
-            runs.append(await run_clip(url.replace("http", "ws", 1), clip, params, args.tail))
-            print(f"  {rooms} rooms {clip.id}: TTFS {runs[-1].ttfs}", flush=True)
+            try:
+                run = await run_clip(url.replace("http", "ws", 1), clip, params, args.tail)
+            except (OSError, TimeoutError, InvalidStatus, ConnectionClosed) as exc:
+                run = ClipRun(clip.id, error=f"{type(exc).__name__}: {exc}")
+            runs.append(run)
+            print(f"  {rooms} rooms {clip.id}: TTFS {run.ttfs} {run.error}", flush=True)
         flush = flush_figures(before, scrape(url))
         if load is not None:
             load.terminate()
