@@ -73,6 +73,7 @@ class Speculator:
         self._telemetry = telemetry
         self._clock = clock
         self._held: _Speculation | None = None
+        self._withdrawals = 0  # a speculation withdrawn while its submit was awaited is dropped
         # A speculation not known yet (`speculate_when`), and the key it goes under.
         self._wanted: tuple[str, Callable[[], Utterance | None]] | None = None
         # The futures of the speculations finals took, and whether each was ready then.
@@ -86,12 +87,15 @@ class Speculator:
         if utterance is None:
             return
         request = RecognitionRequest(key, Priority.SPECULATIVE, utterance)
+        withdrawals = self._withdrawals
         try:
             future = await self._recognition.submit(request)
         except Exception:  # full, stopped or dead: the final will be submitted as one
             return
         future.add_done_callback(_retrieve)
         self._held = _Speculation(request, future)
+        if self._withdrawals != withdrawals:  # withdrawn while it was being submitted
+            self.withdraw()
 
     async def speculate_when(self, key: str, build: Callable[[], Utterance | None]) -> None:
         """Speculate the utterance `build` gives; while it gives None (the final's prompt or
@@ -114,6 +118,7 @@ class Speculator:
     def withdraw(self) -> None:
         """The speculation will not be a final: drop it (counted as discarded or cancelled)."""
         self._wanted = None
+        self._withdrawals += 1
         held, self._held = self._held, None
         if held is None:
             return
