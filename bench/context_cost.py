@@ -31,8 +31,8 @@ import torch
 from bench.quality import MODELS, SETS, Track
 from bench.segments import Segment, segments
 from engine.api import SAMPLE_RATE, LeftContext, Utterance
+from engine.choices import Quantize
 from engine.whisper import context
-from engine.whisper.config import Quantize
 from engine.whisper.int8 import int8_available
 from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from engine.whisper.weights import resolve_model

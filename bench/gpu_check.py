@@ -121,8 +121,8 @@ CLIP_MARGIN = 2**20  # left free: untracked files travel too
 
 def prepare(out: Path) -> None:
     """Fill `out` with what the GPU machine lacks: wheels, tiny.en's tokenizer, clips."""
-    from engine.loading import DEFAULT_CACHE
     from engine.whisper.weights import resolve_model  # here only: it may convert tiny.en once
+    from server.settings import ModelSettings
 
     wheels = out / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
@@ -134,7 +134,7 @@ def prepare(out: Path) -> None:
     subprocess.run([*command, "-d", str(wheels), *WHEELS], check=True)
     tokenizer = out / "tokenizer"
     tokenizer.mkdir(exist_ok=True)
-    source = resolve_model("tiny.en", DEFAULT_CACHE)
+    source = resolve_model("tiny.en", Path(ModelSettings().model_cache))
     for name in TOKENIZER_FILES:
         shutil.copy2(source / name, tokenizer / name)
     pack_weights(source, out / REAL)
@@ -425,8 +425,7 @@ def serve(model: Path, port: int, tokens_per_second: float, weights: str) -> Non
         def factory(settings: Settings) -> Any:
             config = WhisperRecognizerConfig(
                 device=settings.model.device,
-                dtype=None if settings.model.dtype == "auto" else settings.model.dtype,  # type: ignore[arg-type]
-                max_batch_size=settings.scheduler.max_batch_size,
+                dtype=None if settings.model.dtype == "auto" else settings.model.dtype,
                 max_tokens_per_second=tokens_per_second,
                 retry_loops_on_full_window=False,
             )

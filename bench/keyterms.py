@@ -35,6 +35,7 @@ from engine.api import AudioArray, Utterance
 from engine.loading import load_recognizer
 from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import error_counts, normalize
+from server.settings import ModelSettings
 
 TUNING: list[tuple[str, tuple[str, ...]]] = [
     (
@@ -117,7 +118,8 @@ def recognizer(mode: str, start: float, go_on: float) -> WhisperRecognizer:
         keyterm_start=start if boost else 0.0,
         keyterm_continue=go_on if boost else 0.0,
     )
-    return load_recognizer(config=config)
+    model = ModelSettings()
+    return load_recognizer(model.model, config, cache=Path(model.model_cache))
 
 
 def run(rec: WhisperRecognizer, audio: AudioArray, terms: Sequence[str]) -> tuple[str, float]:

@@ -49,13 +49,14 @@ from torch.nn import functional
 
 from bench.corpus import clips
 from engine.api import Utterance
-from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer
-from engine.whisper.config import QUANTIZE_SCOPES
+from engine.choices import QUANTIZE_SCOPES
+from engine.loading import load_recognizer
 from engine.whisper.greedy import GreedyDecoder
 from engine.whisper.int8 import Int8Linear
 from engine.whisper.recognizer import Quantize, WhisperRecognizer, WhisperRecognizerConfig
 from engine.whisper.vocabulary import Choice, ShortlistHead
 from loadgen.wer import ErrorCounts, error_counts
+from server.settings import ModelSettings
 
 logger = logging.getLogger("bench.step")
 
@@ -80,11 +81,11 @@ class Settings:
 
 def parse_args(argv: Sequence[str] | None) -> Settings:
     parser = argparse.ArgumentParser(prog="python -m bench.step", description=__doc__)
-    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--model", default=ModelSettings().model)
     parser.add_argument(
         "--model-cache",
         type=Path,
-        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or DEFAULT_CACHE),
+        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or Path(ModelSettings().model_cache)),
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--quantize", nargs="+", choices=SCOPES, default=list(SCOPES))

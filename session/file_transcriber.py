@@ -9,12 +9,12 @@ during a file batch waits for that small batch only; and while rooms are open th
 takes only `model_share()` of the model's time, pausing after each result, so a live
 final often finds the model idle. Results are committed in utterance order.
 
-VAD runs on the event loop in slices of SLICE_WINDOWS windows with a yield between
-them. bench/upload_vad.py on the 2-core box (quiet): ~0.6 ms a slice, ~230x real time,
-event-loop lag p99 ~1.6 ms; in a thread the GIL's 5 ms switch interval gave p99
-~3.3 ms at the same throughput. It scores through its own DirectScorer, not the live
-rooms' VadBatcher: a file's many windows would lengthen every batched turn (with the
-batcher's first, 10 ms-tick version a file crawled at 11-51x real time).
+VAD runs on the event loop in slices of SLICE_WINDOWS windows with a yield between them
+(bench/upload_vad.py measures a slice, the throughput and the event loop's lag); in a
+thread the GIL's 5 ms switch interval doubled the lag at the same throughput. It scores
+through its own DirectScorer, not the live rooms' VadBatcher: a file's many windows would
+lengthen every batched turn (with the batcher's first, 10 ms-tick version a file crawled
+at 11-51x real time).
 
 The file goes through the live path's steps (session/pipeline.py: decode → VAD →
 segmenter; session/committer.py: requests, results, language, log): a file without a
@@ -30,12 +30,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.api import SAMPLE_RATE
 from session.audio import FrameDecoder
+from session.channels import split_channels
 from session.committer import Committer, CommitterConfig
 from session.enrolled import EnrolledVoices
 from session.final_order import PendingFinal
@@ -71,6 +72,10 @@ class FileOptions:
     # the file pauses after each result, so the model is idle part of the time and a live
     # final that arrives then does not wait for a file batch at all.
     model_share: Callable[[], float] = lambda: 1.0
+    # The file holds `channels` interleaved channels (a multichannel upload); this
+    # transcriber takes channel `channel` (session/channels.py splits them).
+    channels: int = 1
+    channel: int = 0
 
 
 @dataclass
@@ -82,6 +87,16 @@ class FileProgress:
     finals: list[FinalRecord] = field(default_factory=list)
     utterances: int = 0
     empty: int = 0  # utterances the model judged not to be speech
+    channels: int = 1  # transcribed apart: the file is as far as its slowest channel
+    _positions: list[int] = field(default_factory=list, repr=False)
+
+    def advance(self, channel: int, sample: int) -> None:
+        """Channel `channel` is transcribed up to `sample`."""
+        if not self._positions:
+            self._positions = [0] * self.channels
+        done = min(sample, self.total_samples)
+        self._positions[channel] = max(self._positions[channel], done)
+        self.processed_samples = min(self._positions)
 
     @property
     def processed_seconds(self) -> float:
@@ -134,13 +149,20 @@ class FileTranscriber:
             labeller,
         )
         self._pending: deque[PendingFinal] = deque()
+        self._empty = 0  # of the committer's empty finals, those counted in the progress
 
     async def run(self) -> None:
         """Transcribe the whole file; on cancellation drop its queued requests."""
         try:
+            channels, stride = self._options.channels, BYTES_PER_SAMPLE * self._options.channels
             with self._path.open("rb") as audio:
-                while raw := await asyncio.to_thread(audio.read, CHUNK_SAMPLES * BYTES_PER_SAMPLE):
-                    await self._segment(raw[: len(raw) // BYTES_PER_SAMPLE * BYTES_PER_SAMPLE])
+                while raw := await asyncio.to_thread(audio.read, CHUNK_SAMPLES * stride):
+                    raw = raw[: len(raw) // stride * stride]
+                    if channels > 1:
+                        raw = split_channels(raw, channels, Encoding.PCM_S16LE)[
+                            self._options.channel
+                        ]
+                    await self._segment(raw)
             tail = self.progress.total_samples % WINDOW  # the last partial window: pad it
             if tail:
                 await self._segment(bytes((WINDOW - tail) * BYTES_PER_SAMPLE))
@@ -148,7 +170,7 @@ class FileTranscriber:
             while self._pending:
                 await self._commit(self._pending.popleft())
             await self._committer.finish()  # the file is done: its best speaker labels
-            self.progress.processed_samples = self.progress.total_samples
+            self.progress.advance(self._options.channel, self.progress.total_samples)
         finally:
             # Cancelled or failed: what is still queued for this file is dropped.
             self._services.scheduler.cancel(self._options.source_id)
@@ -175,14 +197,14 @@ class FileTranscriber:
 
     def _advance(self) -> None:
         done = self._pending[0].start if self._pending else self._pipeline.position
-        done = min(done, self.progress.total_samples)
-        self.progress.processed_samples = max(self.progress.processed_samples, done)
+        self.progress.advance(self._options.channel, done)
 
     async def _commit(self, pending: PendingFinal) -> None:
         committed = await self._committer.commit(pending)
         if committed.lost is not None:
             raise committed.lost  # the retry of a failed batch failed too: the job fails
-        self.progress.empty = self._committer.empty
+        self.progress.empty += self._committer.empty - self._empty
+        self._empty = self._committer.empty
         self._advance()
         share = self._options.model_share()
         if share < 1.0 and committed.result is not None:
@@ -209,3 +231,35 @@ class _ToProgress:
             else f
             for f in self._progress.finals
         ]
+
+
+async def transcribe_channels(
+    audio_path: Path,
+    services: SessionServices,
+    channels: Sequence[FileOptions],
+    progress: FileProgress,
+    vad: VadScorer | None = None,
+) -> None:
+    """Transcribe a file of interleaved channels (`channels`: one FileOptions each, in
+    channel order, each its own source) as that many files at once, through the one
+    scheduler, into one `progress`; then its finals in time order (a file that stands
+    alone numbers them from 1 again). One channel failing cancels the others."""
+    if len(channels) == 1:
+        await FileTranscriber(audio_path, services, channels[0], progress, vad).run()
+        return
+    tasks = [
+        asyncio.create_task(FileTranscriber(audio_path, services, options, progress, vad).run())
+        for options in channels
+    ]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()  # the first failure, raised as it is
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    ordered = sorted(progress.finals, key=lambda f: (f.start, f.end, f.seq))
+    if channels[0].meeting_source is None:
+        ordered = [dataclasses.replace(f, seq=seq) for seq, f in enumerate(ordered, start=1)]
+    progress.finals[:] = ordered

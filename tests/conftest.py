@@ -105,7 +105,7 @@ def start_server(
     full_env = {
         **os.environ,
         "PARLEY_LOG_FORMAT": "text",
-        "PARLEY_STATIC_DIR": str(REPO / "static"),
+        "PARLEY_STATIC_DIR": str(REPO / "server" / "static"),
         "PYTHONUNBUFFERED": "1",
         # Functional tests stream faster than real time on a shared 2-core box: measured
         # admission control would refuse them. tests/server/test_overload.py turns it on.

@@ -2,7 +2,8 @@
 are), and `Final`: one final transcript as the protocol carries it, parsed.
 
 Build messages with `wire.build`, never inline: it is the one place that knows their
-fields and precision.
+fields and precision. On a multichannel stream's socket every message also carries
+`channel` (an int, 0-based), added as it goes out (server/sockets/channels.py).
 """
 
 from __future__ import annotations

@@ -118,3 +118,35 @@ def parse_stream_config(
         diarize=diarize,
         keyterms=parse_keyterms(keyterms),
     )
+
+
+def parse_channels(raw: str | None, limit: int) -> int:
+    """A stream's `channels`: interleaved channels in its audio, 1 (the default) to
+    `limit`; ProtocolError (bad_config) otherwise."""
+    if raw is None:
+        return 1
+    if not raw.isdigit() or not 1 <= int(raw) <= limit:
+        raise ProtocolError(
+            ErrorCode.BAD_CONFIG,
+            CloseCode.BAD_REQUEST,
+            f"channels must be an integer in 1..{limit} (PARLEY_MAX_CHANNELS), not {raw[:32]!r}",
+        )
+    return int(raw)
+
+
+def channel_participants(raw: str, channels: int) -> tuple[str, ...]:
+    """Each channel's participant: `ana,bo` names them in channel order (as many names as
+    channels, all different); one name numbers them by channel index (`ana-0`, `ana-1`)."""
+    if channels == 1:
+        return (validate_id("participant", raw),)
+    names = raw.split(",")
+    if len(names) == 1:
+        names = [f"{raw}-{c}" for c in range(channels)]
+    if len(names) != channels or len(set(names)) != channels:
+        raise ProtocolError(
+            ErrorCode.BAD_CONFIG,
+            CloseCode.BAD_REQUEST,
+            f"participant must name all {channels} channels, each differently "
+            "(participant=ana,bo), or be one name the channels are numbered after",
+        )
+    return tuple(validate_id("participant", name) for name in names)

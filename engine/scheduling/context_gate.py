@@ -1,7 +1,7 @@
 """The left-context load gate: whether a batch's live finals go to the model behind their
 left context (`Utterance.left`) or alone.
 
-A left context makes a final's encoder window longer (docs/performance.md): a loaded
+A left context makes a final's encoder window longer (docs/performance.md#left-context): a loaded
 server sheds that cost before it sheds rooms or makes a final late. A live final goes
 behind its context only while no final waits in the queue, the share of the model's
 recent time that finals and files took is below `below`, and the batch's oldest final is
@@ -30,10 +30,7 @@ class ContextGate:
     def __init__(
         self, below: float | None, budget: float | None, clock: Callable[[], float]
     ) -> None:
-        if below is not None and not 0 < below <= 1:
-            raise ValueError("context_below must lie in (0, 1] (None: no load gate)")
-        if budget is not None and budget <= 0:
-            raise ValueError("context_budget must be positive (None: no budget)")
+        """`below` and `budget` as `SchedulerConfig` checked them."""
         self._below = below
         self._budget = budget
         self._clock = clock

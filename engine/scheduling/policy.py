@@ -15,11 +15,11 @@ when to look again. The rules:
    next decoder step or encoder row); its partials go back to the queue and the worker
    takes the finals. But a partial batch expected to end before the oldest waiting final
    has waited `partial_wait` is left to finish: stopping it would throw its work away to
-   save the final less than that (on the 2-core CPU at 16 rooms, stopped partial batches
-   were 36-80 % of the partials' model time). It is left only until then: one that
-   overruns is stopped when the final has waited `partial_wait` (the plan wakes then), so
-   `partial_wait` bounds a final's wait for partials. Its expected end is its start plus
-   its rows times `PartialCost`'s
+   save the final less than that (under load on the CPU, stopped partial batches were most
+   of the partials' model time: docs/performance.md#partials). It is left only until then:
+   one that overruns is stopped when the final has waited `partial_wait` (the plan wakes
+   then), so `partial_wait` bounds a final's wait for partials. Its expected end is its
+   start plus its rows times `PartialCost`'s
    measure of a partial row; partial batches are sized to fit `partial_wait` (rule 4),
    so on the CPU, where a row costs ~0.1-0.3 s, they are single rows left to finish,
    while larger batches (on a GPU, or before any cost is known) are stopped as before.
@@ -49,7 +49,7 @@ when to look again. The rules:
    `max_partial_batch` rows, and no more than are expected to run within `partial_wait`
    (`PartialCost`), at least one; one until a partial batch has run to its end.
 5. **Flat batches (a GPU).** Where a batch costs about what one row does
-   (`flat_batches`: on CUDA up to batch 32, docs/performance.md), rows are not rationed
+   (`flat_batches`: on CUDA, docs/performance.md#a-gpu-node), rows are not rationed
    by their cost: a batch of finals takes every ready final (up to `max_batch_size`,
    not shared out over the free workers), a partial batch every queued partial (up to
    `max_partial_batch`), and a partial batch's expected end is its start plus what a
@@ -65,49 +65,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.api import Priority
+from engine.scheduling.config import SchedulerConfig
 
-# A final behind its left context took 1.6-1.9x its model time alone in our runs (the
-# longer encoder window; docs/performance.md, "Cheaper left context").
+# A final behind its left context takes longer than alone (the longer encoder window):
+# this ratio is the middle of the measured range (docs/performance.md#left-context).
 CONTEXT_RATIO = 1.7
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyConfig:
-    workers: int = 1
-    max_batch_size: int = 16
-    max_wait: float = 0.02  # seconds a batch of finals may wait to fill
-    max_partial_batch: int = 16
-    partial_share: float = 0.5  # most of the model's time partials may take
-    partial_burst: float = 2.0  # model-seconds of unused partial time that may be saved up
-    # The longest a final waits for a partial batch (rule 2), which partial batches are
-    # sized to fit (rule 4); 0: partial batches of `max_partial_batch`, always stopped.
-    partial_wait: float = 0.25
-    flat_batches: bool = False  # a batch costs about what one row does (rule 5)
-
-    @property
-    def partial_workers(self) -> int:
-        """Most workers running partials at once: their share of the workers, at least one."""
-        return max(1, int(self.partial_share * self.workers))
-
-    def __post_init__(self) -> None:
-        if self.workers < 1 or self.max_batch_size < 1 or self.max_partial_batch < 1:
-            raise ValueError("need at least one worker and batches of at least one")
-        if not 0 < self.partial_share <= 1:
-            raise ValueError(f"partial_share must lie in (0, 1], got {self.partial_share}")
-        if self.max_wait < 0 or self.partial_burst <= 0 or self.partial_wait < 0:
-            raise ValueError("need max_wait >= 0, partial_burst > 0 and partial_wait >= 0")
-
-    def partial_batch(self, per_row: float | None) -> int:
-        """Most partials in one batch when a partial row costs `per_row` model-seconds
-        (None: not known yet, one row: it measures the cost soonest, and a batch that
-        finals stop measures nothing); with flat batches, `max_partial_batch` (rule 5)."""
-        if self.partial_wait == 0 or self.flat_batches:
-            return self.max_partial_batch
-        if per_row is None:
-            return 1
-        if per_row <= 0:
-            return self.max_partial_batch
-        return max(1, min(self.max_partial_batch, int(self.partial_wait / per_row)))
 
 
 class PartialBudget:
@@ -119,7 +81,7 @@ class PartialBudget:
     goes negative by at most the batches in flight, and pays that back before the next.
     """
 
-    def __init__(self, config: PolicyConfig, now: float) -> None:
+    def __init__(self, config: SchedulerConfig, now: float) -> None:
         self._rate = config.partial_share * config.workers
         self._burst = config.partial_burst
         self._credit = config.partial_burst
@@ -255,7 +217,7 @@ def plan(
     free: Sequence[int],
     running: Sequence[Running],  # in the order the batches started
     budget: PartialBudget,
-    config: PolicyConfig,
+    config: SchedulerConfig,
     now: float,
     partial_cost: float | None = None,
 ) -> Plan:

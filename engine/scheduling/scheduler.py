@@ -56,8 +56,9 @@ from engine.api import (
     Utterance,
 )
 from engine.recognizer import Interrupted, Recognizer
+from engine.scheduling.config import SchedulerConfig
 from engine.scheduling.context_gate import ContextGate
-from engine.scheduling.policy import PartialBudget, PartialCost, PolicyConfig, plan
+from engine.scheduling.policy import PartialBudget, PartialCost, plan
 from engine.scheduling.records import BusyTime, Entry, SchedulerStats, Worker
 from engine.scheduling.request_queue import LATEST_ONLY, RequestQueue
 
@@ -80,40 +81,18 @@ class BatchScheduler:
     def __init__(
         self,
         recognizer: Recognizer,
+        config: SchedulerConfig,
         *,
-        workers: int = 1,
-        max_batch_size: int = 16,
-        max_partial_batch: int = 16,
-        max_wait: float = 0.02,
-        max_queue: int = 256,
-        partial_share: float = 0.5,
-        partial_wait: float = 0.25,
-        context_below: float | None = None,
-        context_budget: float | None = None,
-        flat_batches: bool = False,
         worker_init: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if max_batch_size < 1:
-            raise ValueError("max_batch_size must be >= 1")
-        if max_queue < max_batch_size:
-            raise ValueError("max_queue must be >= max_batch_size")
-        self._gate = ContextGate(context_below, context_budget, clock)
+        self._gate = ContextGate(config.context_below, config.context_budget, clock)
         self._recognizer = recognizer
-        batch = min(max_batch_size, recognizer.max_batch_size)
-        self._policy = PolicyConfig(
-            workers=workers,
-            max_batch_size=batch,
-            max_wait=max_wait,
-            max_partial_batch=min(max_partial_batch, batch),
-            partial_share=partial_share,
-            partial_wait=partial_wait,
-            flat_batches=flat_batches,
-        )
+        self._config = config
         self._clock = clock
-        self._budget = PartialBudget(self._policy, clock())
+        self._budget = PartialBudget(self._config, clock())
         self._partial_cost = PartialCost()
-        self._queue = RequestQueue(max_queue)
+        self._queue = RequestQueue(config.max_queue)
         self._wakeup = asyncio.Event()
         self._planned = asyncio.Event()  # the loop has planned with every change so far
         self._room = asyncio.Event()  # set whenever the queue drops below its bound
@@ -124,7 +103,7 @@ class BatchScheduler:
                     max_workers=1, thread_name_prefix=f"parley-model-{i}", initializer=worker_init
                 ),
             )
-            for i in range(workers)
+            for i in range(config.workers)
         ]
         self._task: asyncio.Task[None] | None = None
         self._busy = BusyTime()  # recent (start, end) of batches
@@ -132,6 +111,10 @@ class BatchScheduler:
         self.state = SchedulerState.CREATED
         self.death: EngineDead | None = None  # why it died (state DEAD)
         self.stats = SchedulerStats()
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return self._config
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -300,7 +283,7 @@ class BatchScheduler:
                 [w.index for w in self._workers if not w.batch],
                 [w.view() for w in running],
                 self._budget,
-                self._policy,
+                self._config,
                 now,
                 self._partial_cost.per_row,
             )
@@ -326,7 +309,7 @@ class BatchScheduler:
             return
         worker.batch, worker.partial, worker.started = live, partial, self._clock()
         worker.expected_end = (
-            self._partial_cost.expected_end(worker.started, len(live), self._policy.flat_batches)
+            self._partial_cost.expected_end(worker.started, len(live), self._config.flat_batches)
             if partial
             else None
         )

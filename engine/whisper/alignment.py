@@ -20,7 +20,7 @@ the path starts on the prompt's rows, which take the silence before the first wo
 
 Times are seconds from the start of the utterance's audio, on a 20 ms grid (the encoder's
 frame), inside [0, its duration]. Computed for finals only (`Utterance.word_timings`);
-the cost is measured in docs/performance.md.
+the cost: docs/performance.md#the-models-arithmetic.
 """
 
 from __future__ import annotations

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
+from engine.choices import QUANTIZE_SCOPES, DType, Quantize
 from engine.whisper import keyterms
 from engine.whisper.guard import GuardConfig
 from engine.whisper.int8 import int8_available
 
-DType = Literal["float32", "float16", "bfloat16"]
-# What runs in int8 (`engine.whisper.int8`): nothing; the vocabulary projection's shortlist only,
-# rescored in float32 (`engine.whisper.vocabulary`: float32's tokens); the decoder's linear layers
-# (its vocabulary projection included); or every linear layer (the encoder's too).
-Quantize = Literal["none", "int8-shortlist", "int8-decoder", "int8"]
-QUANTIZE_SCOPES: tuple[Quantize, ...] = ("none", "int8-shortlist", "int8-decoder", "int8")
 # The linear layers each scope replaces by `Int8Linear`s (int8-shortlist: none; it keeps an
 # int8 copy of the projection beside the float32 one).
 INT8_LAYERS: dict[str, Callable[[str], bool]] = {
@@ -46,31 +40,30 @@ class WhisperRecognizerConfig:
     `prompt_tokens` bounds each utterance's `prompt` (the previous text, Whisper's
     `<|startofprev|>` prefix) to its last that many tokens; 0 ignores prompts.
     `quantize` stores some linear layers' weights as int8 and multiplies in integers, with
-    activations quantized per row (`engine.whisper.int8`; CPU and float32 only): `int8-shortlist`
-    only to shortlist each step's candidate tokens, rescored in float32 (float32's tokens,
-    `engine.whisper.vocabulary`), `int8-decoder` the decoder's layers and its vocabulary
-    projection, `int8` the encoder's as well (docs/performance.md: what each saves, and
-    its accuracy). `drafts` lets each
-    utterance's `draft` seed its decoding (`engine.whisper.greedy`); off, drafts are ignored.
+    activations quantized per row (`engine.whisper.int8`; CPU and float32 only):
+    `int8-shortlist` only to shortlist each step's candidate tokens, rescored in float32
+    (float32's tokens, `engine.whisper.vocabulary`), `int8-decoder` the decoder's layers and
+    its vocabulary projection, `int8` the encoder's as well (what each saves, and its
+    accuracy: docs/performance.md#the-models-arithmetic). `drafts` lets each utterance's
+    `draft` seed its decoding (`engine.whisper.greedy`); off, drafts are ignored.
     `word_timings` computes the words of the utterances that ask for them
     (`engine.whisper.alignment`); off, every transcription's `words` is empty.
     Partials (`Utterance.partial`) are decoded more cheaply: a partial's window is the
     smallest of `windows` and `partial_windows` holding its audio plus `partial_margin`,
     its budget `partial_tokens_per_second` tokens per second of audio (plus a few), and a
     partial that loops is not decoded again on the full window: it keeps the first cycle
-    of what it repeats, or gives empty text (docs/performance.md, "Cheaper partials":
-    loops, words and cost per grid).
-    `partial_quantize` decodes batches of partials only through cheaper weights than
-    finals: `int8-decoder` gives them the decoder's layers and vocabulary projection in
-    int8 (copies beside the finals' weights), ~15 % less time per partial on the 2-core
-    CPU, where a decoder step is bound by reading its weights; a partial is shown for a
-    moment and is only a draft to its final, whose text does not depend on it
-    (docs/performance.md, "Partials in int8"). None (or where finals' decoder is int8
-    already): the same weights as finals.
+    of what it repeats, or gives empty text (loops, words and cost per grid:
+    docs/history/2026-12-02-partials-and-bfloat16.md#cheaper-partials-issue-15).
+    `partial_quantize` decodes batches of partials only through cheaper weights than finals:
+    `int8-decoder` gives them the decoder's layers and vocabulary projection in int8 (copies
+    beside the finals' weights), cheaper on the CPU, where a decoder step is bound by
+    reading its weights; a partial is shown for a moment and is only a draft to its final,
+    whose text does not depend on it (docs/performance.md#the-models-arithmetic). None (or
+    where finals' decoder is int8 already): the same weights as finals.
     `encoder_dtype` runs the encoder in another dtype than the rest (None: `dtype`):
     bfloat16 halves a CPU encoder pass where the CPU multiplies bfloat16 natively
-    (`engine.loading.resolve_encoder_dtype`; docs/performance.md, "The encoder in
-    bfloat16"); its states go to the decoder in `dtype`.
+    (`engine.loading.resolve_encoder_dtype`; docs/performance.md#the-models-arithmetic);
+    its states go to the decoder in `dtype`.
     `context_window` is the longest window an utterance's left context may fill (with
     the margin): the context's oldest utterances are dropped until it fits
     (`engine.whisper.context.fitted`); an utterance that needs a longer window alone gets none.
@@ -82,7 +75,7 @@ class WhisperRecognizerConfig:
     final with its window filled loops more often, and the full window costs 3-4x).
     Keyterms (`Utterance.keyterms`, `engine.whisper.keyterms`): `keyterm_prompt` puts them in the
     prompt; `keyterm_start` and `keyterm_continue` are the logit bonuses on beginning and
-    on continuing one (0 and 0: no boosting; docs/performance.md, "Keyterms").
+    on continuing one (0 and 0: no boosting; docs/performance.md#keyterms).
     `decoder_graphs` runs the decoder's single-token steps over fixed buffers, replayed
     from CUDA graphs on a GPU (`engine.whisper.step_graphs`; on a CPU eagerly, for tests).
     """
@@ -92,7 +85,7 @@ class WhisperRecognizerConfig:
     encoder_dtype: DType | None = None
     windows: tuple[float, ...] = (10.0, 15.0, 20.0, 30.0)
     window_margin: float = 1.0
-    max_batch_size: int = 16
+    max_batch_size: int | None = None  # a direct caller's bound on one forward pass
     max_tokens_per_second: float = 8.0
     retry_loops_on_full_window: bool = True
     quantize: Quantize = "none"
@@ -112,7 +105,7 @@ class WhisperRecognizerConfig:
     decoder_graphs: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
+        if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_tokens_per_second <= 0 or self.partial_tokens_per_second <= 0:
             raise ValueError("max_tokens_per_second and partial_tokens_per_second must be > 0")

@@ -2,11 +2,11 @@
 
 Decoded alone, each utterance's window holds that utterance and silence, and tiny.en
 hears every utterance cold. Long-form Whisper decodes 30 s windows that begin with
-whatever came before, and on a dialogue of synthetic voices it made 6 points fewer
-errors than per-utterance decoding of the very same VAD segments (docs/performance.md,
-"Where the dialogue's errors came from"): not from the prompt of previous text (one
-point), the window length, timestamps or the segments' padding (none), but from hearing
-the speech before.
+whatever came before, and on a dialogue of synthetic voices it made far fewer errors
+than per-utterance decoding of the very same VAD segments
+(docs/history/2026-12-02-quality-and-left-context.md#where-the-dialogues-errors-came-from-left-context):
+not from the prompt of previous text (one point), the window length, timestamps or the
+segments' padding (none), but from hearing the speech before.
 
 So an utterance may carry its `LeftContext` (`engine.api`): the audio before it (its
 source's previous utterance and the gap after it) and that audio's final text. The
@@ -22,9 +22,9 @@ the CPU encoder, and one previous utterance did as well as two on the meeting se
 With `context_own_window` the window is the one the utterance has alone: the context
 keeps only its last words that fit the room left there (`filled`, cut at the context's
 word timings), so the encoder's first pass costs what it costs without context
-(docs/performance.md, "Left context in the final's own window"): a short utterance that
-then loops (1 s of silence after it) is decoded again without its context in the same
-window, not on the full one.
+(docs/history/2026-12-02-quality-and-left-context.md#left-context-in-the-finals-own-window-issue-17-against-issue-15-branch-ctx):
+a short utterance that then loops (1 s of silence after it) is decoded again without its
+context in the same window, not on the full one.
 
 Behind a context tiny.en sometimes says the utterance twice ("And it is worth mention in
 passing that as an example of fine typography, and it is worth mention in passing ...":

@@ -3,11 +3,11 @@
 Why not transformers' `generate()`: on CPU a small Whisper's decoder step is a few
 milliseconds of arithmetic, and `generate()` plus the decoder's `forward` add about as much
 again in Python per step (cache objects, mask construction, logits processors, stopping
-criteria), measured at 3-4 ms a step on the 2-core dev machine; an utterance takes 20-40
-steps. `DecoderStep` runs the same arithmetic with none of that: the decoder's own
-submodules (embeddings, layer norms, projections, whichever kind `engine.whisper.int8` left them),
-a key/value cache preallocated once per batch (`KVCache`), cross-attention keys and values
-computed once from the encoder states, and `scaled_dot_product_attention`.
+criteria); an utterance takes 20-40 steps. `DecoderStep` runs the same arithmetic with none
+of that: the decoder's own submodules (embeddings, layer norms, projections, whichever kind
+`engine.whisper.int8` left them), a key/value cache preallocated once per batch (`KVCache`),
+cross-attention keys and values computed once from the encoder states, and
+`scaled_dot_product_attention`.
 
 A pass feeds any number of tokens per row, each row's placed after its own cached tokens:
 rows may sit at different positions (after prefixes of different lengths, or drafts kept

@@ -19,9 +19,10 @@ One batch decodes in two calls:
 Where every row's prompt is known before the logits at <|startoftranscript|> are read (an
 English-only model, or languages pinned rather than detected), `start_and_decode` does
 both: the prefix, <|startoftranscript|>, the prompt and the draft go through the decoder in
-one pass, not three (the same tokens; 4-8 % less time per row on the 2-core CPU:
-docs/performance.md). Each pass reads every decoder weight once; for a few rows of a few
-tokens that read, more than the arithmetic, is what a pass costs on the CPU.
+one pass, not three (the same tokens, less time per row:
+docs/history/2026-12-02-evening-zen3.md#one-decoder-pass-for-the-start-greedydecoderstart_and_decode-kept-14b74ed).
+Each pass reads every decoder weight once; for a few rows of a few tokens that read, more
+than the arithmetic, is what a pass costs on the CPU.
 
 Drafts (speculative decoding without a second model): a live utterance is transcribed
 again every fraction of a second as it grows, and each transcription mostly repeats the

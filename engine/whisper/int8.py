@@ -8,17 +8,19 @@ one scale per output channel it is a quarter of the bytes, and fbgemm's dynamic 
 `reduce_range`, which CPUs without VNNI need to keep their 16-bit accumulators from
 saturating) and multiplies in integers.
 
-Per row, not per call. That kernel picks one activation scale and zero point for the
-whole call, from the minimum and maximum of every row in it, so a row's result depended
-on its batch-mates, and a many-token draft check rounded differently from single steps
-(the streaming WER rose: docs/performance.md). Here each row is first divided by its own
-largest magnitude, so every row lies in [-1, 1], and one fixed calibration row that spans
-exactly the kernel's grid (zero point in the middle, no clipping) is appended: the kernel
-then always chooses the same scale and zero point, whatever else is in the call, and each
-row is quantized on a grid of its own magnitude. The integer products are exact and the
-rescaling is per element, so a row's output is bit for bit the same alone, in any batch,
-and at any position of a many-token pass (tests/engine/test_int8.py checks it). The cost
-over the per-call kernel is a few element-wise operations and one extra row.
+Per row, not per call. That kernel picks one activation scale and zero point for the whole
+call, from the minimum and maximum of every row in it, so a row's result depended on its
+batch-mates, and a many-token draft check rounded differently from single steps (the
+streaming WER rose:
+docs/history/2026-11-29-first-measurements.md#accuracy-of-int8-and-drafts). Here each row
+is first divided by its own largest magnitude, so every row lies in [-1, 1], and one fixed
+calibration row that spans exactly the kernel's grid (zero point in the middle, no
+clipping) is appended: the kernel then always chooses the same scale and zero point,
+whatever else is in the call, and each row is quantized on a grid of its own magnitude.
+The integer products are exact and the rescaling is per element, so a row's output is bit
+for bit the same alone, in any batch, and at any position of a many-token pass
+(tests/engine/test_int8.py checks it). The cost over the per-call kernel is a few
+element-wise operations and one extra row.
 
 Why these low-level ops and not `torch.ao.quantization.quantize_dynamic`: that API is
 deprecated in torch 2.13 and warns on every call, and its successor (torchao's

@@ -1,8 +1,8 @@
 """Keyterms: words a stream expects (names, products, jargon), favoured while decoding.
 
-An utterance's `keyterms` reach the decoder two ways, and `engine.whisper.recognizer` uses both
-(bench/keyterms.py, three voices: held-out terms right 1/36 without, 17/36 with the
-prompt, 22/36 with both; docs/performance.md, "Keyterms"):
+An utterance's `keyterms` reach the decoder two ways, and `engine.whisper.recognizer` uses
+both (bench/keyterms.py: the prompt does most of the work, boosting finishes terms begun;
+docs/performance.md#keyterms):
 
 - **In the prompt**: Whisper's previous-text prefix (<|startofprev|>) reads the terms
   before the utterance's own previous text, so the model has seen their spelling.

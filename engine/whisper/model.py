@@ -85,8 +85,8 @@ class WhisperModel:
             torch.nn.Module.to(model.model.encoder, config.encoder_torch_dtype)
         if config.encoder_torch_dtype == torch.bfloat16 and self.device.type == "cpu":
             # The encoder is the only part transformers runs; torch's CPU flash attention
-            # in bfloat16 is slower than plain matrix products (a 10 s window: 87 against
-            # 73 ms: docs/performance.md, "The bfloat16 encoder's attention as plain products").
+            # in bfloat16 is slower than plain matrix products
+            # (docs/performance.md#the-models-arithmetic).
             model.set_attn_implementation("eager")
         self.model = model
         self.encoders = WindowedEncoders(

@@ -52,10 +52,11 @@ import numpy as np
 import torch
 
 from engine.api import SAMPLE_RATE, Transcription, Utterance
+from engine.choices import DType, Quantize
 from engine.recognizer import Interrupted, StopCheck
 from engine.whisper import context, keyterms
 from engine.whisper.alignment import AlignmentRequest
-from engine.whisper.config import DType, Quantize, WhisperRecognizerConfig
+from engine.whisper.config import WhisperRecognizerConfig
 from engine.whisper.decoding import Decoded, read_row, token_budget
 from engine.whisper.first_step import FirstRead
 from engine.whisper.greedy import Greedy, Started
@@ -88,10 +89,6 @@ class WhisperRecognizer:
         return self._name
 
     @property
-    def max_batch_size(self) -> int:
-        return self.config.max_batch_size
-
-    @property
     def languages(self) -> frozenset[str]:
         """Every language code the model knows; just `en` for an English-only model."""
         return self._whisper.languages
@@ -111,14 +108,15 @@ class WhisperRecognizer:
     def transcribe(
         self, batch: Sequence[Utterance], should_stop: StopCheck | None = None
     ) -> list[Transcription]:
-        """One result per utterance, in order; batches above `max_batch_size` are split.
+        """One result per utterance, in order; with `config.max_batch_size`, batches above
+        it are split (the scheduler sends batches within its own bound: it leaves it None).
 
         `should_stop` is polled before each encoder pass (on the CPU the rows are encoded
         one by one: it costs the same per row) and before each decoder step; when it
         returns True the batch raises `Interrupted`.
         """
         results: list[Transcription] = []
-        size = self.config.max_batch_size
+        size = self.config.max_batch_size or max(1, len(batch))
         for start in range(0, len(batch), size):
             results.extend(self._transcribe_batch(batch[start : start + size], should_stop))
         if len(results) != len(batch):

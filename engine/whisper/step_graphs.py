@@ -1,13 +1,14 @@
 """Single-token decoder steps replayed from CUDA graphs (`PARLEY_DECODER_GRAPHS`).
 
 On a GPU a small Whisper's decoder step is bound by kernel launches and Python, not by
-arithmetic: tiny.en's took ~3 ms on an H200 at any batch up to 32 (docs/performance.md,
-"GPU"), its kernels launched one by one. A CUDA graph records a step's kernels once and
-replays them with one launch. That needs fixed shapes and fixed memory:
-`DecoderStep.feed_one` (attention over the cache's every position, masked; nothing read
-back to the host), run over buffers that live as long as the graph: a cache of `bucket`
-rows (the batch's rows, padded up to a power of two) and of the decoder's every position
-(a batch's cache holds fewer: its prompts and budgets), its lengths and the step's ids.
+arithmetic: tiny.en's costs about the same at any batch up to a few dozen rows
+(docs/performance.md#a-gpu-node), its kernels launched one by one. A CUDA graph records a
+step's kernels once and replays them with one launch. That needs fixed shapes and fixed
+memory: `DecoderStep.feed_one` (attention over the cache's every position, masked; nothing
+read back to the host), run over buffers that live as long as the graph: a cache of
+`bucket` rows (the batch's rows, padded up to a power of two) and of the decoder's every
+position (a batch's cache holds fewer: its prompts and budgets), its lengths and the
+step's ids.
 
 `StepGraphs.load(cache)` copies a batch's cache, after its prompts and drafts (decoded
 eagerly by `engine.whisper.greedy`), into the buffers of the graph for its bucket, encoder frames

@@ -15,13 +15,14 @@ exactly. `ShortlistHead` therefore:
 4. vouches for the pick: a token outside the shortlist has an int8 logit at most the
    shortlist's last, so its float32 logit is at most that plus the int8 error. On the
    corpus that error never exceeded 1.63 (40 million logits of decoder states after the
-   final layer norm, whose norm hardly varies: docs/performance.md). A row whose best
-   exact logit does not beat the shortlist's last int8 logit by `margin` (4.0, 2.5 times
-   that) is projected again in full float32 ("rescued"), so float32's argmax is missed
-   only if int8 errs by more than that. On the corpus float32's token was always at rank
-   0 or 1 of the int8 logits, and 0.15 % of the choices were rescued. (A margin of 0.08
-   times the row's largest magnitude, tried first, rescued 4 %, each costing a float32
-   projection of its own.)
+   final layer norm, whose norm hardly varies:
+   docs/history/2026-12-02-step-cost-and-endpoint.md#int8-shortlist-float32-rescoring-enginevocabularypy-the-cpu-default).
+   A row whose best exact logit does not beat the shortlist's last int8 logit by `margin`
+   (4.0, 2.5 times that) is projected again in full float32 ("rescued"), so float32's
+   argmax is missed only if int8 errs by more than that. On the corpus float32's token was
+   always at rank 0 or 1 of the int8 logits, and 0.15 % of the choices were rescued. (A
+   margin of 0.08 times the row's largest magnitude, tried first, rescued 4 %, each
+   costing a float32 projection of its own.)
 
 What the rest of the decoder reads, and how it stays right:
 
@@ -59,7 +60,7 @@ from engine.whisper.int8 import Int8Linear
 
 SHORTLIST = 32
 # The shortlist's vouching margin in logits: 2.5 times the largest int8 logit error
-# measured on the corpus (1.63; docs/performance.md).
+# measured on the corpus (1.63, above).
 MARGIN = 4.0
 
 

@@ -170,7 +170,7 @@ def resolve_model(spec: str, cache: Path) -> Path:
         return _cached_hub_model(spec)
     raise ModelNotFoundError(
         f"unknown model {spec!r}: expected one of {sorted(PACKAGED_MODELS)}, "
-        "a Whisper folder, or a hub id cached on this machine"
+        "a Whisper folder, or a hub id in the local Hugging Face cache"
     )
 
 

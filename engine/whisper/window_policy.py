@@ -15,9 +15,8 @@ loops for cost: a partial's window is the smallest of `partial_windows` (4/6/8 s
 finals' windows that holds its audio plus `partial_margin` (2 s), and a partial is never
 decoded a second time on the full window. In a short window tiny.en often reads the
 speech and then reads it again into the padding; a partial keeps the first reading
-(`cut_repeats`). On live partials' audio that cut the encoder's window from 10 s to ~6 s
-on average, with 6 of 170 partials empty (4 in the 10 s window) (docs/performance.md,
-"Cheaper partials").
+(`cut_repeats`): the encoder's window much shorter on average, a few partials empty
+(docs/history/2026-12-02-partials-and-bfloat16.md#cheaper-partials-issue-15).
 
 Left context (`engine.whisper.context`) fills the window up to `context_window`, or only the
 room the utterance leaves in its own window (`context_own_window`: `fit_context`). A row
@@ -155,7 +154,8 @@ class WindowPolicy:
         twice, or its context again. The last two are how tiny.en hallucinates behind a
         context: the breath after a sentence, heard after that sentence, became "I don't
         know." (log-probability -1.3) or "I will ask what you can do for your country."
-        (the context re-read), where alone it is no speech (docs/performance.md)."""
+        (the context re-read), where alone it is no speech
+        (docs/history/2026-12-04-context-hallucination.md#what-failed-and-why)."""
         if self.verdict(item) is not Verdict.SPEECH:
             return True
         if item.avg_logprob < self._config.guard.logprob_threshold:

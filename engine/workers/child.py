@@ -82,7 +82,6 @@ class Close:
 class Ready:
     name: str
     languages: frozenset[str]
-    max_batch_size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +136,7 @@ def child_main(
     except Exception as exc:  # sent to the parent, which raises it
         conn.send(Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
-    conn.send(Ready(recognizer.name, recognizer.languages, recognizer.max_batch_size))
+    conn.send(Ready(recognizer.name, recognizer.languages))
     trim = malloc_trim() if trim_interval > 0 else None
     trimmed = time.monotonic()
 

@@ -4,10 +4,10 @@ Why: with model workers as threads, every worker and the event loop share one GI
 decoder step is ~150 small torch operations; each releases the GIL for its arithmetic and
 takes it back for the Python around it, so a worker that wants it back waits behind the
 event loop (or the other worker) for up to the interpreter's switch interval, once per
-operation. On the 2-core CPU at 16 rooms the two workers were "busy" 85-90 % of the time
-while the server used 1.3-1.4 cores with the machine ~10 % idle (docs/performance.md,
-"Model workers as processes"). A process per worker has a GIL of its own; the event loop
-keeps its own.
+operation. Under load on the CPU the workers were "busy" most of the time while the
+server left part of the machine idle
+(docs/history/2026-12-03-evening-ice-lake.md#the-gil-a-shorter-switch-interval-then-model-workers-as-processes-kept).
+A process per worker has a GIL of its own; the event loop keeps its own.
 
 How: `ProcessRecognizer` keeps `processes` slots, each holding a child (spawned: a fork
 of a process with torch's and asyncio's threads is unsafe) that loads the model itself
@@ -18,7 +18,7 @@ batches at once than it has workers, so with every child up a call never waits f
 A stop (`should_stop`) is passed on through a flag in shared memory that the child's
 recognizer polls as it would its own.
 
-Supervision (STYLE.md 18: alive is not healthy):
+Supervision (alive is not healthy; docs/operations.md#model-worker-processes):
 - A child that dies while it runs a batch is seen within `STOP_POLL_S`; one that stops
   beating (`engine.workers.child`: it polls the stop flag at every encoder row and decoder
   step) for `hang_after` seconds (`PARLEY_WORKER_HANG_S`, 10 s) is hung and SIGKILLed, as
@@ -49,9 +49,9 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from engine.api import Transcription, Utterance
+from engine.choices import ProcessMode
 from engine.loading import ModelConfig, resolve_device
 from engine.recognizer import Interrupted, StopCheck
 from engine.workers.child import (
@@ -171,10 +171,6 @@ class ProcessRecognizer:
     @property
     def name(self) -> str:
         return self._ready.name
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._ready.max_batch_size
 
     @property
     def languages(self) -> frozenset[str]:
@@ -307,8 +303,8 @@ class ProcessRecognizer:
 
     def _spawn(self, slot: _Slot) -> None:
         # A replacement skips the warm-up: it decodes silence in every window (7 encoder
-        # passes, ~10 s at one thread on the loaded 2-core box) while finals wait for it,
-        # and a cold first batch took no longer than a warm one there (0.98 s vs 1.07 s).
+        # passes, seconds at one thread on a loaded CPU) while finals wait for it, and a
+        # cold first batch took no longer than a warm one.
         warm = self._start.waiting
         child = ChildProcess(slot.index, self._config, self._threads, self._trim_interval, warm)
         with self._cond:
@@ -382,11 +378,8 @@ class ProcessRecognizer:
             child.kill()
 
 
-ProcessMode = Literal["auto", "on", "off"]
-
-
 def in_processes(mode: ProcessMode, config: ModelConfig) -> bool:
     """Whether the model workers run as processes: `on`, or `auto` on the CPU (measured
-    there: bench/workers.py, docs/performance.md); on CUDA `auto` keeps threads (one
-    worker, and a CUDA context per process costs GPU memory)."""
+    there: bench/workers.py, docs/performance.md#workers-and-batches); on CUDA `auto` keeps
+    threads (one worker, and a CUDA context per process costs GPU memory)."""
     return mode == "on" or (mode == "auto" and resolve_device(config) == "cpu")

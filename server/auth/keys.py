@@ -132,7 +132,7 @@ def bearer(header: str | None) -> str | None:
 class OriginPolicy:
     """Which browser pages may open WebSockets. A request without `Origin` (a bot)
     passes; listed origins pass (`*`: any); the server's own origin (its page in
-    static/) passes.
+    server/static/) passes.
 
     With nothing listed and authentication off (a developer's machine), `local_only`:
     pages served from a loopback host (`localhost`, 127.0.0.0/8, `[::1]`) pass too, and

@@ -1,4 +1,4 @@
-"""HTTP routes for enrolled speakers (see docs/protocol.md, "Enrolled speakers").
+"""HTTP routes for enrolled speakers (docs/protocol.md#enrolled-speakers).
 
 - `POST /v1/speakers` — multipart form: `name` and `file` (a few seconds of one voice, any
   format the upload decoder takes). The file is decoded in the sandbox like an upload,

@@ -26,7 +26,8 @@ class ServerSettings:
     static_dir: str = setting(
         "static",
         "Folder of the browser client, served at `/`; a relative one not found in the "
-        "working directory is looked for beside the server's code.",
+        "working directory is looked for in the installed `server` package, whose "
+        "`static/` is the page Parley ships.",
     )
     drain_grace_s: float = setting(
         0.0,
@@ -66,6 +67,11 @@ class StreamSettings:
 
     default_language: str = setting("en", "Language of a stream that does not say.")
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
+    max_channels: int = setting(
+        8,
+        "Most interleaved channels one stream may carry (`channels`, Deepgram's `multichannel`) "
+        "or one upload may be split into; each is a source of its own. More: 4400 / HTTP 400.",
+    )
     max_sessions: int = setting(
         64,
         "Concurrent audio streams admitted; more get close 1013, and `/readyz` says 503 "
@@ -132,6 +138,7 @@ class StreamSettings:
             )
         at_least(self, "max_frame_bytes", MIN_FRAME_BYTES)
         for name in (
+            "max_channels",
             "max_sessions",
             "max_streams_per_key",
             "max_listeners_per_meeting",

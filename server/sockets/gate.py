@@ -26,7 +26,9 @@ from server.auth.keys import (
     unauthorized,
 )
 from server.limits import ALL, Slots, overloaded
+from server.state import AppState
 from wire.build import encode
+from wire.codes import CloseCode, ErrorCode
 from wire.control import parse_auth
 from wire.errors import ProtocolError
 
@@ -125,3 +127,31 @@ async def _auth_message(websocket: WebSocket, timeout_s: float) -> str:
             '"token": ...} as the first message'
         )
     return token
+
+
+async def authenticate_socket(
+    state: AppState, handshake: Handshake, meeting_id: str, scope: Scope
+) -> Principal:
+    """The socket's principal (`authenticate`), under the app's auth settings."""
+    return await authenticate(
+        handshake,
+        state.auth,
+        meeting_id,
+        scope,
+        timeout_s=state.settings.auth.auth_timeout_s,
+        waiting=state.waiting_auth,
+    )
+
+
+async def refuse(state: AppState, handshake: Handshake, error: ProtocolError) -> None:
+    state.metrics.refused.labels(str(int(error.close_code))).inc()
+    await handshake.refuse(error)
+
+
+def non_negative(name: str, raw: str) -> int:
+    """A query parameter that counts (`after_seq`, `last_seq`); 4400 `bad_config` if not."""
+    if not raw.isdigit() or len(raw) > 18:
+        raise ProtocolError(
+            ErrorCode.BAD_CONFIG, CloseCode.BAD_REQUEST, f"{name} must be a non-negative integer"
+        )
+    return int(raw)

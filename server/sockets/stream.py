@@ -1,28 +1,25 @@
-"""WebSocket endpoints: the audio stream of one source, and a meeting's listener feed."""
+"""The WebSocket endpoint of one audio source: its stream, opened or resumed, served by
+a session actor (a meeting's listener feed is server/sockets/listeners.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server.auth.keys import (
-    OwnerCheck,
     Principal,
     Scope,
     create_owned_source,
-    forbidden,
     meeting_access,
 )
 from server.limits import LimitedConnection, RealtimeBudget, StreamSlot, overloaded
 from server.registry import AdmissionRefused
-from server.sockets.gate import Handshake, authenticate, close_reason
+from server.sockets.channels import bind_participant, channel_configs, channel_query, serve_channels
+from server.sockets.gate import Handshake, authenticate_socket, non_negative, refuse
 from server.state import AppState, app_state
 from session.actor import SessionActor
 from session.enrolled import load_voices
@@ -30,13 +27,11 @@ from session.resume_context import ResumeContext, resume_context
 from session.services import SessionServices
 from session.stream_state import Connection
 from store.api import Store
-from store.errors import ResumeRefused, StoreError, SubscriberLagged, UnknownResumeToken
+from store.errors import ResumeRefused, StoreError, UnknownResumeToken
 from store.records import FinalRecord, SourceState
-from wire.build import encode, transcript_final
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
-from wire.query import StreamConfig, parse_stream_config, validate_id
-from wire.timeline import in_meeting_order
+from wire.query import StreamConfig, parse_stream_config
 
 logger = logging.getLogger(__name__)
 
@@ -48,32 +43,30 @@ async def stream_endpoint(websocket: WebSocket) -> None:
     terms = websocket.query_params.getlist("keyterm")  # the one parameter that repeats
     meeting_id = websocket.path_params["meeting_id"]
     try:
-        principal = await _authenticate(state, handshake, meeting_id, Scope.STREAM)
+        principal = await authenticate_socket(state, handshake, meeting_id, Scope.STREAM)
+        one, names = channel_query(query, state.settings.streams.max_channels)
         config = bind_participant(
-            parse_stream_config(meeting_id, query, state.settings.streams.default_language, terms),
+            parse_stream_config(meeting_id, one, state.settings.streams.default_language, terms),
             principal,
             query,
         )
+        configs = channel_configs(config, names, principal.participant) if len(names) > 1 else []
     except WebSocketDisconnect:
         return
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
         return
+    if configs:  # one source per channel (server/sockets/channels.py)
+        await serve_channels(
+            handshake,
+            websocket,
+            configs,
+            lambda shake, config, channel: serve_source(
+                state, shake, config, {}, principal, connection=channel
+            ),
+        )
+        return
     await serve_source(state, handshake, config, query, principal)
-
-
-async def _authenticate(
-    state: AppState, handshake: Handshake, meeting_id: str, scope: Scope
-) -> Principal:
-    """The socket's principal (server.sockets.gate.authenticate), under the app's auth settings."""
-    return await authenticate(
-        handshake,
-        state.auth,
-        meeting_id,
-        scope,
-        timeout_s=state.settings.auth.auth_timeout_s,
-        waiting=state.waiting_auth,
-    )
 
 
 async def serve_source(
@@ -209,11 +202,6 @@ def _check_language(language: str, known: frozenset[str], model: str) -> None:
     )
 
 
-async def refuse(state: AppState, handshake: Handshake, error: ProtocolError) -> None:
-    state.metrics.refused.labels(str(int(error.close_code))).inc()
-    await handshake.refuse(error)
-
-
 def _services_or_refuse(state: AppState) -> SessionServices:
     reason = state.unavailable()
     if reason is not None or state.services is None:
@@ -234,18 +222,6 @@ def _check_capacity(state: AppState, *, resumed: bool) -> None:
     reason = state.capacity.refusal(state.scheduler)
     if reason is not None:
         raise overloaded(reason)
-
-
-def bind_participant(
-    config: StreamConfig, principal: Principal, query: dict[str, str]
-) -> StreamConfig:
-    """A meeting token bound to a participant streams as that participant only."""
-    bound = principal.participant
-    if bound is None:
-        return config
-    if "participant" in query and query["participant"] != bound:
-        raise forbidden(f"the meeting token is for participant {bound!r}")
-    return dataclasses.replace(config, participant=bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +259,7 @@ async def _open_source(
             )
             return _OpenedSource(config, source, token, [], resumed=False)
         await meeting_access(store, meeting_id, principal)
-        last_seq = _non_negative("last_seq", query.get("last_seq", "0"))
+        last_seq = non_negative("last_seq", query.get("last_seq", "0"))
         participant = query.get("participant") or principal.participant
         source = (await store.resume_source(meeting_id, token, participant)).with_origin(
             time.time()
@@ -311,138 +287,3 @@ async def _open_source(
         limit = 0.0  # as Committer._left_limit: no left context in this language
     context = resume_context(mine, source, limit)
     return _OpenedSource(config, source, token, replay, resumed=True, context=context)
-
-
-async def events_endpoint(websocket: WebSocket) -> None:
-    """Listener feed: the meeting's finals so far (after `after_seq`), then every
-    `transcript.*` event of every source as it happens."""
-    state = app_state(websocket)
-    handshake = Handshake(websocket)
-    meeting_id = websocket.path_params["meeting_id"]
-    try:
-        principal = await _authenticate(state, handshake, meeting_id, Scope.EVENTS)
-        validate_id("meeting_id", meeting_id)
-        after_seq = _non_negative("after_seq", websocket.query_params.get("after_seq", "0"))
-        owner = OwnerCheck(state.store, meeting_id, principal)
-        await owner.start()
-    except WebSocketDisconnect:
-        return
-    except ProtocolError as exc:
-        await refuse(state, handshake, exc)
-        return
-    try:
-        lease = await state.listener_slots.acquire(meeting_id, principal.tenant)
-    except ProtocolError as exc:
-        await refuse(state, handshake, exc)
-        return
-    state.metrics.listeners.inc()
-    try:
-        await handshake.accept()
-        error = await _serve_listener(websocket, state, meeting_id, after_seq, owner)
-    finally:
-        state.metrics.listeners.dec()
-        await state.listener_slots.release(lease)
-    timeout = state.settings.streams.listener_send_timeout_s
-    if isinstance(error, SubscriberLagged):
-        await _close_with(
-            websocket,
-            ProtocolError(ErrorCode.SLOW_CONSUMER, CloseCode.POLICY_VIOLATION, str(error)),
-            timeout,
-        )
-    elif isinstance(error, ProtocolError):
-        await _close_with(websocket, error, timeout)
-    elif error is not None and not isinstance(error, WebSocketDisconnect):
-        logger.error("listener failed", exc_info=error)
-        await _close_with(
-            websocket,
-            ProtocolError(
-                ErrorCode.INTERNAL, CloseCode.INTERNAL_ERROR, "internal error; see server log"
-            ),
-            timeout,
-        )
-
-
-async def _serve_listener(
-    websocket: WebSocket, state: AppState, meeting_id: str, after_seq: int, owner: OwnerCheck
-) -> BaseException | None:
-    """Forward events until the listener leaves or fails; return what ended it."""
-    async with state.store.subscribe(meeting_id) as events:
-        watcher = asyncio.create_task(_watch_listener(websocket))
-        forwarder = asyncio.create_task(
-            _forward(websocket, state, meeting_id, after_seq, events, owner)
-        )
-        done, pending = await asyncio.wait(
-            {watcher, forwarder}, return_when=asyncio.FIRST_COMPLETED
-        )
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        return next(iter(done)).exception()
-
-
-def _non_negative(name: str, raw: str) -> int:
-    if not raw.isdigit() or len(raw) > 18:
-        raise ProtocolError(
-            ErrorCode.BAD_CONFIG, CloseCode.BAD_REQUEST, f"{name} must be a non-negative integer"
-        )
-    return int(raw)
-
-
-async def _forward(
-    websocket: WebSocket,
-    state: AppState,
-    meeting_id: str,
-    after_seq: int,
-    events: AsyncIterator[bytes],
-    owner: OwnerCheck,
-) -> None:
-    # Subscribed first, then read the log: nothing falls between the two; finals seen in
-    # the log are skipped when they come again live. The log's finals go out in meeting
-    # time (across sources), the live ones as they are logged. Nothing is sent before the meeting's
-    # owner is confirmed; a listener that does not take a message in time is dropped.
-    if after_seq > await state.store.last_seq(meeting_id):
-        after_seq = 0  # the log is younger than the client's view (an in-memory store restarted)
-    timeout = state.settings.streams.listener_send_timeout_s
-    sent = after_seq
-    backlog = await state.store.finals(meeting_id, after_seq)
-    for record in in_meeting_order(backlog):  # the replay in meeting time; live in seq order
-        await owner.confirm()
-        await _send(websocket, encode(transcript_final(record)), timeout)
-        sent = max(sent, record.seq)
-    async for event in events:
-        message = orjson.loads(event)
-        if message["type"] == "transcript.final" and message["seq"] <= sent:
-            continue
-        await owner.confirm()
-        await _send(websocket, event.decode(), timeout)
-
-
-async def _send(websocket: WebSocket, text: str, timeout: float) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            await websocket.send_text(text)
-    except TimeoutError:
-        raise SubscriberLagged(f"listener took no message for {timeout:g} s") from None
-
-
-async def _watch_listener(websocket: WebSocket) -> None:
-    """A listener only listens: keepalives are fine, audio is refused, a close ends it."""
-    while True:
-        message = await websocket.receive()
-        if message["type"] == "websocket.disconnect":
-            raise WebSocketDisconnect(message.get("code", 1000))
-        if message.get("bytes") is not None:
-            raise ProtocolError(
-                ErrorCode.UNSUPPORTED_DATA,
-                CloseCode.UNSUPPORTED_DATA,
-                "a listener socket accepts no audio; stream on /v1/meetings/{id}/stream",
-            )
-
-
-async def _close_with(websocket: WebSocket, error: ProtocolError, timeout: float) -> None:
-    try:
-        async with asyncio.timeout(timeout):  # a listener that reads nothing gets no longer
-            await websocket.send_text(encode(error.to_message()))
-            await websocket.close(error.close_code, close_reason(error.message))
-    except (RuntimeError, WebSocketDisconnect, OSError, TimeoutError):
-        logger.debug("listener went away before its close", exc_info=True)

@@ -1,4 +1,4 @@
-"""HTTP routes for transcribing uploaded recordings (see docs/protocol.md, "Transcribe a file").
+"""HTTP routes for transcribing uploaded recordings (docs/protocol.md#transcribe-a-file).
 
 - `POST /v1/transcriptions` streams the multipart upload to the job's temp folder
   (counted: 413 past `max_upload_bytes`), decodes it in a sandboxed subprocess (415
@@ -35,7 +35,8 @@ from server.settings import Settings
 from server.state import app_state
 from server.uploads.decode_worker import Refusal
 from server.uploads.form import FORM_OVERHEAD, receive_form, too_large
-from server.uploads.jobs import Job, JobOptions, JobsFull, JobStatus
+from server.uploads.jobs import Job, JobsFull, JobStatus
+from server.uploads.options import JobOptions
 from server.uploads.records import StoredJob
 from server.uploads.sandbox import unsandboxed
 from session.services import SessionServices
@@ -49,8 +50,11 @@ from wire.transcript import TranscriptFormat
 logger = logging.getLogger(__name__)
 
 OPTION_FIELDS = frozenset(
-    {"language", "format", "participant", "meeting_id", "wait", "diarize", "started_at", "keyterm"}
-)
+    {
+        "language", "format", "participant", "meeting_id", "wait", "diarize", "started_at",
+        "keyterm", "multichannel",
+    }
+)  # fmt: skip
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
 EARLIEST_STARTED_AT = 946_684_800.0  # 2000-01-01T00:00:00Z
@@ -88,8 +92,13 @@ def _parse_options(
     diarize = parse_flag(raw.get("diarize", "false"))
     if diarize is None:
         raise bad("bad_config", "diarize must be true or false")
+    multichannel = parse_flag(raw.get("multichannel", "false"))
+    if multichannel is None:
+        raise bad("bad_config", "multichannel must be true or false")
     try:
-        participant = validate_id("participant", raw.get("participant", DEFAULT_PARTICIPANT))
+        participant = raw.get("participant", DEFAULT_PARTICIPANT)
+        for name in participant.split(",") if multichannel else [participant]:
+            validate_id("participant", name)  # their number is checked once it is known
         meeting_id = raw.get("meeting_id")
         if meeting_id is not None:
             validate_id("meeting_id", meeting_id)
@@ -114,6 +123,7 @@ def _parse_options(
         diarize=diarize,
         started_at=started_at,
         keyterms=terms,
+        channels=settings.streams.max_channels if multichannel else 1,
     )
     return options, wait
 
@@ -246,18 +256,21 @@ async def create_transcription(request: Request) -> Response:
         job.filename = form.filename[:256]
         job.upload_bytes = form.size
         audio = await state.jobs.decode(job, form.path)
-        source = None
-        if options.meeting_id is not None:  # the file becomes a source of the meeting
+        names = options.participants(audio.output_channels)  # 400 if they do not fit
+        sources = []
+        if options.meeting_id is not None:  # the file (each channel) becomes a meeting source
             principal = ANONYMOUS if tenant is None else Principal(tenant, fast_replay=True)
-            source, _ = await create_owned_source(  # another tenant's: 4403 → 403
-                state.store,
-                options.meeting_id,
-                options.participant,
-                {},
-                principal,
-                origin=job.created_at if options.started_at is None else options.started_at,
-            )
-        await state.jobs.start(job, audio, services, file_vad, source)
+            for name in names:
+                source, _ = await create_owned_source(  # another tenant's: 4403 → 403
+                    state.store,
+                    options.meeting_id,
+                    name,
+                    {},
+                    principal,
+                    origin=job.created_at if options.started_at is None else options.started_at,
+                )
+                sources.append(source)
+        await state.jobs.start(job, audio, services, file_vad, sources)
     except Refusal as exc:
         await state.jobs.discard(job)
         logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)

@@ -67,8 +67,9 @@ async def refusal(
     ("query", "reason"),
     [
         ("encoding=mulaw&sample_rate=8000", "encoding"),
-        ("channels=2", "mono"),
-        ("multichannel=true", "mono"),
+        ("channels=99&multichannel=true", "channels"),  # past PARLEY_MAX_CHANNELS
+        ("channels=2&multichannel=maybe", "multichannel"),
+        ("channels=2&multichannel=true&participant=a,b,c", "participant"),
         ("sample_rate=4000", "sample_rate"),
         ("sample_rate=fast", "sample_rate"),
         ("interim_results=maybe", "interim_results"),

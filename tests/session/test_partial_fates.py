@@ -18,7 +18,7 @@ from session.partial_sender import PartialSender
 from session.segmenter import PartialDue
 from session.telemetry import NullTelemetry
 from store.memory import MemoryStore
-from tests.fakes import FakeRecognizer
+from tests.fakes import FakeRecognizer, scheduler_config
 from tests.session.test_prompts import committer, utterance
 
 
@@ -41,7 +41,7 @@ async def _settled(sender: PartialSender) -> None:
 
 async def test_a_queued_partial_withdrawn_at_its_utterance_end_is_cancelled_not_stale() -> None:
     recognizer = FakeRecognizer(gated=True)
-    scheduler = BatchScheduler(recognizer, max_batch_size=8, workers=1)
+    scheduler = BatchScheduler(recognizer, scheduler_config(max_batch_size=8, workers=1))
     scheduler.start()
     try:
         source = committer(scheduler)
