@@ -140,6 +140,7 @@ class SessionActor:
                 live=True,
                 request_key=self.request_key,
                 keyterms=config.keyterms,
+                text=config.text,
             ),
             self._speculator,
             services.store,

@@ -48,6 +48,7 @@ from session.vad import WINDOW, VadScorer
 from store.records import FinalRecord, SourceState
 from wire.codes import Encoding
 from wire.messages import ServerMessage
+from wire.text_options import PLAIN, TextOptions
 
 CHUNK_SAMPLES = 10 * SAMPLE_RATE  # read from disk at a time (320 KB)
 SLICE_WINDOWS = 4  # VAD windows scored between two yields to the event loop
@@ -64,6 +65,7 @@ class FileOptions:
     meeting_source: SourceState | None = None
     diarize: bool = False  # label each final's speaker (services.speakers must be set)
     keyterms: tuple[str, ...] = ()  # words to expect (`engine.api.Utterance.keyterms`)
+    text: TextOptions = PLAIN  # redaction, numerals, profanity (`wire.text_options`)
     enrolled: EnrolledVoices | None = None  # the tenant's named voices (diarize only)
     # How many of the file's requests may be in the scheduler now; asked before each
     # submission, so the server can lower it while live rooms are open.
@@ -141,6 +143,7 @@ class FileTranscriber:
                 language=options.language,
                 live=False,
                 keyterms=options.keyterms,
+                text=options.text,
             ),
             services.scheduler,
             services.store,

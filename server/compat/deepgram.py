@@ -27,6 +27,8 @@ Mapping:
   `session.ended` → `Metadata`;
 - `channels=N` interleaved linear16: mixed down to mono, or with `multichannel=true` one
   stream and one codec per channel (`channel=c`, server/compat/deepgram_channels.py);
+- `redact`, `numerals` (`smart_format`), `profanity_filter`: the stream's text options
+  (session/text_filter.py), applied before the text reaches this codec;
 - `punctuate=true`: Whisper's text, each final starting with a capital letter and a
   speech-final one ending with a full stop where Whisper left it bare (tiny.en sometimes
   writes a sentence on in lower case after the one before it).
@@ -47,6 +49,7 @@ import orjson
 
 from server.compat.bridge import Inbound, Message, audio, control
 from server.compat.deepgram_errors import error_message
+from server.compat.deepgram_text import capitalized, ended, plain, sentence
 from session.channels import mix_down
 from wire.codes import (
     DEFAULT_SAMPLE_RATE,
@@ -59,13 +62,12 @@ from wire.codes import (
 from wire.errors import ProtocolError
 from wire.keyterms import keyterms_field, keyword_terms, parse_keyterms
 from wire.query import StreamConfig, channel_participants, parse_channels, validate_id
+from wire.text_options import PLAIN, TEXT_FLAGS, TextOptions, parse_text_options
 
 MAX_UTTERANCE_END_MS = 60_000
 _LANGUAGE = re.compile(r"^([a-z]{2,3})(-[A-Za-z0-9]{1,8})*$")
-_PUNCTUATION = re.compile(r"[^\w\s']|(?<!\w)'|'(?!\w)")
 _TRUE, _FALSE = "true", "false"
-# Refused: honouring them is impossible here, and ignoring them would hand the client
-# something else than it asked for (results elsewhere, text it wanted redacted).
+# Refused: honouring them is impossible here (ignoring them: results lost elsewhere).
 _REFUSED = {
     "callback": "callbacks are not supported: results come on this socket",
     "callback_method": "callbacks are not supported: results come on this socket",
@@ -100,6 +102,7 @@ class DeepgramOptions:
         if not self.multichannel or self.channels == 1:
             return ()
         return channel_participants(self.participant or "speaker", self.channels)
+    text: TextOptions = PLAIN  # `redact`, `numerals`/`smart_format`, `profanity_filter`
 
     def stream_config(self) -> StreamConfig:
         return StreamConfig(
@@ -111,6 +114,7 @@ class DeepgramOptions:
             interim_results=self.interim_results,
             diarize=self.diarize,
             keyterms=self.keyterms,
+            text=self.text,
         )
 
 
@@ -140,17 +144,15 @@ def parse_options(
     keyterms: Sequence[str] = (),
     keywords: Sequence[str] = (),
     max_channels: int = 1,
+    redact: Sequence[str] = (),
 ) -> DeepgramOptions:
-    """Validate the query string (`keyterms`, `keywords`: every `keyterm` and `keywords`
-    parameter, the ones that repeat); ProtocolError (bad_config, answered HTTP 400) on a
-    malformed value or a feature Parley cannot honour, too_many_keyterms past the
-    keyterms' bounds. Other Deepgram parameters (numerals, profanity_filter,
-    filler_words, tag, extra, ...) are accepted and ignored, as are unknown ones."""
+    """Validate the query string (`keyterms`, `keywords`, `redact`: the parameters that
+    repeat); ProtocolError (bad_config: HTTP 400) on a malformed value or a feature Parley
+    cannot honour (`redact=pii`), too_many_keyterms past the keyterms' bounds; the rest
+    (filler_words, tag, ...) is accepted and ignored, as are unknown ones (docs/compat.md)."""
     for name, why in _REFUSED.items():
         if name in query:
             raise bad(f"{name}: {why}")
-    if query.get("redact", _FALSE).lower() != _FALSE:
-        raise bad("redact is not supported: Parley would return the text unredacted")
     encoding = query.get("encoding", "linear16")
     if encoding != "linear16":
         raise bad(f"encoding {encoding[:32]!r} is not supported: send raw linear16 PCM")
@@ -183,6 +185,7 @@ def parse_options(
         keyterms=parse_keyterms([*keyterms, *keyword_terms(keywords)]),
         channels=channels,
         multichannel=multichannel,
+        text=parse_text_options(redact, **{n: query.get(n) for n in TEXT_FLAGS}),
     )
 
 
@@ -196,25 +199,6 @@ def _language(tag: str) -> str:
     return match.group(1)
 
 
-def plain(text: str) -> str:
-    """Deepgram's text without `punctuate`: lower case, no punctuation."""
-    return " ".join(_PUNCTUATION.sub("", text.lower()).split())
-
-
-def sentence(text: str, *, ending: bool) -> str:
-    """Text as `punctuate=true` promises it: a capital first letter and, where `ending`
-    (the speech stopped), a full stop after a last word Whisper left bare."""
-    return _ended(_capitalized(text)) if ending else _capitalized(text)
-
-
-def _capitalized(text: str) -> str:
-    head = len(text) - len(text.lstrip())
-    return text[:head] + text[head : head + 1].upper() + text[head + 1 :]
-
-
-def _ended(text: str) -> str:
-    stripped = text.rstrip()
-    return stripped + "." if stripped and stripped[-1].isalnum() else text
 
 
 class DeepgramCodec:
@@ -373,9 +357,9 @@ class DeepgramCodec:
         words = [self._word(w, message.get("speaker")) for w in message.get("words") or []]
         if self.options.punctuate and is_final and words:
             first, last = words[0], words[-1]
-            first["punctuated_word"] = _capitalized(first["punctuated_word"])
+            first["punctuated_word"] = capitalized(first["punctuated_word"])
             if speech_final:
-                last["punctuated_word"] = _ended(last["punctuated_word"])
+                last["punctuated_word"] = ended(last["punctuated_word"])
         confidences = [w["confidence"] for w in words]
         start = message["start"]
         if self.options.punctuate and is_final:

@@ -74,6 +74,7 @@ async def listen_endpoint(websocket: WebSocket) -> None:
             keyterms=websocket.query_params.getlist("keyterm"),
             keywords=websocket.query_params.getlist("keywords"),
             max_channels=state.settings.streams.max_channels,
+            redact=websocket.query_params.getlist("redact"),
         )
         config = bind_participant(options.stream_config(), principal, _named(query))
         names = options.channel_names()

@@ -40,13 +40,15 @@ async def stream_endpoint(websocket: WebSocket) -> None:
     state = app_state(websocket)
     handshake = Handshake(websocket)
     query = dict(websocket.query_params)
-    terms = websocket.query_params.getlist("keyterm")  # the one parameter that repeats
+    terms, redact = (websocket.query_params.getlist(n) for n in ("keyterm", "redact"))
     meeting_id = websocket.path_params["meeting_id"]
     try:
         principal = await authenticate_socket(state, handshake, meeting_id, Scope.STREAM)
         one, names = channel_query(query, state.settings.streams.max_channels)
         config = bind_participant(
-            parse_stream_config(meeting_id, one, state.settings.streams.default_language, terms),
+            parse_stream_config(
+                meeting_id, one, state.settings.streams.default_language, terms, redact
+            ),
             principal,
             query,
         )

@@ -46,6 +46,7 @@ from session.vad import VadScorer
 from store.api import JobStore
 from store.errors import StoreError
 from store.records import SourceState
+from wire import build
 from wire.transcript import TranscriptFormat, render
 
 logger = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class Job:
                 "text": " ".join(f.text for f in finals),
                 "language": finals[0].language if finals else self.options.language,
                 "utterances": channel_utterances(finals, self._participants()),
+                "usage": build.usage(self.audio.seconds if self.audio is not None else 0.0),
             }
         return body
 
@@ -245,8 +247,10 @@ class JobRegistry:
         job = self._jobs.get(job_id)
         return None if job is None or job.status is JobStatus.RECEIVING else job
 
-    async def decode(self, job: Job, upload: Path) -> DecodedAudio:
-        """Decode the job's upload in a subprocess (bounded in number); drop the upload."""
+    async def decode(self, job: Job, upload: Path, *, remote: bool) -> DecodedAudio:
+        """Decode the job's upload in a subprocess (bounded in number; `remote`: the
+        caller is not loopback, see `Sandbox.admit`); drop the upload."""
+        self.sandbox.admit(remote=remote)
         async with self._decoders:
             try:
                 return await decode_file(
@@ -264,9 +268,13 @@ class JobRegistry:
         """Where upload folders are made."""
         return self._root
 
-    async def decode_other(self, src: Path, dst: Path, max_seconds: float) -> DecodedAudio:
+    async def decode_other(
+        self, src: Path, dst: Path, max_seconds: float, *, remote: bool
+    ) -> DecodedAudio:
         """Decode a file that is no job's (an enrollment recording) in the sandbox, under
-        the same bound on decoders and the same limits but `max_seconds`."""
+        the same admission rule, the same bound on decoders and the same limits but
+        `max_seconds`."""
+        self.sandbox.admit(remote=remote)
         async with self._decoders:
             limits = dataclasses.replace(self.limits, max_seconds=max_seconds)
             return await decode_file(src, dst, limits, self.sandbox)
@@ -372,6 +380,7 @@ class JobRegistry:
                         meeting_source=source,
                         diarize=job.options.diarize,
                         keyterms=job.options.keyterms,
+                        text=job.options.text,
                         enrolled=voices,
                         in_flight=self._in_flight,
                         model_share=self._model_share,

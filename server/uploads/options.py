@@ -11,6 +11,7 @@ from server.uploads.decode_worker import Refusal
 from store.records import FinalRecord
 from wire.errors import ProtocolError
 from wire.query import channel_participants
+from wire.text_options import PLAIN, TextOptions
 from wire.transcript import TranscriptFormat, utterances
 
 
@@ -30,6 +31,7 @@ class JobOptions:
     # a participant (`participant`: "ana,bo", or one name they are numbered after); 1: the
     # file is mixed down to mono.
     channels: int = 1
+    text: TextOptions = PLAIN  # redaction, numerals, profanity (`wire.text_options`)
 
     def as_dict(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -46,7 +48,7 @@ class JobOptions:
             options["keyterms"] = list(self.keyterms)
         if self.channels > 1:
             options["multichannel"] = True
-        return options
+        return options | self.text.as_dict()
 
     def participants(self, channels: int) -> tuple[str, ...]:
         """Each of a decoded file's `channels` channels' participant (one, mixed down).

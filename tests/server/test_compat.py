@@ -76,7 +76,7 @@ async def refusal(
         ("utterance_end_ms=-5", "utterance_end_ms"),
         ("endpointing=soon", "endpointing"),
         ("callback=https://example.invalid/hook", "callback"),
-        ("redact=pci", "redact"),
+        ("redact=pii", "redact"),  # pci, ssn and numbers are honoured
         ("language=fr", "language"),  # the fake model is English-only
         ("language=en_US!", "language"),
         ("encoding=%C3%A9", "encoding"),  # echoed in the dg-error header: kept latin-1
