@@ -334,12 +334,13 @@ class SegmenterSettings:
         "(docs/performance.md#endpoint-and-vad).",
     )
     speculate_after_ms: float = setting(
-        0.0,
+        100.0,
         "Silence after which an utterance's final is decoded speculatively, before "
-        "MIN_SILENCE_MS confirms its end (at least the 100 ms post-roll; e.g. 160: it runs "
-        "on model time no final or partial takes, and is dropped if speech resumes); "
-        "0 (default): off: faster finals at light load, but under load it takes the "
-        "partials' model time (docs/performance.md#workers-and-batches).",
+        "MIN_SILENCE_MS confirms its end or a client's flush (finalize, Deepgram's Finalize, "
+        "OpenAI's commit) asks for it (at least the 100 ms post-roll: the default starts it "
+        "there). It runs on model time no final or partial takes, is dropped if speech "
+        "resumes, and a flush in the silence after it is answered from it; 0: off "
+        "(docs/performance.md#a-flush-answered-from-a-speculation-benchttfs).",
     )
     pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")
     max_utterance_s: float = setting(
