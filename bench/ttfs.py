@@ -3,7 +3,7 @@
     python -m bench.ttfs --clips 27                         # alone, then beside 8 rooms
     python -m bench.ttfs --clips 5 --rooms 0 PARLEY_SPECULATE_AFTER_MS=0
 
-TTFS (time to final segment, github.com/pipecat-ai/stt-benchmark, docs/measuring-ttfs.md)
+TTFS (time to final segment, github.com/pipecat-ai/stt-benchmark, its measuring-ttfs page)
 is the receipt of the last final transcript segment minus the moment the user stopped
 speaking, as the client's Silero VAD sees it: its stop event minus its `stop_secs` (0.2 s).
 The client sends Deepgram's `Finalize` at each VAD stop, as pipecat's `DeepgramSTTService`
