@@ -8,7 +8,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.auth.keys import Principal, Scope, bearer, meeting_access, unauthorized
+from server.auth.keys import Principal, Scope, bearer, unauthorized
+from server.auth.ownership import meeting_access
 from server.auth.tokens import TokenQuotaExceeded
 from server.limits import quota_exceeded
 from server.metrics import CONTENT_TYPE

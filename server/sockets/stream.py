@@ -10,12 +10,8 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.auth.keys import (
-    Principal,
-    Scope,
-    create_owned_source,
-    meeting_access,
-)
+from server.auth.keys import Principal, Scope
+from server.auth.ownership import create_owned_source, meeting_access
 from server.limits import LimitedConnection, RealtimeBudget, StreamSlot, overloaded
 from server.registry import AdmissionRefused
 from server.sockets.channels import bind_participant, channel_configs, channel_query, serve_channels

@@ -30,7 +30,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from server.auth.access import is_local
-from server.auth.keys import ANONYMOUS, Principal, bearer, create_owned_source
+from server.auth.keys import ANONYMOUS, Principal, bearer
+from server.auth.ownership import create_owned_source
 from server.http.problems import problem
 from server.limits import overloaded
 from server.settings import Settings
