@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
@@ -25,14 +26,15 @@ from engine.recognizer import Recognizer
 from engine.scheduling.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from engine.workers.processes import ProcessRecognizer, in_processes
-from server.auth.access import start_line
+from server.auth.access import ProxyHeaders, start_line, trusted_proxies
 from server.auth.keys import build_authenticator
 from server.auth.tokens import open_tokens
 from server.compat import routes as compat_routes
 from server.engine_plan import describe_plan, plan_engine
 from server.http import rest
 from server.http import speakers as speakers_api
-from server.limits import CapacityMonitor, ListenerQuota, Slots
+from server.http.problems import EXCEPTION_HANDLERS
+from server.limits import CapacityMonitor, ListenerQuota, Slots, Turns
 from server.memory_trim import trim_memory_forever
 from server.metrics import Metrics
 from server.registry import SessionRegistry
@@ -129,7 +131,14 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
 
 async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
     settings = state.settings
-    recognizer = state.recognizer = await asyncio.to_thread(factory, settings)
+    loading = asyncio.ensure_future(asyncio.to_thread(factory, settings))
+    try:
+        recognizer = state.recognizer = await asyncio.shield(loading)
+    except asyncio.CancelledError:  # shut down mid-load: the thread cannot be stopped
+        built = await asyncio.gather(loading, return_exceptions=True)
+        if isinstance(built[0], ProcessRecognizer):  # its children would outlive us
+            await asyncio.to_thread(built[0].close)
+        raise
     await asyncio.to_thread(recognizer.warmup)
     vad_model = await asyncio.to_thread(SileroVad)
     speakers, speakers_off = (
@@ -209,6 +218,7 @@ def create_app(
         fast_replay_tenants=settings.auth.fast_replay_tenants,
         token_ttl_s=settings.auth.token_ttl_s,
         protected_mode=settings.auth.protected_mode,
+        allowed_hosts=settings.auth.allowed_hosts,
     )
     upload_dir = settings.uploads.upload_dir
     if upload_dir is not None:  # made here, not at the first upload, so a bad one stops the start
@@ -256,6 +266,12 @@ def create_app(
                 settings.streams.max_listeners,
             ),
             waiting_auth=Slots(settings.auth.max_waiting_auth),
+            enrollments=Turns(
+                "enrollments",
+                settings.speakers.enrol_concurrency,
+                settings.speakers.enrol_queue,
+                settings.speakers.enrol_wait_s,
+            ),
         )
         state.metrics.watch(
             lambda: state.scheduler,
@@ -316,7 +332,15 @@ def create_app(
     static_dir = browser_client_dir(settings.server.static_dir)
     if static_dir is not None:
         routes.append(Mount("/", StaticFiles(directory=static_dir, html=True), name="static"))
-    return Starlette(routes=routes, lifespan=lifespan)
+    # The client's address behind trusted proxies, and whether a proxy named it.
+    trusted = trusted_proxies(settings.auth.trusted_proxies)
+    proxied = [Middleware(ProxyHeaders, trusted)]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=proxied,
+        exception_handlers=EXCEPTION_HANDLERS,
+    )
 
 
 # The installed `server` package: its `static/` is the browser client that ships with it

@@ -247,8 +247,10 @@ class JobRegistry:
         job = self._jobs.get(job_id)
         return None if job is None or job.status is JobStatus.RECEIVING else job
 
-    async def decode(self, job: Job, upload: Path) -> DecodedAudio:
-        """Decode the job's upload in a subprocess (bounded in number); drop the upload."""
+    async def decode(self, job: Job, upload: Path, *, remote: bool) -> DecodedAudio:
+        """Decode the job's upload in a subprocess (bounded in number; `remote`: the
+        caller is not loopback, see `Sandbox.admit`); drop the upload."""
+        self.sandbox.admit(remote=remote)
         async with self._decoders:
             try:
                 return await decode_file(
@@ -266,9 +268,13 @@ class JobRegistry:
         """Where upload folders are made."""
         return self._root
 
-    async def decode_other(self, src: Path, dst: Path, max_seconds: float) -> DecodedAudio:
+    async def decode_other(
+        self, src: Path, dst: Path, max_seconds: float, *, remote: bool
+    ) -> DecodedAudio:
         """Decode a file that is no job's (an enrollment recording) in the sandbox, under
-        the same bound on decoders and the same limits but `max_seconds`."""
+        the same admission rule, the same bound on decoders and the same limits but
+        `max_seconds`."""
+        self.sandbox.admit(remote=remote)
         async with self._decoders:
             limits = dataclasses.replace(self.limits, max_seconds=max_seconds)
             return await decode_file(src, dst, limits, self.sandbox)
