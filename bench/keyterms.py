@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import subprocess
 import tempfile
@@ -229,6 +230,12 @@ def decode_corpus(rec: WhisperRecognizer, terms: Sequence[str]) -> CorpusRun:
     return CorpusRun([c.reference for c in chosen], [run(rec, c.audio(), terms) for c in chosen])
 
 
+def save(dump: Path, name: str, heard: Sequence[Heard]) -> None:
+    """The decodings' words and terms, as PATH.NAME.json."""
+    rows = [{"terms": h.terms, "words": [dataclasses.astuple(w) for w in h.words]} for h in heard]
+    (dump.parent / f"{dump.name}.{name}.json").write_text(json.dumps(rows))
+
+
 def bonus_grid(tuning: list[Clip], held_terms: tuple[str, ...]) -> None:
     for s in (0.0, 1.0, 2.0, 3.0, 4.0):
         for g in (2.0, 4.0, 6.0):
@@ -242,7 +249,11 @@ def bonus_grid(tuning: list[Clip], held_terms: tuple[str, ...]) -> None:
 
 
 def rewrite_grid(
-    tuning: list[Clip], held_terms: tuple[str, ...], start: float, go_on: float
+    tuning: list[Clip],
+    held_terms: tuple[str, ...],
+    start: float,
+    go_on: float,
+    dump: Path | None = None,
 ) -> None:
     """The rewrite's thresholds on the tuning set, decoded once per mechanism."""
     for mode in ("none", "both"):
@@ -254,6 +265,8 @@ def rewrite_grid(
                 corpus.references, [dataclasses.replace(h, terms=UNRELATED) for h in corpus.heard]
             )
         print(f"{mode}: as decoded {decoded.score(None)}, corpus {corpus.check(None)}")
+        if dump is not None:  # the words, to study the matcher without decoding again
+            save(dump, mode, [*decoded.own, *decoded.other, *corpus.heard])
         for p in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
             for d in (0.2, 0.25, 0.34, 0.4, 0.5):
                 match = soundalike.Match(max_probability=p, max_distance=d)
@@ -274,6 +287,7 @@ def main() -> None:
     parser.add_argument("--grid", action="store_true", help="tune the bonuses (tuning set)")
     parser.add_argument("--rewrite-grid", action="store_true", help="tune the rewrite (tuning set)")
     parser.add_argument("--show", action="store_true", help="print every transcript")
+    parser.add_argument("--dump", type=Path, help="write the decodings' words to PATH.*.json")
     args = parser.parse_args()
     from engine.whisper import keyterms
 
@@ -292,7 +306,7 @@ def main() -> None:
         bonus_grid(sets["tuning"], held_terms)
         return
     if args.rewrite_grid:
-        rewrite_grid(sets["tuning"], held_terms, start, go_on)
+        rewrite_grid(sets["tuning"], held_terms, start, go_on, args.dump)
         return
     match = soundalike.Match()
     print(f"bonuses: start {start}, continue {go_on}; rewrite {match}")
@@ -300,6 +314,8 @@ def main() -> None:
         rec = recognizer(mode, start, go_on)
         for name in args.sets:
             decoded = decode_set(rec, sets[name], others[name])
+            if args.dump is not None:
+                save(args.dump, f"{mode}.{name}", [*decoded.own, *decoded.other])
             for label, m in ((mode, None), (f"{mode}+rw", match)):
                 right, total, inserted = decoded.score(m, args.show)
                 print(
@@ -308,6 +324,8 @@ def main() -> None:
                     f"{1000 * statistics.mean(h.seconds for h in decoded.own):.0f} ms per final"
                 )
         plain = decode_corpus(rec, ())
+        if args.dump is not None:
+            save(args.dump, f"{mode}.corpus", plain.heard)
         wer, _, jfk = plain.check(None)
         print(f"{mode:10} corpus  : WER {wer:.3f} without terms, JFK WER {jfk:.3f}")
         corpus = (
@@ -317,6 +335,8 @@ def main() -> None:
                 plain.references, [dataclasses.replace(h, terms=UNRELATED) for h in plain.heard]
             )
         )
+        if args.dump is not None:
+            save(args.dump, f"{mode}.corpus-terms", corpus.heard)
         for label, m in ((mode, None), (f"{mode}+rw", match)):
             wer, added, jfk = corpus.check(m)
             print(

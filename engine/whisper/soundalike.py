@@ -12,7 +12,9 @@ mean.
 
 The phonetic key is Metaphone (`jellyfish.metaphone`) of the letters with the spaces
 removed, so a term split across words by the model ("Cuban eat") keys as one; the
-distance is the keys' Levenshtein distance over the term key's length. Guards against
+distance is the keys' edit distance (`distance`: a swap of letters that sound alike, or
+adding or dropping a weak H, W or Y, costs half an edit) over the term key's length less
+one: short keys match too many words, so they are held closer. Guards against
 writing a term that was not said: the span must be unsure, its key and the term's long
 enough, their letter counts within a factor of two, a term is written once per utterance
 and not when the hypothesis has it already. Thresholds: bench/keyterms.py (tuned on its TUNING set;
@@ -36,18 +38,26 @@ _LEADING = "\"'“¿([{-"
 _TRAILING = "\"'.。,，!！?？:：”)]}、"
 
 
+# Metaphone letters that sound alike: one swapped for another of its group costs half an
+# edit; H and W (often silent between letters) cost half an edit to add or drop.
+_GROUPS = ("BFPV", "SXJ", "T0D", "MN", "LR", "KQ")
+_ALIKE = frozenset((a, b) for group in _GROUPS for a in group for b in group if a != b)
+_WEAK = frozenset("HWY")
+
+
 @dataclass(frozen=True, slots=True)
 class Match:
     """When a span may be written as a term.
 
     `max_probability`: the span's mean word probability must be below it (the model was
-    unsure). `max_distance`: the keys' edit distance over the term key's length, at most.
+    unsure). `max_distance`: the keys' edit distance over the term key's length less one,
+    at most (a term of a three-letter key takes only half-edits, one of seven three edits).
     `min_key`: the shortest term key matched (shorter keys match too many words).
     `max_words`: the longest span of hypothesis words tried.
     """
 
     max_probability: float = 0.7
-    max_distance: float = 0.34
+    max_distance: float = 0.4
     min_key: int = 3
     max_words: int = 3
 
@@ -76,6 +86,27 @@ def key(text: str) -> str:
     """The phonetic key of `text`'s letters, spaces removed."""
     only = letters(text)
     return jellyfish.metaphone(only) if only else ""
+
+
+def distance(a: str, b: str) -> float:
+    """The edit distance of two phonetic keys, sound-alike swaps and weak letters at half
+    an edit."""
+    previous = [0.0]
+    for c in b:
+        previous.append(previous[-1] + (0.5 if c in _WEAK else 1.0))
+    for x in a:
+        current = [previous[0] + (0.5 if x in _WEAK else 1.0)]
+        for j, y in enumerate(b, start=1):
+            swap = 0.0 if x == y else 0.5 if (x, y) in _ALIKE else 1.0
+            current.append(
+                min(
+                    previous[j - 1] + swap,
+                    previous[j] + (0.5 if x in _WEAK else 1.0),
+                    current[j - 1] + (0.5 if y in _WEAK else 1.0),
+                )
+            )
+        previous = current
+    return previous[-1]
 
 
 def _terms(terms: Sequence[str], match: Match) -> list[_Term]:
@@ -121,9 +152,9 @@ def candidates(words: Sequence[WordTiming], terms: Sequence[str], match: Match) 
                 span_key = key(said)
                 if len(span_key) < 2:
                     continue
-                distance = jellyfish.levenshtein_distance(span_key, term.key) / len(term.key)
-                if distance <= match.max_distance:
-                    out.append(_Candidate(distance, start, stop, term))
+                apart = distance(span_key, term.key) / (len(term.key) - 1)
+                if apart <= match.max_distance:
+                    out.append(_Candidate(apart, start, stop, term))
     out.sort(key=lambda c: (c.distance, -(c.stop - c.start), c.start))
     return out
 

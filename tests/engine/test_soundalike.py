@@ -75,3 +75,11 @@ def test_words_from_tokens() -> None:
     out = soundalike.token_words([" Cub", "an", " eat", "."], [-0.1, -0.5, -1.0, -0.01])
     assert [w.word for w in out] == [" Cuban", " eat."]
     assert abs(out[0].probability - (0.9048 + 0.6065) / 2) < 1e-3
+
+
+def test_sound_alike_letters_cost_half_an_edit() -> None:
+    """In the keys' distance, B for F (or a dropped H) costs half an edit, M for K a whole."""
+    assert soundalike.distance("XFN", "XBN") == 0.5
+    assert soundalike.distance("XBHN", "XBN") == 0.5
+    assert soundalike.distance("KFK", "KNK") == 1.0
+    assert soundalike.distance("", "KBRNTS") == 6.0
