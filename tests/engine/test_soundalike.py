@@ -26,7 +26,7 @@ HEARD = words(
 
 
 def test_an_unsure_sound_alike_span_becomes_the_term() -> None:
-    """"Cuban eat" (unsure) sounds like Kubernetes: the two words become one, spanning
+    """The unsure "Cuban eat" sounds like Kubernetes: the two words become one, spanning
     both words' times, the trailing punctuation of the span kept."""
     out = soundalike.rewrite(HEARD, ["Kubernetes"])
     assert text(out) == "Review the Kubernetes migration."
