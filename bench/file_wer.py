@@ -20,6 +20,10 @@ field (seconds) for every row.
     python -m bench.file_wer --quantize int8-shortlist --encoder-dtype float32 bfloat16
     python -m bench.file_wer --quantize int8-shortlist --encoder-dtype bfloat16 \\
         --min-silence-ms 400 --errors
+    python -m bench.file_wer --quantize int8-shortlist --text off numerals=true --show
+
+`--text` compares the text options (wire/text_options.py) as an upload's query names
+them: `off`, `numerals=true`, `redact=numbers&profanity_filter=true`, ...
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import logging
 import os
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +55,7 @@ from server.settings import ModelSettings
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import offline_services
 from store.memory import MemoryStore
+from wire.text_options import PLAIN, TEXT_FLAGS, TextOptions, parse_text_options
 
 logger = logging.getLogger("bench.file_wer")
 
@@ -62,6 +68,7 @@ class Result:
     errors: ErrorCounts
     seconds: float
     finals: dict[str, list[str]]  # per clip, its finals' texts in order
+    text_options: str = "off"  # the text options (`--text`)
 
     def text(self, clip_id: str) -> str:
         return " ".join(self.finals[clip_id])
@@ -73,6 +80,7 @@ async def transcribe_clips(
     selected: Sequence[Clip],
     args: argparse.Namespace,
     folder: Path,
+    text: TextOptions = PLAIN,
 ) -> tuple[dict[str, list[str]], float]:
     recognizer = load_recognizer(args.model, recognizer_config, cache=args.model_cache)
     recognizer.warmup()
@@ -96,13 +104,23 @@ async def transcribe_clips(
             path.write_bytes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
             progress = FileProgress(total_samples=len(samples))
             options = FileOptions(
-                f"file-{clip.id}", "speaker", "en", in_flight=lambda: args.in_flight
+                f"file-{clip.id}", "speaker", "en", text=text, in_flight=lambda: args.in_flight
             )
             await FileTranscriber(path, services, options, progress).run()
             finals[clip.id] = [final.text for final in progress.finals]
     finally:
         await scheduler.stop()
     return finals, time.perf_counter() - started
+
+
+def text_options(text: str) -> TextOptions:
+    """`off`, or the options as a query string names them (`numerals=true&redact=pci`)."""
+    if text == "off":
+        return PLAIN
+    pairs = urllib.parse.parse_qsl(text)
+    query = dict(pairs)
+    flags = {name: query.get(name) for name in TEXT_FLAGS}
+    return parse_text_options([v for k, v in pairs if k == "redact"], **flags)
 
 
 def differences(reference: str, hypothesis: str) -> list[tuple[str, str]]:
@@ -153,6 +171,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="KEY=VALUE",
         help="other SegmenterConfig fields for every row, e.g. soft_pause=0.3",
     )
+    parser.add_argument(
+        "--text",
+        nargs="+",
+        default=["off"],
+        help="text options to compare, each 'off' or a query string (numerals=true)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="model workers (default: 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--in-flight", type=int, default=8, help="file requests at once")
@@ -168,20 +192,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     fields = {key: float(value) for key, _, value in (s.partition("=") for s in args.segmenter)}
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as folder:
-        for scope, encoder, silence in itertools.product(
-            args.quantize, args.encoder_dtype, args.min_silence_ms
+        for scope, encoder, silence, text in itertools.product(
+            args.quantize, args.encoder_dtype, args.min_silence_ms, args.text
         ):
             config = WhisperRecognizerConfig(quantize=scope, encoder_dtype=encoder)
             segmenter = {**fields, "min_silence": silence / 1000}
             finals, seconds = asyncio.run(
-                transcribe_clips(config, segmenter, selected, args, Path(folder))
+                transcribe_clips(
+                    config, segmenter, selected, args, Path(folder), text_options(text)
+                )
             )
             errors = ErrorCounts(0, 0, 0, 0)
             for clip in selected:
                 errors += error_counts(clip.reference, " ".join(finals[clip.id]))
-            results.append(Result(scope, encoder, silence, errors, seconds, finals))
+            results.append(Result(scope, encoder, silence, errors, seconds, finals, text))
             print(
-                f"{scope}, encoder {encoder}, {silence:g} ms: WER {errors.rate:.4f} "
+                f"{scope}, encoder {encoder}, {silence:g} ms, text {text}: WER {errors.rate:.4f} "
                 f"({errors.errors}/{errors.reference_length}), "
                 f"{sum(map(len, finals.values()))} finals, {seconds:.1f} s",
                 flush=True,
@@ -193,15 +219,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{' '.join(args.segmenter) or '(defaults)'}\n"
     )
     print(
-        "| quantize | encoder | min silence (ms) | WER | errors / words | finals | wall s "
+        "| quantize | encoder | min silence (ms) | text | WER | errors / words | finals | wall s "
         "| clips differing from the first |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     first = results[0]
     for result in results:
         differ = [c.id for c in selected if result.text(c.id) != first.text(c.id)]
         print(
             f"| {result.quantize} | {result.encoder_dtype} | {result.min_silence_ms:g} | "
+            f"{result.text_options} | "
             f"{result.errors.rate:.4f} | "
             f"{result.errors.errors} / {result.errors.reference_length} | "
             f"{sum(map(len, result.finals.values()))} | {result.seconds:.1f} | {len(differ)} |"

@@ -22,7 +22,6 @@ import uvicorn
 from starlette.applications import Starlette
 
 from server.app import RecognizerFactory, create_app, drain, whisper_recognizer
-from server.auth.access import trusted_proxies
 from server.logs import configure
 from server.settings import Settings
 from server.state import AppState
@@ -38,8 +37,7 @@ WS_IMPLEMENTATION = "websockets-sansio"
 
 def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """uvicorn's configuration for `settings`: WebSocket implementation, frame size,
-    keepalive pings (a half-open peer is dropped after ping interval + timeout), the
-    proxies trusted to name the client."""
+    keepalive pings (a half-open peer is dropped after ping interval + timeout)."""
     options: dict[str, Any] = {
         "host": settings.server.host,
         "port": settings.server.port,
@@ -48,10 +46,9 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
         "ws_per_message_deflate": False,
         "ws_ping_interval": settings.streams.ws_ping_interval_s,
         "ws_ping_timeout": settings.streams.ws_ping_timeout_s,
-        # The client address protected mode and uploads judge: X-Forwarded-For counts only
-        # from these peers (uvicorn's proxy-headers middleware; server/auth/access.py).
-        "proxy_headers": True,
-        "forwarded_allow_ips": trusted_proxies(settings.auth.trusted_proxies),
+        # The app reads X-Forwarded-For itself (server/auth/access.py ProxyHeaders: it must know
+        # a forwarded address from the socket's peer); uvicorn's own rewrite would hide it.
+        "proxy_headers": False,
         "lifespan": "on",
         "log_config": None,
         "timeout_graceful_shutdown": int(settings.server.drain_timeout_s) + 5,

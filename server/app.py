@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
@@ -25,7 +26,7 @@ from engine.recognizer import Recognizer
 from engine.scheduling.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from engine.workers.processes import ProcessRecognizer, in_processes
-from server.auth.access import start_line
+from server.auth.access import ProxyHeaders, start_line, trusted_proxies
 from server.auth.keys import build_authenticator
 from server.auth.tokens import open_tokens
 from server.compat import routes as compat_routes
@@ -188,6 +189,7 @@ def create_app(
         fast_replay_tenants=settings.auth.fast_replay_tenants,
         token_ttl_s=settings.auth.token_ttl_s,
         protected_mode=settings.auth.protected_mode,
+        allowed_hosts=settings.auth.allowed_hosts,
     )
     upload_dir = settings.uploads.upload_dir
     if upload_dir is not None:  # made here, not at the first upload, so a bad one stops the start
@@ -294,7 +296,10 @@ def create_app(
     static_dir = browser_client_dir(settings.server.static_dir)
     if static_dir is not None:
         routes.append(Mount("/", StaticFiles(directory=static_dir, html=True), name="static"))
-    return Starlette(routes=routes, lifespan=lifespan)
+    # The client's address behind trusted proxies, and whether a proxy named it.
+    trusted = trusted_proxies(settings.auth.trusted_proxies)
+    proxied = [Middleware(ProxyHeaders, trusted)]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=proxied)
 
 
 # The installed `server` package: its `static/` is the browser client that ships with it

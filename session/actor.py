@@ -146,6 +146,7 @@ class SessionActor:
                 live=True,
                 request_key=self.request_key,
                 keyterms=config.keyterms,
+                text=config.text,
             ),
             self._speculator,
             services.store,

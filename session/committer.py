@@ -34,7 +34,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.api import (
     BatchFailed,
@@ -57,9 +57,11 @@ from session.segmenter import UtteranceEnded, UtteranceMayEnd
 from session.services import SessionServices
 from session.speakers import SpeakerLabeller
 from session.telemetry import NullTelemetry, Telemetry
+from session.text_filter import TextFilter
 from store.api import Store
 from store.records import FinalRecord, SourceState
 from wire import build
+from wire.text_options import PLAIN, TextOptions
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +100,9 @@ class CommitterConfig:
     # Words the source expects (`Utterance.keyterms`); a stream's `configure` replaces
     # them (`Committer.keyterms`).
     keyterms: tuple[str, ...] = ()
+    # What the client asked of the text (redaction, numerals, profanity): applied to
+    # every final and partial before it is logged or sent (session/text_filter.py).
+    text: TextOptions = PLAIN
 
     @classmethod
     def for_source(
@@ -110,6 +115,7 @@ class CommitterConfig:
         live: bool,
         request_key: str | None = None,
         keyterms: tuple[str, ...] = (),
+        text: TextOptions = PLAIN,
     ) -> CommitterConfig:
         """The committer of a live source (`live`) or of a file, from the services both
         share: the same prompts, left context and languages. A live one also times its
@@ -130,6 +136,7 @@ class CommitterConfig:
             telemetry=services.telemetry if live else NullTelemetry(),
             request_key=request_key,
             keyterms=keyterms,
+            text=text,
         )
 
     @property
@@ -183,6 +190,7 @@ class Committer:
         )
         # The keyterms every utterance is sent with from now on (a `configure` sets them).
         self.keyterms: tuple[str, ...] = config.keyterms
+        self.text_filter = TextFilter(config.text)  # the partials' too
         self.committed_index = -1  # the last utterance whose final was handled
         self.empty = 0  # utterances the hallucination guard judged not to be speech
 
@@ -254,6 +262,9 @@ class Committer:
             transcription,
             lambda audio: self._recognize_part(audio, transcription.language, prompt),
         ):
+            # The text as the client asked for it, before anything keeps or sends it.
+            text, words = self.text_filter.text(part.text), self.text_filter.words(part.words)
+            part = replace(part, text=text, words=words)
             self._order.heard(part.text)
             records.append(
                 await self._log.log(

@@ -30,12 +30,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.api import SAMPLE_RATE
 from session.audio import FrameDecoder
+from session.channels import split_channels
 from session.committer import Committer, CommitterConfig
 from session.enrolled import EnrolledVoices
 from session.final_order import PendingFinal
@@ -47,6 +48,7 @@ from session.vad import WINDOW, VadScorer
 from store.records import FinalRecord, SourceState
 from wire.codes import Encoding
 from wire.messages import ServerMessage
+from wire.text_options import PLAIN, TextOptions
 
 CHUNK_SAMPLES = 10 * SAMPLE_RATE  # read from disk at a time (320 KB)
 SLICE_WINDOWS = 4  # VAD windows scored between two yields to the event loop
@@ -63,6 +65,7 @@ class FileOptions:
     meeting_source: SourceState | None = None
     diarize: bool = False  # label each final's speaker (services.speakers must be set)
     keyterms: tuple[str, ...] = ()  # words to expect (`engine.api.Utterance.keyterms`)
+    text: TextOptions = PLAIN  # redaction, numerals, profanity (`wire.text_options`)
     enrolled: EnrolledVoices | None = None  # the tenant's named voices (diarize only)
     # How many of the file's requests may be in the scheduler now; asked before each
     # submission, so the server can lower it while live rooms are open.
@@ -71,6 +74,10 @@ class FileOptions:
     # the file pauses after each result, so the model is idle part of the time and a live
     # final that arrives then does not wait for a file batch at all.
     model_share: Callable[[], float] = lambda: 1.0
+    # The file holds `channels` interleaved channels (a multichannel upload); this
+    # transcriber takes channel `channel` (session/channels.py splits them).
+    channels: int = 1
+    channel: int = 0
 
 
 @dataclass
@@ -82,6 +89,16 @@ class FileProgress:
     finals: list[FinalRecord] = field(default_factory=list)
     utterances: int = 0
     empty: int = 0  # utterances the model judged not to be speech
+    channels: int = 1  # transcribed apart: the file is as far as its slowest channel
+    _positions: list[int] = field(default_factory=list, repr=False)
+
+    def advance(self, channel: int, sample: int) -> None:
+        """Channel `channel` is transcribed up to `sample`."""
+        if not self._positions:
+            self._positions = [0] * self.channels
+        done = min(sample, self.total_samples)
+        self._positions[channel] = max(self._positions[channel], done)
+        self.processed_samples = min(self._positions)
 
     @property
     def processed_seconds(self) -> float:
@@ -126,6 +143,7 @@ class FileTranscriber:
                 language=options.language,
                 live=False,
                 keyterms=options.keyterms,
+                text=options.text,
             ),
             services.scheduler,
             services.store,
@@ -134,13 +152,20 @@ class FileTranscriber:
             labeller,
         )
         self._pending: deque[PendingFinal] = deque()
+        self._empty = 0  # of the committer's empty finals, those counted in the progress
 
     async def run(self) -> None:
         """Transcribe the whole file; on cancellation drop its queued requests."""
         try:
+            channels, stride = self._options.channels, BYTES_PER_SAMPLE * self._options.channels
             with self._path.open("rb") as audio:
-                while raw := await asyncio.to_thread(audio.read, CHUNK_SAMPLES * BYTES_PER_SAMPLE):
-                    await self._segment(raw[: len(raw) // BYTES_PER_SAMPLE * BYTES_PER_SAMPLE])
+                while raw := await asyncio.to_thread(audio.read, CHUNK_SAMPLES * stride):
+                    raw = raw[: len(raw) // stride * stride]
+                    if channels > 1:
+                        raw = split_channels(raw, channels, Encoding.PCM_S16LE)[
+                            self._options.channel
+                        ]
+                    await self._segment(raw)
             tail = self.progress.total_samples % WINDOW  # the last partial window: pad it
             if tail:
                 await self._segment(bytes((WINDOW - tail) * BYTES_PER_SAMPLE))
@@ -148,7 +173,7 @@ class FileTranscriber:
             while self._pending:
                 await self._commit(self._pending.popleft())
             await self._committer.finish()  # the file is done: its best speaker labels
-            self.progress.processed_samples = self.progress.total_samples
+            self.progress.advance(self._options.channel, self.progress.total_samples)
         finally:
             # Cancelled or failed: what is still queued for this file is dropped.
             self._services.scheduler.cancel(self._options.source_id)
@@ -175,14 +200,14 @@ class FileTranscriber:
 
     def _advance(self) -> None:
         done = self._pending[0].start if self._pending else self._pipeline.position
-        done = min(done, self.progress.total_samples)
-        self.progress.processed_samples = max(self.progress.processed_samples, done)
+        self.progress.advance(self._options.channel, done)
 
     async def _commit(self, pending: PendingFinal) -> None:
         committed = await self._committer.commit(pending)
         if committed.lost is not None:
             raise committed.lost  # the retry of a failed batch failed too: the job fails
-        self.progress.empty = self._committer.empty
+        self.progress.empty += self._committer.empty - self._empty
+        self._empty = self._committer.empty
         self._advance()
         share = self._options.model_share()
         if share < 1.0 and committed.result is not None:
@@ -209,3 +234,35 @@ class _ToProgress:
             else f
             for f in self._progress.finals
         ]
+
+
+async def transcribe_channels(
+    audio_path: Path,
+    services: SessionServices,
+    channels: Sequence[FileOptions],
+    progress: FileProgress,
+    vad: VadScorer | None = None,
+) -> None:
+    """Transcribe a file of interleaved channels (`channels`: one FileOptions each, in
+    channel order, each its own source) as that many files at once, through the one
+    scheduler, into one `progress`; then its finals in time order (a file that stands
+    alone numbers them from 1 again). One channel failing cancels the others."""
+    if len(channels) == 1:
+        await FileTranscriber(audio_path, services, channels[0], progress, vad).run()
+        return
+    tasks = [
+        asyncio.create_task(FileTranscriber(audio_path, services, options, progress, vad).run())
+        for options in channels
+    ]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()  # the first failure, raised as it is
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    ordered = sorted(progress.finals, key=lambda f: (f.start, f.end, f.seq))
+    if channels[0].meeting_source is None:
+        ordered = [dataclasses.replace(f, seq=seq) for seq, f in enumerate(ordered, start=1)]
+    progress.finals[:] = ordered

@@ -129,7 +129,7 @@ class PartialSender:
         message = build.transcript_partial(
             utterance_id=f"{self._session_id}-{event.index}",
             participant=self._participant,
-            text=text,
+            text=self._committer.text_filter.text(text, partial=True),  # the draft: the model's
             start=seconds(event.start),
             end=seconds(event.end),
         )

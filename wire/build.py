@@ -26,6 +26,7 @@ from wire.messages import (
     TranscriptFinal,
     TranscriptPartial,
     TranscriptSpeaker,
+    Usage,
 )
 from wire.timeline import wall_time
 
@@ -158,4 +159,10 @@ def session_ended(
         "utterances": utterances,
         "finals": finals,
         "finals_lost": finals_lost,
+        "usage": usage(audio_seconds),
     }
+
+
+def usage(audio_seconds: float) -> Usage:
+    """What a stream or an upload was billed: its seconds of audio heard."""
+    return {"audio_seconds": round(audio_seconds, 3)}

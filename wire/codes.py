@@ -57,6 +57,7 @@ class ErrorCode(enum.StrEnum):
     QUOTA_EXCEEDED = "quota_exceeded"
     PROTECTED_MODE = "protected_mode"  # no API key configured, and the client is not loopback
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"  # no upload sandbox here, a remote client
+    HOST_NOT_ALLOWED = "host_not_allowed"  # protected mode, a Host not this machine's name
     TOO_MANY_KEYTERMS = "too_many_keyterms"  # over the keyterm list's bounds (wire.keyterms)
 
 

@@ -2,7 +2,8 @@
 are), and `Final`: one final transcript as the protocol carries it, parsed.
 
 Build messages with `wire.build`, never inline: it is the one place that knows their
-fields and precision.
+fields and precision. On a multichannel stream's socket every message also carries
+`channel` (an int, 0-based), added as it goes out (server/sockets/channels.py).
 """
 
 from __future__ import annotations
@@ -134,6 +135,13 @@ class FinalizeDone(TypedDict):
     utterance_id: str | None
 
 
+class Usage(TypedDict):
+    """What a connection (or an upload) was billed (v1 extension): the seconds of audio
+    it sent that were heard, as Deepgram's closing `Metadata` says them (`duration`)."""
+
+    audio_seconds: float
+
+
 class SessionEnded(TypedDict):
     type: Literal["session.ended"]
     reason: str
@@ -141,6 +149,7 @@ class SessionEnded(TypedDict):
     utterances: int
     finals: int
     finals_lost: int  # utterances cut whose final was neither logged nor sent
+    usage: NotRequired[Usage]  # v1 extension: the audio_seconds billed (always sent)
 
 
 ServerMessage = (

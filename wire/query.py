@@ -18,6 +18,7 @@ from wire.codes import (
 )
 from wire.errors import ProtocolError
 from wire.keyterms import parse_keyterms
+from wire.text_options import PLAIN, TextOptions, parse_text_options
 
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: "$" takes a "\n"
 _LANGUAGE = re.compile(r"[a-z]{2,3}|auto")
@@ -60,6 +61,7 @@ class StreamConfig:
     interim_results: bool
     diarize: bool = False  # label each final's speaker (a source carrying several voices)
     keyterms: tuple[str, ...] = ()  # words to expect (`wire.keyterms`)
+    text: TextOptions = PLAIN  # redaction, numerals, profanity (`wire.text_options`)
 
     def as_dict(self) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -72,6 +74,7 @@ class StreamConfig:
             config["diarize"] = True
         if self.keyterms:  # likewise
             config["keyterms"] = list(self.keyterms)
+        config.update(self.text.as_dict())  # likewise: only the options asked for
         return config
 
 
@@ -80,9 +83,11 @@ def parse_stream_config(
     query: dict[str, str],
     default_language: str,
     keyterms: Sequence[str] = (),
+    redact: Sequence[str] = (),
 ) -> StreamConfig:
-    """Validate the stream socket's query parameters (`keyterms`: every `keyterm`
-    parameter's value, the one that repeats); raise ProtocolError on bad input."""
+    """Validate the stream socket's query parameters (`keyterms`, `redact`: every
+    `keyterm` and `redact` parameter's value, the ones that repeat); raise ProtocolError
+    on bad input."""
 
     def bad(message: str) -> ProtocolError:
         return ProtocolError(ErrorCode.BAD_CONFIG, CloseCode.BAD_REQUEST, message)
@@ -117,4 +122,42 @@ def parse_stream_config(
         interim_results=interim,
         diarize=diarize,
         keyterms=parse_keyterms(keyterms),
+        text=parse_text_options(
+            redact,
+            numerals=query.get("numerals"),
+            smart_format=query.get("smart_format"),
+            profanity_filter=query.get("profanity_filter"),
+        ),
     )
+
+
+def parse_channels(raw: str | None, limit: int) -> int:
+    """A stream's `channels`: interleaved channels in its audio, 1 (the default) to
+    `limit`; ProtocolError (bad_config) otherwise."""
+    if raw is None:
+        return 1
+    if not raw.isdigit() or not 1 <= int(raw) <= limit:
+        raise ProtocolError(
+            ErrorCode.BAD_CONFIG,
+            CloseCode.BAD_REQUEST,
+            f"channels must be an integer in 1..{limit} (PARLEY_MAX_CHANNELS), not {raw[:32]!r}",
+        )
+    return int(raw)
+
+
+def channel_participants(raw: str, channels: int) -> tuple[str, ...]:
+    """Each channel's participant: `ana,bo` names them in channel order (as many names as
+    channels, all different); one name numbers them by channel index (`ana-0`, `ana-1`)."""
+    if channels == 1:
+        return (validate_id("participant", raw),)
+    names = raw.split(",")
+    if len(names) == 1:
+        names = [f"{raw}-{c}" for c in range(channels)]
+    if len(names) != channels or len(set(names)) != channels:
+        raise ProtocolError(
+            ErrorCode.BAD_CONFIG,
+            CloseCode.BAD_REQUEST,
+            f"participant must name all {channels} channels, each differently "
+            "(participant=ana,bo), or be one name the channels are numbered after",
+        )
+    return tuple(validate_id("participant", name) for name in names)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-import ipaddress
 import re
 import secrets
 import time
@@ -30,9 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from server.auth.access import Access, admit
+from starlette.requests import HTTPConnection
+
+from server.auth.access import Access, OriginPolicy, admit
 from server.auth.tokens import TokenGrant, TokenStore
 from store.api import Store
 from store.errors import StoreError
@@ -125,64 +125,6 @@ def bearer(header: str | None) -> str | None:
     return credential.strip()
 
 
-# ---------------------------------------------------------------- origins
-
-
-@dataclass(frozen=True, slots=True)
-class OriginPolicy:
-    """Which browser pages may open WebSockets. A request without `Origin` (a bot)
-    passes; listed origins pass (`*`: any); the server's own origin (its page in
-    server/static/) passes.
-
-    With nothing listed and authentication off (a developer's machine), `local_only`:
-    pages served from a loopback host (`localhost`, 127.0.0.0/8, `[::1]`) pass too, and
-    the server's own origin passes only when it is an IP address or `localhost` — a
-    page on the web cannot open sockets to the developer's server, not even through
-    DNS rebinding (a name of the attacker's that resolves to 127.0.0.1)."""
-
-    allow_any: bool
-    allowed: frozenset[str]
-    local_only: bool = False
-
-    @classmethod
-    def from_setting(cls, raw: str | None, *, auth_enabled: bool) -> OriginPolicy:
-        if raw is None:
-            return cls(allow_any=False, allowed=frozenset(), local_only=not auth_enabled)
-        items = {o.strip().rstrip("/").lower() for o in raw.split(",") if o.strip()}
-        return cls(allow_any="*" in items, allowed=frozenset(items - {"*"}))
-
-    def allows(self, origin: str | None, host: str | None) -> bool:
-        if origin is None or self.allow_any:
-            return True
-        origin = origin.strip().rstrip("/").lower()
-        if origin in self.allowed:
-            return True
-        page = urlsplit(origin)
-        if self.local_only and _is_loopback(page.hostname):
-            return True
-        same = bool(page.netloc) and host is not None and page.netloc == host.strip().lower()
-        if same and self.local_only:  # a name could be the attacker's, rebound to us
-            return _is_address(page.hostname)
-        return same
-
-
-def _is_loopback(hostname: str | None) -> bool:
-    if hostname == "localhost" or (hostname or "").endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(hostname or "").is_loopback
-    except ValueError:
-        return False
-
-
-def _is_address(hostname: str | None) -> bool:
-    try:
-        ipaddress.ip_address(hostname or "")
-    except ValueError:
-        return False
-    return True
-
-
 # ---------------------------------------------------------------- the authenticator
 
 
@@ -214,10 +156,11 @@ class Authenticator:
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def admit(self, client_host: str | None) -> None:
-        """Before any credential: raise ProtocolError 4403 `protected_mode` if this server
-        serves no meeting to this client (server/auth/access.py)."""
-        admit(self.access, client_host)
+    def admit(self, connection: HTTPConnection) -> None:
+        """Before any credential, on every meeting route: raise ProtocolError 4403 if this
+        server serves no meeting to this client, this `Host` or this page's `Origin` (the
+        one rule of server/auth/access.py)."""
+        admit(self.access, self.origins, connection)
 
     def key_tenant(self, key: str) -> str | None:
         """The tenant of an API key, None if no key matches. Compares every digest."""
@@ -417,12 +360,15 @@ def build_authenticator(
     fast_replay_tenants: str,
     token_ttl_s: float,
     protected_mode: bool = True,
+    allowed_hosts: str = "",
 ) -> Authenticator:
     keys = parse_api_keys(api_keys, api_keys_file)
     return Authenticator(
         keys,
         tokens,
-        origins=OriginPolicy.from_setting(allowed_origins, auth_enabled=bool(keys)),
+        origins=OriginPolicy.from_setting(
+            allowed_origins, auth_enabled=bool(keys), hosts=allowed_hosts
+        ),
         fast_replay_tenants=fast_replay_tenants,
         token_ttl_s=token_ttl_s,
         protected_mode=protected_mode,

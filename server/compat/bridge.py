@@ -22,8 +22,7 @@ import orjson
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.auth.access import client_host
-from server.auth.keys import ANONYMOUS, Authenticator, Principal, Scope, forbidden, unauthorized
+from server.auth.keys import ANONYMOUS, Authenticator, Principal, Scope, unauthorized
 from server.logs import note_denial
 from server.sockets.gate import Handshake, close_reason
 from wire.codes import CloseCode, ErrorCode
@@ -178,9 +177,7 @@ async def compat_principal(
     key: those stay out of URLs and subprotocols). Raises ProtocolError 4401/4403 (4403
     `protected_mode` first, for a client that protected mode keeps out)."""
     websocket = handshake.websocket
-    auth.admit(client_host(websocket))
-    if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
-        raise forbidden("this page's Origin may not open Parley sockets (PARLEY_ALLOWED_ORIGINS)")
+    auth.admit(websocket)
     if not auth.enabled:
         return ANONYMOUS
     allowed = [s.lower() for s in schemes]

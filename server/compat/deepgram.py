@@ -25,6 +25,10 @@ Mapping:
   stopped is followed by `UtteranceEnd` (`utterance_end_ms` set, whatever `endpointing`
   says: Deepgram's advice for noisy audio is `endpointing=false` with it);
   `session.ended` → `Metadata`;
+- `channels=N` interleaved linear16: mixed down to mono, or with `multichannel=true` one
+  stream and one codec per channel (`channel=c`, server/compat/deepgram_channels.py);
+- `redact`, `numerals` (`smart_format`), `profanity_filter`: the stream's text options
+  (session/text_filter.py), applied before the text reaches this codec;
 - `punctuate=true`: Whisper's text, each final starting with a capital letter and a
   speech-final one ending with a full stop where Whisper left it bare (tiny.en sometimes
   writes a sentence on in lower case after the one before it).
@@ -42,9 +46,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from starlette.responses import Response
 
-from server.compat.bridge import Inbound, Message, audio, control, http_status
+from server.compat.bridge import Inbound, Message, audio, control
+from server.compat.deepgram_errors import error_message
+from server.compat.deepgram_text import capitalized, ended, plain, sentence
+from session.channels import mix_down
 from wire.codes import (
     DEFAULT_SAMPLE_RATE,
     MAX_SAMPLE_RATE,
@@ -55,15 +61,13 @@ from wire.codes import (
 )
 from wire.errors import ProtocolError
 from wire.keyterms import keyterms_field, keyword_terms, parse_keyterms
-from wire.query import StreamConfig, validate_id
+from wire.query import StreamConfig, channel_participants, parse_channels, validate_id
+from wire.text_options import PLAIN, TEXT_FLAGS, TextOptions, parse_text_options
 
-CHANNEL_INDEX = [0, 1]  # channel 0 of 1: Parley streams are mono
 MAX_UTTERANCE_END_MS = 60_000
 _LANGUAGE = re.compile(r"^([a-z]{2,3})(-[A-Za-z0-9]{1,8})*$")
-_PUNCTUATION = re.compile(r"[^\w\s']|(?<!\w)'|'(?!\w)")
 _TRUE, _FALSE = "true", "false"
-# Refused: honouring them is impossible here, and ignoring them would hand the client
-# something else than it asked for (results elsewhere, text it wanted redacted).
+# Refused: honouring them is impossible here (ignoring them: results lost elsewhere).
 _REFUSED = {
     "callback": "callbacks are not supported: results come on this socket",
     "callback_method": "callbacks are not supported: results come on this socket",
@@ -79,7 +83,7 @@ class DeepgramOptions:
     """The query parameters Parley honours, validated."""
 
     meeting_id: str
-    participant: str | None  # None: the default ("speaker"), or a meeting token's
+    participant: str | None  # None: "speaker" or a meeting token's; multichannel: "ana,bo"
     language: str  # a code the model takes, or "auto" (Deepgram's `multi`)
     sample_rate: int
     interim_results: bool
@@ -90,6 +94,15 @@ class DeepgramOptions:
     utterance_end_ms: int | None
     model: str | None  # reported back, not chosen: the server runs one model
     keyterms: tuple[str, ...] = ()  # `keyterm`s and `keywords` (their boosts dropped)
+    channels: int = 1  # interleaved in the audio: one source each, or mixed down to mono
+    multichannel: bool = False
+
+    def channel_names(self) -> tuple[str, ...]:
+        """Each channel's participant, with `multichannel` and more than one channel."""
+        if not self.multichannel or self.channels == 1:
+            return ()
+        return channel_participants(self.participant or "speaker", self.channels)
+    text: TextOptions = PLAIN  # `redact`, `numerals`/`smart_format`, `profanity_filter`
 
     def stream_config(self) -> StreamConfig:
         return StreamConfig(
@@ -101,6 +114,7 @@ class DeepgramOptions:
             interim_results=self.interim_results,
             diarize=self.diarize,
             keyterms=self.keyterms,
+            text=self.text,
         )
 
 
@@ -129,22 +143,20 @@ def parse_options(
     default_language: str,
     keyterms: Sequence[str] = (),
     keywords: Sequence[str] = (),
+    max_channels: int = 1,
+    redact: Sequence[str] = (),
 ) -> DeepgramOptions:
-    """Validate the query string (`keyterms`, `keywords`: every `keyterm` and `keywords`
-    parameter, the ones that repeat); ProtocolError (bad_config, answered HTTP 400) on a
-    malformed value or a feature Parley cannot honour, too_many_keyterms past the
-    keyterms' bounds. Other Deepgram parameters (numerals, profanity_filter,
-    filler_words, tag, extra, ...) are accepted and ignored, as are unknown ones."""
+    """Validate the query string (`keyterms`, `keywords`, `redact`: the parameters that
+    repeat); ProtocolError (bad_config: HTTP 400) on a malformed value or a feature Parley
+    cannot honour (`redact=pii`), too_many_keyterms past the keyterms' bounds; the rest
+    (filler_words, tag, ...) is accepted and ignored, as are unknown ones (docs/compat.md)."""
     for name, why in _REFUSED.items():
         if name in query:
             raise bad(f"{name}: {why}")
-    if query.get("redact", _FALSE).lower() != _FALSE:
-        raise bad("redact is not supported: Parley would return the text unredacted")
     encoding = query.get("encoding", "linear16")
     if encoding != "linear16":
         raise bad(f"encoding {encoding[:32]!r} is not supported: send raw linear16 PCM")
-    if query.get("channels", "1") != "1" or _flag(query, "multichannel", False):
-        raise bad("only mono audio is supported: channels=1, multichannel=false")
+    channels = parse_channels(query.get("channels"), max_channels)
     sample_rate = _integer(query, "sample_rate") or DEFAULT_SAMPLE_RATE
     if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
         raise bad(f"sample_rate must lie in {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz")
@@ -155,9 +167,12 @@ def parse_options(
     if utterance_end_ms is not None and not 0 < utterance_end_ms <= MAX_UTTERANCE_END_MS:
         raise bad(f"utterance_end_ms must lie in 1..{MAX_UTTERANCE_END_MS}")
     participant = query.get("participant")
+    multichannel = _flag(query, "multichannel", False)
+    if participant is not None:  # one name, or (multichannel) one for each channel
+        channel_participants(participant, channels if multichannel else 1)
     return DeepgramOptions(
         meeting_id=validate_id("meeting_id", meeting_id),
-        participant=None if participant is None else validate_id("participant", participant),
+        participant=participant,
         language=_language(query.get("language", default_language)),
         sample_rate=sample_rate,
         interim_results=_flag(query, "interim_results", False),
@@ -168,6 +183,9 @@ def parse_options(
         utterance_end_ms=utterance_end_ms,
         model=query.get("model"),
         keyterms=parse_keyterms([*keyterms, *keyword_terms(keywords)]),
+        channels=channels,
+        multichannel=multichannel,
+        text=parse_text_options(redact, **{n: query.get(n) for n in TEXT_FLAGS}),
     )
 
 
@@ -181,57 +199,16 @@ def _language(tag: str) -> str:
     return match.group(1)
 
 
-def plain(text: str) -> str:
-    """Deepgram's text without `punctuate`: lower case, no punctuation."""
-    return " ".join(_PUNCTUATION.sub("", text.lower()).split())
-
-
-def sentence(text: str, *, ending: bool) -> str:
-    """Text as `punctuate=true` promises it: a capital first letter and, where `ending`
-    (the speech stopped), a full stop after a last word Whisper left bare."""
-    return _ended(_capitalized(text)) if ending else _capitalized(text)
-
-
-def _capitalized(text: str) -> str:
-    head = len(text) - len(text.lstrip())
-    return text[:head] + text[head : head + 1].upper() + text[head + 1 :]
-
-
-def _ended(text: str) -> str:
-    stripped = text.rstrip()
-    return stripped + "." if stripped and stripped[-1].isalnum() else text
-
-
-def denial(request_id: str) -> Any:
-    """The HTTP answer to a refused handshake, as Deepgram gives it: `dg-error` and
-    `dg-request-id` headers, and a JSON body."""
-
-    def respond(error: ProtocolError) -> Response:
-        body = {"err_code": error.code.value, "err_msg": error.message, "request_id": request_id}
-        reason = error.message.encode("ascii", "backslashreplace").decode()[:200]
-        headers = {"dg-error": reason, "dg-request-id": request_id}  # headers are latin-1
-        if error.retry_after is not None:
-            headers["retry-after"] = str(round(error.retry_after))
-        return Response(
-            orjson.dumps(body), http_status(error), headers, media_type="application/json"
-        )
-
-    return respond
-
-
-def error_message(code: str, description: str) -> str:
-    return orjson.dumps({"type": "Error", "variant": code, "description": description}).decode()
-
-
-def farewell(error: ProtocolError) -> str:
-    return error_message(error.code.value, error.message)
 
 
 class DeepgramCodec:
     """One `/v1/listen` stream's translation, both ways."""
 
-    def __init__(self, options: DeepgramOptions, *, request_id: str, model_name: str) -> None:
+    def __init__(
+        self, options: DeepgramOptions, *, request_id: str, model_name: str, channel: int = 0
+    ) -> None:
         self.options = options
+        self._index = [channel, options.channels if options.multichannel else 1]
         self.request_id = request_id
         self.created = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         self._sha256 = hashlib.sha256()
@@ -256,6 +233,8 @@ class DeepgramCodec:
             if not data:
                 return Inbound([control("stop")])
             self._sha256.update(data)
+            if self.options.channels > 1 and not self.options.multichannel:
+                data = mix_down(data, self.options.channels, Encoding.PCM_S16LE)  # as Deepgram
             return Inbound([audio(data)])
         text = message.get("text") or ""
         try:
@@ -310,9 +289,7 @@ class DeepgramCodec:
         kind = message["type"]
         out: list[Message] = []
         if kind == "vad.speech_started" and self.options.vad_events:
-            out.append(
-                {"type": "SpeechStarted", "channel": CHANNEL_INDEX, "timestamp": message["t"]}
-            )
+            out.append({"type": "SpeechStarted", "channel": self._index, "timestamp": message["t"]})
         elif kind == "vad.speech_stopped":
             self._speech_stopped.append(message["t"])
         elif kind == "transcript.partial":
@@ -343,7 +320,7 @@ class DeepgramCodec:
         if stopped and self.options.utterance_end_ms is not None:
             end = {
                 "type": "UtteranceEnd",
-                "channel": CHANNEL_INDEX,
+                "channel": self._index,
                 "last_word_end": message["end"],
             }
             return [results, end]
@@ -380,9 +357,9 @@ class DeepgramCodec:
         words = [self._word(w, message.get("speaker")) for w in message.get("words") or []]
         if self.options.punctuate and is_final and words:
             first, last = words[0], words[-1]
-            first["punctuated_word"] = _capitalized(first["punctuated_word"])
+            first["punctuated_word"] = capitalized(first["punctuated_word"])
             if speech_final:
-                last["punctuated_word"] = _ended(last["punctuated_word"])
+                last["punctuated_word"] = ended(last["punctuated_word"])
         confidences = [w["confidence"] for w in words]
         start = message["start"]
         if self.options.punctuate and is_final:
@@ -396,7 +373,7 @@ class DeepgramCodec:
             alternative["speaker"] = self._speaker(message["speaker"])  # words may be empty
         return {
             "type": "Results",
-            "channel_index": CHANNEL_INDEX,
+            "channel_index": self._index,
             "duration": round(message["end"] - start, 3),
             "start": start,
             "is_final": is_final,
@@ -438,7 +415,7 @@ class DeepgramCodec:
             "sha256": self._sha256.hexdigest(),
             "created": self.created,
             "duration": ended["audio_seconds"],
-            "channels": 1,
+            "channels": self.options.channels,
             "models": [self._model_uuid],
             "model_info": {self._model_uuid: self._model_info},
         }

@@ -17,21 +17,24 @@ import uuid
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.compat import deepgram, openai_realtime
+from server.compat import deepgram, deepgram_errors, openai_realtime
 from server.compat.bridge import (
     CompatHandshake,
     TranslatingConnection,
     compat_principal,
     subprotocol_credential,
 )
+from server.compat.deepgram_channels import DeepgramChannels
 from server.limits import overloaded
 from server.registry import AdmissionRefused
-from server.sockets.gate import refuse
-from server.sockets.stream import bind_participant, serve_source
+from server.sockets.channels import bind_participant, channel_configs, serve_channels
+from server.sockets.gate import Handshake, refuse
+from server.sockets.stream import serve_source
 from server.state import AppState, app_state
+from session.stream_state import Connection
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
-from wire.query import validate_id
+from wire.query import StreamConfig, validate_id
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +52,8 @@ async def listen_endpoint(websocket: WebSocket) -> None:
     via_subprotocol = subprotocol_credential(offered, DEEPGRAM_SCHEMES)
     handshake = CompatHandshake(
         websocket,
-        denial=deepgram.denial(request_id),
-        farewell=deepgram.farewell,
+        denial=deepgram_errors.denial(request_id),
+        farewell=deepgram_errors.farewell,
         headers={"dg-request-id": request_id},
         subprotocol=via_subprotocol[0] if via_subprotocol else None,
     )
@@ -70,22 +73,38 @@ async def listen_endpoint(websocket: WebSocket) -> None:
             default_language=state.settings.streams.default_language,
             keyterms=websocket.query_params.getlist("keyterm"),
             keywords=websocket.query_params.getlist("keywords"),
+            max_channels=state.settings.streams.max_channels,
+            redact=websocket.query_params.getlist("redact"),
         )
         config = bind_participant(options.stream_config(), principal, _named(query))
+        names = options.channel_names()
+        configs = channel_configs(config, names, principal.participant) if names else []
     except WebSocketDisconnect:
         return
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
         return
-    codec = deepgram.DeepgramCodec(
-        options, request_id=request_id, model_name=state.recognizer_name or "loading"
-    )
+    codecs = [
+        deepgram.DeepgramCodec(
+            options, request_id=request_id, model_name=state.recognizer_name or "loading", channel=c
+        )
+        for c in range(max(1, len(configs)))
+    ]
     connection = TranslatingConnection(
-        websocket, codec, max_frame_bytes=state.settings.streams.max_frame_bytes
+        websocket,
+        DeepgramChannels(codecs) if configs else codecs[0],
+        max_frame_bytes=state.settings.streams.max_frame_bytes,
     )
-    await serve_source(
-        state, handshake, config, {}, principal, connection=connection, acknowledge_finalize=True
-    )
+
+    async def serve(shake: Handshake, config: StreamConfig, socket: Connection) -> None:
+        await serve_source(
+            state, shake, config, {}, principal, connection=socket, acknowledge_finalize=True
+        )
+
+    if configs:  # one source per channel (server/sockets/channels.py)
+        await serve_channels(handshake, connection, configs, serve)
+    else:
+        await serve(handshake, config, connection)
 
 
 async def realtime_endpoint(websocket: WebSocket) -> None:

@@ -8,7 +8,6 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.auth.access import client_host
 from server.auth.keys import Principal, Scope, bearer, meeting_access, unauthorized
 from server.auth.tokens import TokenQuotaExceeded
 from server.limits import overloaded, quota_exceeded
@@ -48,7 +47,7 @@ async def mint_token(request: Request) -> Response:
     state = app_state(request)
     auth = state.auth
     try:
-        auth.admit(client_host(request))
+        auth.admit(request)
         principal = auth.key_principal(bearer(request.headers.get("authorization")))
         meeting_id = validate_id("meeting_id", request.path_params["meeting_id"])
         scope, participant, ttl_s = _token_request(await _small_body(request))
@@ -142,7 +141,7 @@ async def _reader(request: Request, meeting_id: str) -> Principal:
     """Who reads a transcript: an API key or a meeting token as the bearer, or a meeting
     token in `access_token` (the browser's download link)."""
     auth = app_state(request).auth
-    auth.admit(client_host(request))
+    auth.admit(request)
     principal = await auth.presented(
         request.headers.get("authorization"),
         request.query_params.get("access_token"),

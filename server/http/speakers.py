@@ -2,6 +2,7 @@
 
 - `POST /v1/speakers` — multipart form: `name` and `file` (a few seconds of one voice, any
   format the upload decoder takes). The file is decoded in the sandbox like an upload,
+  under the same rule (a remote caller's file never unconfined: 503 `sandbox_unavailable`),
   its speech found by the VAD, and its speaker embedding kept in the store under the
   caller's tenant; the audio is dropped. 201 with the speaker (id, name, seconds).
 - `GET /v1/speakers` — the tenant's speakers; `GET /v1/speakers/{id}` one of them.
@@ -27,12 +28,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from engine.api import SAMPLE_RATE
-from server.auth.access import client_host
+from server.auth.access import is_local
 from server.auth.keys import bearer
 from server.http.rest import refusal
 from server.state import AppState, app_state
 from server.uploads.decode_worker import Refusal
-from server.uploads.form import FORM_OVERHEAD, receive_form, too_large
+from server.uploads.form import FORM_OVERHEAD, drain, receive_form, too_large
 from session.vad import WINDOW, VadState
 from store.enrolled import EnrolledSpeaker, SpeakerBookFull, SpeakerNameTaken
 from store.errors import StoreError
@@ -66,7 +67,7 @@ def _tenant(request: Request) -> str | None:
     """The API key's tenant (None while authentication is off). Raises ProtocolError:
     `protected_mode` (403) for a client protected mode keeps out, else 401."""
     auth = app_state(request).auth
-    auth.admit(client_host(request))
+    auth.admit(request)
     return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
 
 
@@ -78,6 +79,12 @@ async def create_speaker(request: Request) -> Response:
         tenant = _tenant(request)
     except ProtocolError as exc:
         return refusal(exc)
+    remote = not is_local(request)
+    try:
+        state.jobs.sandbox.admit(remote=remote)  # before the body; the decode checks again
+    except Refusal as exc:
+        await drain(request.stream())
+        return _problem(exc.status, exc.code, exc.message)
     services = state.services
     if services is None or services.speakers is None or state.file_vad is None:
         reason = state.unavailable() or (services.speakers_off if services else "not ready")
@@ -99,7 +106,7 @@ async def create_speaker(request: Request) -> Response:
         )
         name = check_name(form.fields.get("name"))
         decoded = await state.jobs.decode_other(
-            form.path, workdir / "audio.s16", group.enrol_max_audio_s
+            form.path, workdir / "audio.s16", group.enrol_max_audio_s, remote=remote
         )
         audio = await asyncio.to_thread(_read_pcm, decoded.path)
         embedding, speech_s = await _voice(state, audio)

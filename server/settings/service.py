@@ -67,6 +67,11 @@ class StreamSettings:
 
     default_language: str = setting("en", "Language of a stream that does not say.")
     max_frame_bytes: int = setting(1 << 20, "Largest binary or text frame a client may send.")
+    max_channels: int = setting(
+        8,
+        "Most interleaved channels one stream may carry (`channels`, Deepgram's `multichannel`) "
+        "or one upload may be split into; each is a source of its own. More: 4400 / HTTP 400.",
+    )
     max_sessions: int = setting(
         64,
         "Concurrent audio streams admitted; more get close 1013, and `/readyz` says 503 "
@@ -133,6 +138,7 @@ class StreamSettings:
             )
         at_least(self, "max_frame_bytes", MIN_FRAME_BYTES)
         for name in (
+            "max_channels",
             "max_sessions",
             "max_streams_per_key",
             "max_listeners_per_meeting",
@@ -173,10 +179,18 @@ class AuthSettings:
     )
     allowed_origins: str | None = setting(
         None,
-        "Origins browsers may open WebSockets from, comma separated (`https://app.example`); "
-        "`*`: any. Unset: this server's own origin; while authentication is off, also pages "
-        "on loopback hosts (`localhost`, `127.0.0.1`), and the own origin only by IP or "
-        "`localhost`.",
+        "Origins of browser pages that may open WebSockets and send state-changing requests "
+        "(POST, DELETE; others get 403 / 4403 `forbidden`), comma separated "
+        "(`https://app.example`); `*`: any. Unset: this server's own origin; while "
+        "authentication is off, also pages on loopback hosts (`localhost`, `127.0.0.1`), "
+        "and the own origin only by IP, `localhost` or an ALLOWED_HOSTS name.",
+    )
+    allowed_hosts: str = setting(
+        "",
+        "Host names a protected-mode server answers besides its loopback ones (`localhost`, "
+        "`*.localhost`, 127.0.0.0/8, `[::1]`), comma separated (`devbox`); `*`: any. Any "
+        "other `Host` is refused 403 / 4403 `host_not_allowed` (a defence against DNS "
+        "rebinding); its page's own origin by a listed name is allowed too.",
     )
     protected_mode: bool = setting(
         True,
@@ -186,10 +200,12 @@ class AuthSettings:
         "`/healthz`, `/readyz` and `/metrics` are open either way.",
     )
     trusted_proxies: str = setting(
-        "127.0.0.1,::1",
+        "127.0.0.0/8,::1",
         "Proxies (IP addresses or CIDRs, comma separated) whose `X-Forwarded-For` names the "
-        "client: the address protected mode and uploads judge. List only the proxies "
-        "themselves; from anyone else the header is ignored. Empty: trust none.",
+        "client: the address protected mode and uploads judge (a forwarded address is never "
+        "loopback). List only the proxies themselves (in Kubernetes: the ingress "
+        "controller's pod addresses); from anyone else the header is ignored. Empty: trust "
+        "none.",
     )
     token_ttl_s: float = setting(
         60.0, "Lifetime of a meeting token (single use) minted by POST /v1/meetings/{id}/tokens."
@@ -255,9 +271,9 @@ class UploadSettings:
         "auto",
         "Sandbox of the upload decoder: `bwrap` (bubblewrap: no network, none of the host's "
         "files; the server refuses to start without it), `auto` (bubblewrap when it works "
-        "here; else unconfined for loopback clients only, and remote uploads are refused "
-        "with 503 `sandbox_unavailable`), or `off` (unconfined for every client, on "
-        "purpose; `none` is the same).",
+        "here; else unconfined for loopback clients only, and remote uploads and "
+        "enrollments are refused with 503 `sandbox_unavailable`), or `off` (unconfined for "
+        "every client, on purpose; `none` is the same).",
     )
     upload_max_jobs: int = setting(
         16,

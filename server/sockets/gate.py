@@ -15,14 +15,12 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.auth.access import client_host
 from server.auth.keys import (
     SUBPROTOCOL,
     TOKEN_SUBPROTOCOL,
     Authenticator,
     Principal,
     Scope,
-    forbidden,
     unauthorized,
 )
 from server.limits import ALL, Slots, overloaded
@@ -90,9 +88,7 @@ async def authenticate(
     room: the sockets waiting so are bounded). Raises ProtocolError (4401, 4403, 1013) or
     WebSocketDisconnect."""
     websocket = handshake.websocket
-    auth.admit(client_host(websocket))
-    if not auth.origins.allows(websocket.headers.get("origin"), websocket.headers.get("host")):
-        raise forbidden("this page's Origin may not open Parley sockets (PARLEY_ALLOWED_ORIGINS)")
+    auth.admit(websocket)
     principal = await auth.presented(
         websocket.headers.get("authorization"),
         handshake.token_subprotocol() or websocket.query_params.get("access_token"),

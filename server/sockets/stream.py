@@ -14,11 +14,11 @@ from server.auth.keys import (
     Principal,
     Scope,
     create_owned_source,
-    forbidden,
     meeting_access,
 )
 from server.limits import LimitedConnection, RealtimeBudget, StreamSlot, overloaded
 from server.registry import AdmissionRefused
+from server.sockets.channels import bind_participant, channel_configs, channel_query, serve_channels
 from server.sockets.gate import Handshake, authenticate_socket, non_negative, refuse
 from server.state import AppState, app_state
 from session.actor import SessionActor
@@ -40,19 +40,33 @@ async def stream_endpoint(websocket: WebSocket) -> None:
     state = app_state(websocket)
     handshake = Handshake(websocket)
     query = dict(websocket.query_params)
-    terms = websocket.query_params.getlist("keyterm")  # the one parameter that repeats
+    terms, redact = (websocket.query_params.getlist(n) for n in ("keyterm", "redact"))
     meeting_id = websocket.path_params["meeting_id"]
     try:
         principal = await authenticate_socket(state, handshake, meeting_id, Scope.STREAM)
+        one, names = channel_query(query, state.settings.streams.max_channels)
         config = bind_participant(
-            parse_stream_config(meeting_id, query, state.settings.streams.default_language, terms),
+            parse_stream_config(
+                meeting_id, one, state.settings.streams.default_language, terms, redact
+            ),
             principal,
             query,
         )
+        configs = channel_configs(config, names, principal.participant) if len(names) > 1 else []
     except WebSocketDisconnect:
         return
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
+        return
+    if configs:  # one source per channel (server/sockets/channels.py)
+        await serve_channels(
+            handshake,
+            websocket,
+            configs,
+            lambda shake, config, channel: serve_source(
+                state, shake, config, {}, principal, connection=channel
+            ),
+        )
         return
     await serve_source(state, handshake, config, query, principal)
 
@@ -210,18 +224,6 @@ def _check_capacity(state: AppState, *, resumed: bool) -> None:
     reason = state.capacity.refusal(state.scheduler)
     if reason is not None:
         raise overloaded(reason)
-
-
-def bind_participant(
-    config: StreamConfig, principal: Principal, query: dict[str, str]
-) -> StreamConfig:
-    """A meeting token bound to a participant streams as that participant only."""
-    bound = principal.participant
-    if bound is None:
-        return config
-    if "participant" in query and query["participant"] != bound:
-        raise forbidden(f"the meeting token is for participant {bound!r}")
-    return dataclasses.replace(config, participant=bound)
 
 
 @dataclass(frozen=True, slots=True)

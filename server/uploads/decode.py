@@ -57,6 +57,7 @@ class DecodedAudio:
     source_rate: int
     channels: int
     decode_seconds: float  # wall time of the subprocess
+    output_channels: int = 1  # interleaved in `path` (a multichannel upload keeps them)
 
     @property
     def seconds(self) -> float:
@@ -73,9 +74,14 @@ _SIGNALS: dict[int, str] = {
 
 
 async def decode_file(
-    src: Path, dst: Path, limits: DecodeLimits, sandbox: Sandbox = UNCONFINED
+    src: Path,
+    dst: Path,
+    limits: DecodeLimits,
+    sandbox: Sandbox = UNCONFINED,
+    keep_channels: int = 1,
 ) -> DecodedAudio:
-    """Decode `src` into raw 16 kHz mono s16le at `dst`, or raise Refusal."""
+    """Decode `src` into raw 16 kHz s16le at `dst` (mono; with `keep_channels` above 1 its
+    channels interleaved, refused past that many), or raise Refusal."""
     started = time.monotonic()
     argv = [
         sys.executable,
@@ -87,6 +93,8 @@ async def decode_file(
         str(limits.cpu_seconds),
         "--memory-bytes",
         str(limits.memory_bytes),
+        "--keep-channels",
+        str(keep_channels),
         str(src),
         str(dst),
     ]
@@ -125,6 +133,7 @@ async def decode_file(
             source_rate=int(report["sample_rate"]),
             channels=int(report["channels"]),
             decode_seconds=elapsed,
+            output_channels=int(report["output_channels"]),
         )
     if process.returncode == decode_worker.EXIT_REFUSED and report is not None:
         if int(report["status"]) >= 500:  # the decoder's own failure, not the file's

@@ -1,4 +1,5 @@
-"""The decoder subprocess: one untrusted upload in, 16 kHz mono pcm_s16le out.
+"""The decoder subprocess: one untrusted upload in, 16 kHz pcm_s16le out (mono, or its
+channels interleaved for a multichannel upload).
 
 server/uploads/decode.py runs this file as `python -I server/uploads/decode_worker.py ...`,
 never inside the server process: a hostile file that crashes, hangs or balloons FFmpeg takes down
@@ -115,8 +116,10 @@ def _not_whitelisted(logs: list[Any]) -> str | None:
     return None
 
 
-def decode(src: str, dst: str, max_seconds: float) -> dict[str, Any]:
-    """Decode `src` into raw 16 kHz mono s16le at `dst`; return the facts, or raise Refusal."""
+def decode(src: str, dst: str, max_seconds: float, keep_channels: int = 1) -> dict[str, Any]:
+    """Decode `src` into raw 16 kHz s16le at `dst`: mono, or with `keep_channels` above 1
+    the file's own channels interleaved (refused past that many); return the facts, or
+    raise Refusal."""
     import av
     import av.logging
 
@@ -146,11 +149,11 @@ def decode(src: str, dst: str, max_seconds: float) -> dict[str, Any]:
                 "not a recognised audio file; send wav, mp3, m4a/mp4, flac or ogg"
             ) from None
         with container:
-            return _decode_container(container, dst, max_seconds, logs)
+            return _decode_container(container, dst, max_seconds, logs, keep_channels)
 
 
 def _decode_container(
-    container: Any, dst: str, max_seconds: float, logs: list[Any]
+    container: Any, dst: str, max_seconds: float, logs: list[Any], keep_channels: int
 ) -> dict[str, Any]:
     import av
 
@@ -179,7 +182,16 @@ def _decode_container(
             f"a sample rate of {rate} Hz is not speech audio "
             f"({MIN_SOURCE_RATE}-{MAX_SOURCE_RATE} Hz accepted)"
         )
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
+    channels = stream.codec_context.channels or 1
+    if keep_channels > 1 and channels > keep_channels:
+        raise Refusal(
+            400,
+            "bad_config",
+            f"the file has {channels} channels; at most {keep_channels} are transcribed apart",
+        )
+    layout = stream.codec_context.layout.name if keep_channels > 1 and channels > 1 else "mono"
+    width = 2 * (channels if layout != "mono" else 1)  # bytes per output sample frame
+    resampler = av.AudioResampler(format="s16", layout=layout, rate=OUTPUT_RATE)
     shape: tuple[str, str, int] | None = None  # the input the resampler was set up for
     source_seconds = 0.0
     samples = packets = bad = 0
@@ -190,7 +202,7 @@ def _decode_container(
         def write(frames: list[Any]) -> None:
             nonlocal samples
             for frame in frames:
-                out.write(bytes(frame.planes[0])[: frame.samples * 2])
+                out.write(bytes(frame.planes[0])[: frame.samples * width])
                 samples += frame.samples
 
         for packet in container.demux(stream):
@@ -223,7 +235,7 @@ def _decode_container(
                     # The stream changed rate or layout midway (chained or damaged
                     # files): drain the resampler and start a fresh one.
                     write(resampler.resample(None))
-                    resampler = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
+                    resampler = av.AudioResampler(format="s16", layout=layout, rate=OUTPUT_RATE)
                 shape = frame_shape
                 write(resampler.resample(frame))
         write(resampler.resample(None))
@@ -246,6 +258,7 @@ def _decode_container(
         "codec": codec,
         "sample_rate": stream.codec_context.sample_rate,
         "channels": stream.codec_context.channels,
+        "output_channels": width // 2,
         "declared_seconds": declared,
         "source_seconds": round(source_seconds, 3),
         "samples": samples,
@@ -272,6 +285,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-seconds", type=float, required=True)
     parser.add_argument("--cpu-seconds", type=int, required=True)
     parser.add_argument("--memory-bytes", type=int, required=True)
+    parser.add_argument("--keep-channels", type=int, default=1)
     return parser
 
 
@@ -284,7 +298,7 @@ def _answer(payload: dict[str, Any], code: int = 0) -> NoReturn:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     # The output can never be larger than the duration cap allows (plus a margin).
-    output_bytes = int((args.max_seconds + 60) * OUTPUT_BYTES_PER_SECOND)
+    output_bytes = int((args.max_seconds + 60) * OUTPUT_BYTES_PER_SECOND) * args.keep_channels
     limit_self(args.cpu_seconds, args.memory_bytes, output_bytes)
     try:
         import av  # noqa: F401 - fails here, not on the file, if the limits leave no room
@@ -295,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
             EXIT_REFUSED,
         )  # fmt: skip
     try:
-        facts = decode(args.src, args.dst, args.max_seconds)
+        facts = decode(args.src, args.dst, args.max_seconds, args.keep_channels)
     except Refusal as refusal:
         _answer(
             {"ok": False, "status": refusal.status, "code": refusal.code,

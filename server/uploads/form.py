@@ -24,6 +24,7 @@ from typing import BinaryIO
 
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect
 
 from server.uploads.decode_worker import Refusal
 
@@ -33,6 +34,11 @@ MAX_HEADER_BYTES = 8 << 10  # a part's headers, names and values together
 MAX_PARTS = 16
 FORM_OVERHEAD = 64 << 10  # body bytes allowed beyond the file: boundaries, headers, fields
 FLUSH_BYTES = 1 << 20  # file data buffered before a write
+# Body bytes read and dropped before an early refusal (no key, bad options, no model, no job
+# slot): a server that closes with unread bytes makes the kernel reset the connection, and
+# the client may lose the answer to a "connection reset". Bigger bodies are cut off.
+DRAIN_BEFORE_REFUSAL = 1 << 20
+DRAIN_TIMEOUT_S = 2.0
 
 
 def _bad(message: str) -> Refusal:
@@ -252,6 +258,18 @@ async def receive_form(
         if pending:
             await asyncio.to_thread(_write, out, pending)
     return ReceivedForm(path, receiver.filename, receiver.file_bytes, receiver.fields)
+
+
+async def drain(stream: AsyncIterator[bytes]) -> None:
+    """Read and drop what is cheap of a body about to be refused (see DRAIN_BEFORE_REFUSAL);
+    a client that goes away or stalls ends it."""
+    drained = 0
+    with contextlib.suppress(ClientDisconnect, TimeoutError):
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            async for chunk in stream:
+                drained += len(chunk)
+                if drained > DRAIN_BEFORE_REFUSAL:
+                    break
 
 
 def _write(out: BinaryIO, pieces: list[bytes]) -> None:

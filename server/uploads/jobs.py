@@ -27,7 +27,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,15 +37,17 @@ import orjson
 from engine.api import SchedulerError
 from server.settings import UploadSettings
 from server.uploads.decode import DecodedAudio, DecodeLimits, decode_file
+from server.uploads.options import JobOptions, channel_utterances
 from server.uploads.sandbox import UNCONFINED, Sandbox
 from session.enrolled import load_voices
-from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
+from session.file_transcriber import FileOptions, FileProgress, transcribe_channels
 from session.services import SessionServices
 from session.vad import VadScorer
 from store.api import JobStore
 from store.errors import StoreError
 from store.records import SourceState
-from wire.transcript import TranscriptFormat, render, utterances
+from wire import build
+from wire.transcript import TranscriptFormat, render
 
 logger = logging.getLogger(__name__)
 
@@ -77,35 +79,6 @@ class JobsFull(Exception):
     """No room for another unfinished job, or the registry is closed."""
 
 
-@dataclass(frozen=True, slots=True)
-class JobOptions:
-    language: str | None  # None: detect (multilingual models)
-    participant: str
-    labelled: bool  # the client named the participant: label TXT/SRT/VTT lines with it
-    meeting_id: str | None
-    format: TranscriptFormat  # of the result when the POST answers with it (`wait=true`)
-    diarize: bool = False  # label each utterance's speaker (a recording of several voices)
-    # Unix seconds the recording started at, as the client gave it (`started_at`): the
-    # meeting source's origin. None: the upload's start is.
-    started_at: float | None = None
-    keyterms: tuple[str, ...] = ()  # words to expect (`wire.keyterms`)
-
-    def as_dict(self) -> dict[str, Any]:
-        options: dict[str, Any] = {
-            "language": self.language or "auto",
-            "participant": self.participant,
-            "meeting_id": self.meeting_id,
-            "format": self.format.value,
-        }
-        if self.diarize:
-            options["diarize"] = True
-        if self.started_at is not None:
-            options["started_at"] = self.started_at
-        if self.keyterms:
-            options["keyterms"] = list(self.keyterms)
-        return options
-
-
 @dataclass(eq=False)
 class Job:
     id: str
@@ -117,7 +90,7 @@ class Job:
     upload_bytes: int = 0
     audio: DecodedAudio | None = None
     progress: FileProgress | None = None
-    meeting_source: SourceState | None = None
+    meeting_sources: list[SourceState] = field(default_factory=list)  # one per channel
     tenant: str | None = None  # the API key's tenant that owns the job (auth on)
     error: dict[str, str] | None = None
     started_at: float | None = None  # monotonic, when transcription began
@@ -173,7 +146,8 @@ class Job:
             body["result"] = {
                 "text": " ".join(f.text for f in finals),
                 "language": finals[0].language if finals else self.options.language,
-                "utterances": utterances(finals),
+                "utterances": channel_utterances(finals, self._participants()),
+                "usage": build.usage(self.audio.seconds if self.audio is not None else 0.0),
             }
         return body
 
@@ -192,7 +166,12 @@ class Job:
         """The finished transcript as JSON (the job resource), TXT, SRT or VTT."""
         if fmt is TranscriptFormat.JSON or self.progress is None:
             return orjson.dumps(self.describe()).decode()
-        return render(self.id, self.progress.finals, fmt, labels=self.options.labelled)
+        labels = self.options.labelled or len(self._participants()) > 1
+        return render(self.id, self.progress.finals, fmt, labels=labels)
+
+    def _participants(self) -> tuple[str, ...]:
+        channels = 1 if self.audio is None else self.audio.output_channels
+        return self.options.participants(channels)
 
     def _timing(self) -> dict[str, float]:
         timing: dict[str, float] = {}
@@ -268,12 +247,18 @@ class JobRegistry:
         job = self._jobs.get(job_id)
         return None if job is None or job.status is JobStatus.RECEIVING else job
 
-    async def decode(self, job: Job, upload: Path) -> DecodedAudio:
-        """Decode the job's upload in a subprocess (bounded in number); drop the upload."""
+    async def decode(self, job: Job, upload: Path, *, remote: bool) -> DecodedAudio:
+        """Decode the job's upload in a subprocess (bounded in number; `remote`: the
+        caller is not loopback, see `Sandbox.admit`); drop the upload."""
+        self.sandbox.admit(remote=remote)
         async with self._decoders:
             try:
                 return await decode_file(
-                    upload, job.workdir / "audio.s16", self.limits, self.sandbox
+                    upload,
+                    job.workdir / "audio.s16",
+                    self.limits,
+                    self.sandbox,
+                    job.options.channels,
                 )
             finally:
                 await asyncio.to_thread(upload.unlink, missing_ok=True)
@@ -283,9 +268,13 @@ class JobRegistry:
         """Where upload folders are made."""
         return self._root
 
-    async def decode_other(self, src: Path, dst: Path, max_seconds: float) -> DecodedAudio:
+    async def decode_other(
+        self, src: Path, dst: Path, max_seconds: float, *, remote: bool
+    ) -> DecodedAudio:
         """Decode a file that is no job's (an enrollment recording) in the sandbox, under
-        the same bound on decoders and the same limits but `max_seconds`."""
+        the same admission rule, the same bound on decoders and the same limits but
+        `max_seconds`."""
+        self.sandbox.admit(remote=remote)
         async with self._decoders:
             limits = dataclasses.replace(self.limits, max_seconds=max_seconds)
             return await decode_file(src, dst, limits, self.sandbox)
@@ -296,17 +285,17 @@ class JobRegistry:
         audio: DecodedAudio,
         services: SessionServices,
         vad: VadScorer,
-        meeting_source: SourceState | None = None,
+        meeting_sources: Sequence[SourceState] = (),
     ) -> None:
         """The upload is good audio: queue its transcription as the job's own task.
-        `vad` scores its windows; `meeting_source`: the meeting source its finals are
-        logged as, if attached. The job's record is in the store when this returns, so
-        another node can read it as soon as the client has its id."""
+        `vad` scores its windows; `meeting_sources`: the meeting sources its finals are
+        logged as (one per channel), if attached. The job's record is in the store when
+        this returns, so another node can read it as soon as the client has its id."""
         if self._closed:
             raise JobsFull("the server is shutting down")
-        job.meeting_source = meeting_source
+        job.meeting_sources = list(meeting_sources)
         job.audio = audio
-        job.progress = FileProgress(total_samples=audio.samples)
+        job.progress = FileProgress(total_samples=audio.samples, channels=audio.output_channels)
         job.queued_at = time.monotonic()
         job.transition(JobStatus.QUEUED)
         await self._publish(job)
@@ -377,24 +366,30 @@ class JobRegistry:
                 job.started_at = time.monotonic()
                 job.transition(JobStatus.RUNNING)
                 await self._publish(job)
-                source = job.meeting_source
-                options = FileOptions(
-                    source_id=f"upload-{job.id}" if source is None else source.session_id,
-                    participant=job.options.participant,
-                    language=job.options.language,
-                    meeting_source=source,
-                    diarize=job.options.diarize,
-                    keyterms=job.options.keyterms,
-                    enrolled=(
-                        await load_voices(services.store, job.tenant, services.speaker_match)
-                        if job.options.diarize
-                        else None
-                    ),
-                    in_flight=self._in_flight,
-                    model_share=self._model_share,
-                )
-                transcriber = FileTranscriber(job.audio.path, services, options, job.progress, vad)
-                await transcriber.run()
+                names = job.options.participants(job.audio.output_channels)
+                sources: list[SourceState | None] = [*job.meeting_sources] or [None] * len(names)
+                voices = None
+                if job.options.diarize:
+                    voices = await load_voices(services.store, job.tenant, services.speaker_match)
+                channels = [  # a multichannel file: one source (and participant) per channel
+                    FileOptions(
+                        source_id=source.session_id if source is not None
+                        else f"upload-{job.id}" + (f"-{c}" if len(names) > 1 else ""),
+                        participant=name,
+                        language=job.options.language,
+                        meeting_source=source,
+                        diarize=job.options.diarize,
+                        keyterms=job.options.keyterms,
+                        text=job.options.text,
+                        enrolled=voices,
+                        in_flight=self._in_flight,
+                        model_share=self._model_share,
+                        channels=len(names),
+                        channel=c,
+                    )
+                    for c, (name, source) in enumerate(zip(names, sources, strict=True))
+                ]  # fmt: skip
+                await transcribe_channels(job.audio.path, services, channels, job.progress, vad)
             job.transition(JobStatus.DONE)
             logger.info(
                 "upload job done",

@@ -29,28 +29,33 @@ from collections.abc import Sequence
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from server.auth.access import client_host, is_loopback
+from server.auth.access import is_local
 from server.auth.keys import ANONYMOUS, Principal, bearer, create_owned_source
 from server.settings import Settings
 from server.state import app_state
 from server.uploads.decode_worker import Refusal
-from server.uploads.form import FORM_OVERHEAD, receive_form, too_large
-from server.uploads.jobs import Job, JobOptions, JobsFull, JobStatus
+from server.uploads.form import FORM_OVERHEAD, drain, receive_form, too_large
+from server.uploads.jobs import Job, JobsFull, JobStatus
+from server.uploads.options import JobOptions
 from server.uploads.records import StoredJob
-from server.uploads.sandbox import unsandboxed
 from session.services import SessionServices
 from store.errors import StoreError
-from wire.codes import CloseCode, ErrorCode
+from wire.codes import CloseCode
 from wire.errors import ProtocolError
 from wire.keyterms import parse_keyterms
 from wire.query import is_language, parse_flag, validate_id
+from wire.text_options import TEXT_FLAGS, parse_text_options
 from wire.transcript import TranscriptFormat
 
 logger = logging.getLogger(__name__)
 
 OPTION_FIELDS = frozenset(
-    {"language", "format", "participant", "meeting_id", "wait", "diarize", "started_at", "keyterm"}
-)
+    {
+        "language", "format", "participant", "meeting_id", "wait", "diarize", "started_at",
+        "keyterm", "multichannel",
+    }
+    | {"redact", *TEXT_FLAGS}  # wire.text_options
+)  # fmt: skip
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
 EARLIEST_STARTED_AT = 946_684_800.0  # 2000-01-01T00:00:00Z
@@ -66,10 +71,13 @@ def _problem(
 
 
 def _parse_options(
-    raw: dict[str, str], settings: Settings, keyterms: Sequence[str] = ()
+    raw: dict[str, str],
+    settings: Settings,
+    keyterms: Sequence[str] = (),
+    redact: Sequence[str] = (),
 ) -> tuple[JobOptions, bool]:
-    """Validate the options (query string, then form fields; `keyterms`: every `keyterm`
-    given, the one that repeats); raise Refusal (400)."""
+    """Validate the options (query string, then form fields; `keyterms`, `redact`: every
+    `keyterm` and `redact` given, the ones that repeat); raise Refusal (400)."""
 
     def bad(code: str, message: str) -> Refusal:
         return Refusal(400, code, message)
@@ -88,12 +96,18 @@ def _parse_options(
     diarize = parse_flag(raw.get("diarize", "false"))
     if diarize is None:
         raise bad("bad_config", "diarize must be true or false")
+    multichannel = parse_flag(raw.get("multichannel", "false"))
+    if multichannel is None:
+        raise bad("bad_config", "multichannel must be true or false")
     try:
-        participant = validate_id("participant", raw.get("participant", DEFAULT_PARTICIPANT))
+        participant = raw.get("participant", DEFAULT_PARTICIPANT)
+        for name in participant.split(",") if multichannel else [participant]:
+            validate_id("participant", name)  # their number is checked once it is known
         meeting_id = raw.get("meeting_id")
         if meeting_id is not None:
             validate_id("meeting_id", meeting_id)
         terms = parse_keyterms(keyterms)
+        text = parse_text_options(redact, **{name: raw.get(name) for name in TEXT_FLAGS})
     except ProtocolError as exc:
         raise bad(exc.code.value, exc.message) from None
     started_at = None
@@ -114,6 +128,8 @@ def _parse_options(
         diarize=diarize,
         started_at=started_at,
         keyterms=terms,
+        channels=settings.streams.max_channels if multichannel else 1,
+        text=text,
     )
     return options, wait
 
@@ -158,26 +174,11 @@ def _check_diarize(diarize: bool, services: SessionServices) -> None:
         raise Refusal(400, "bad_config", services.speakers_off)
 
 
-# Body bytes read and dropped before an early refusal (no key, bad options, no model, no job
-# slot): a server that closes with unread bytes makes the kernel reset the connection, and
-# the client may lose the answer to a "connection reset". Bigger bodies are cut off.
-DRAIN_BEFORE_REFUSAL = 1 << 20
-DRAIN_TIMEOUT_S = 2.0
-
-
 async def _refuse(
     request: Request, status: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> Response:
-    """`_problem`, after reading what is cheap of the request's body (see above)."""
-    drained = 0
-    try:
-        async with asyncio.timeout(DRAIN_TIMEOUT_S):
-            async for chunk in request.stream():
-                drained += len(chunk)
-                if drained > DRAIN_BEFORE_REFUSAL:
-                    break
-    except (ClientDisconnect, TimeoutError):
-        pass
+    """`_problem`, after reading what is cheap of the request's body (form.py `drain`)."""
+    await drain(request.stream())
     return _problem(status, code, message, headers)
 
 
@@ -189,10 +190,11 @@ async def create_transcription(request: Request) -> Response:
         tenant = _tenant_of(request)
     except ProtocolError as exc:
         return await _refuse(request, _auth_status(exc), exc.code.value, exc.message)
-    missing = state.jobs.sandbox.missing
-    if missing is not None and not is_loopback(client_host(request)):
-        code = ErrorCode.SANDBOX_UNAVAILABLE.value
-        return await _refuse(request, 503, code, unsandboxed(missing))
+    remote = not is_local(request)
+    try:
+        state.jobs.sandbox.admit(remote=remote)  # before the body; the decode checks again
+    except Refusal as exc:
+        return await _refuse(request, exc.status, exc.code, exc.message)
     query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
     unknown = set(request.query_params) - OPTION_FIELDS
     if unknown:
@@ -200,8 +202,8 @@ async def create_transcription(request: Request) -> Response:
             request, 400, "bad_request", f"unknown query parameter {sorted(unknown)[0]!r}"
         )
     try:
-        keyterms = request.query_params.getlist("keyterm")
-        options, wait = _parse_options(query, settings, keyterms)
+        keyterms, redact = (request.query_params.getlist(n) for n in ("keyterm", "redact"))
+        options, wait = _parse_options(query, settings, keyterms, redact)
     except Refusal as exc:
         return await _refuse(request, exc.status, exc.code, exc.message)
     declared = request.headers.get("content-length", "")
@@ -239,25 +241,31 @@ async def create_transcription(request: Request) -> Response:
             receive_timeout_s=settings.uploads.upload_receive_timeout_s,
         )
         form_terms = [form.fields["keyterm"]] if "keyterm" in form.fields else []
-        options, wait = _parse_options({**query, **form.fields}, settings, keyterms + form_terms)
+        form_redact = [form.fields["redact"]] if "redact" in form.fields else []
+        options, wait = _parse_options(
+            {**query, **form.fields}, settings, keyterms + form_terms, redact + form_redact
+        )
         _check_language(options.language, services.languages, state.recognizer_name)
         _check_diarize(options.diarize, services)
         job.options = options
         job.filename = form.filename[:256]
         job.upload_bytes = form.size
-        audio = await state.jobs.decode(job, form.path)
-        source = None
-        if options.meeting_id is not None:  # the file becomes a source of the meeting
+        audio = await state.jobs.decode(job, form.path, remote=remote)
+        names = options.participants(audio.output_channels)  # 400 if they do not fit
+        sources = []
+        if options.meeting_id is not None:  # the file (each channel) becomes a meeting source
             principal = ANONYMOUS if tenant is None else Principal(tenant, fast_replay=True)
-            source, _ = await create_owned_source(  # another tenant's: 4403 → 403
-                state.store,
-                options.meeting_id,
-                options.participant,
-                {},
-                principal,
-                origin=job.created_at if options.started_at is None else options.started_at,
-            )
-        await state.jobs.start(job, audio, services, file_vad, source)
+            for name in names:
+                source, _ = await create_owned_source(  # another tenant's: 4403 → 403
+                    state.store,
+                    options.meeting_id,
+                    name,
+                    {},
+                    principal,
+                    origin=job.created_at if options.started_at is None else options.started_at,
+                )
+                sources.append(source)
+        await state.jobs.start(job, audio, services, file_vad, sources)
     except Refusal as exc:
         await state.jobs.discard(job)
         logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)
@@ -303,7 +311,7 @@ def _tenant_of(request: Request) -> str | None:
     tenant owns the job. None while authentication is off. Raises ProtocolError (401; 403
     `protected_mode` for a client that protected mode keeps out)."""
     auth = app_state(request).auth
-    auth.admit(client_host(request))
+    auth.admit(request)
     return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
 
 

@@ -20,10 +20,10 @@ code as the decoder. `Sandbox.command()` wraps the decoder's command line in bub
 
 `open_sandbox()` checks at start that bubblewrap works here. `auto` (the default) uses it
 when it does; otherwise the decoder runs unconfined (rlimits, nice, a clean environment
-only) for loopback clients, and uploads from anyone else are refused with 503
-`sandbox_unavailable` (server/uploads/routes.py), with a warning at start. `bwrap` refuses to
-start without it; `off` (or `none`, its older name) turns it off for every client, on
-purpose.
+only) for loopback clients, and the files of anyone else (uploads, enrollments) are
+refused with 503 `sandbox_unavailable` (`Sandbox.admit`, which every decode goes
+through), with a warning at start. `bwrap` refuses to start without it; `off` (or
+`none`, its older name) turns it off for every client, on purpose.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from server.uploads.decode_worker import Refusal
+from wire.codes import ErrorCode
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +120,14 @@ class Sandbox:
     @property
     def confined(self) -> bool:
         return self.bwrap is not None
+
+    def admit(self, *, remote: bool) -> None:
+        """The one admission rule for decoding a caller's file, whatever the route (an
+        upload, an enrollment recording): a remote caller's file is never decoded
+        unconfined. Raises Refusal 503 `sandbox_unavailable` where `auto` found no working
+        bubblewrap and the caller is not loopback."""
+        if remote and self.missing is not None:
+            raise Refusal(503, ErrorCode.SANDBOX_UNAVAILABLE.value, unsandboxed(self.missing))
 
     def describe(self) -> str:
         if self.missing is not None:
@@ -237,7 +248,7 @@ def open_sandbox(mode: SandboxMode, *, hidden: Sequence[Path] = ()) -> Sandbox:
     if mode is SandboxMode.BWRAP:
         raise SandboxUnavailable(f"PARLEY_UPLOAD_SANDBOX=bwrap, but {problem}")
     logger.warning(
-        "upload decoder has no sandbox (%s): uploads from loopback clients are decoded "
+        "upload decoder has no sandbox (%s): files from loopback clients are decoded "
         "unconfined, others refused with 503 sandbox_unavailable (install bubblewrap, or set "
         "PARLEY_UPLOAD_SANDBOX=off to decode them all unconfined)",
         problem,
@@ -246,11 +257,11 @@ def open_sandbox(mode: SandboxMode, *, hidden: Sequence[Path] = ()) -> Sandbox:
 
 
 def unsandboxed(missing: str) -> str:
-    """Why a remote client's upload is refused where the sandbox is missing."""
+    """Why a remote client's file is refused where the sandbox is missing."""
     return (
-        f"this server decodes uploads without a sandbox ({missing}), so only from loopback "
+        f"this server decodes files without a sandbox ({missing}), so only from loopback "
         "clients. Install bubblewrap, or set PARLEY_UPLOAD_SANDBOX=off to decode every "
-        "client's uploads unconfined"
+        "client's files unconfined"
     )
 
 

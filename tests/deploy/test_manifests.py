@@ -1,11 +1,13 @@
 """deploy/k8s/ validated by kubernetes-validate (strict: unknown fields refused) against
 the OpenAPI schemas of the Kubernetes release the package ships, and read for what
 docs/operations.md promises of them: readiness on /readyz, a preStop drain that fits the
-grace period, a Service and a PodDisruptionBudget that select the Deployment's pods."""
+grace period, a Service and a PodDisruptionBudget that select the Deployment's pods, and
+the security settings (keys, the sandbox required, only the ingress trusted)."""
 
 from __future__ import annotations
 
 import copy
+import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +72,21 @@ def test_deployment_probes_drain_and_selectors_fit_together() -> None:
     # the pod is killed only after the preStop sleep and the whole drain grace
     grace = pod["spec"]["terminationGracePeriodSeconds"]
     assert grace > int(sleep[1]) + float(env["PARLEY_DRAIN_GRACE_S"])
+
+
+def test_deployment_requires_the_sandbox_and_trusts_only_the_ingress() -> None:
+    """The pods take API keys, refuse to start without the decoder's sandbox (`bwrap`, not
+    `auto`), and trust X-Forwarded-For from a few addresses (the ingress controller's),
+    not from a pod network: no range is wider than a /24 (IPv6: /120)."""
+    container = _by_kind(_documents())["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["PARLEY_API_KEYS_FILE"]
+    assert env["PARLEY_UPLOAD_SANDBOX"] == "bwrap"
+    trusted = [
+        ipaddress.ip_network(item.strip(), strict=False)
+        for item in env["PARLEY_TRUSTED_PROXIES"].split(",")
+        if item.strip()
+    ]
+    assert trusted
+    for network in trusted:
+        assert network.num_addresses <= 256 and network.is_private, network

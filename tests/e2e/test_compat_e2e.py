@@ -16,7 +16,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from loadgen.wer import error_rate
-from server.compat.deepgram import plain
+from server.compat.deepgram_text import plain
 from tests.compat_clients import (
     WEBSOCKETS_LEGACY,
     Received,

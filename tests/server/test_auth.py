@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult, Transcription, Utterance
+from server.auth.access import OriginPolicy
 from server.auth.keys import (
     ANONYMOUS,
     Authenticator,
-    OriginPolicy,
     OwnerCheck,
     Principal,
     Scope,

@@ -67,15 +67,16 @@ async def refusal(
     ("query", "reason"),
     [
         ("encoding=mulaw&sample_rate=8000", "encoding"),
-        ("channels=2", "mono"),
-        ("multichannel=true", "mono"),
+        ("channels=99&multichannel=true", "channels"),  # past PARLEY_MAX_CHANNELS
+        ("channels=2&multichannel=maybe", "multichannel"),
+        ("channels=2&multichannel=true&participant=a,b,c", "participant"),
         ("sample_rate=4000", "sample_rate"),
         ("sample_rate=fast", "sample_rate"),
         ("interim_results=maybe", "interim_results"),
         ("utterance_end_ms=-5", "utterance_end_ms"),
         ("endpointing=soon", "endpointing"),
         ("callback=https://example.invalid/hook", "callback"),
-        ("redact=pci", "redact"),
+        ("redact=pii", "redact"),  # pci, ssn and numbers are honoured
         ("language=fr", "language"),  # the fake model is English-only
         ("language=en_US!", "language"),
         ("encoding=%C3%A9", "encoding"),  # echoed in the dg-error header: kept latin-1

@@ -7,7 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from server.compat.deepgram import DeepgramCodec, parse_options, plain
+from server.compat.deepgram import DeepgramCodec, parse_options
+from server.compat.deepgram_text import plain
 from server.compat.openai_realtime import RealtimeCodec, Vad
 from wire.errors import ProtocolError
 
@@ -58,6 +59,32 @@ def test_deepgram_words_carry_timings_confidence_and_speakers() -> None:
     assert bare["channel"]["alternatives"][0]["transcript"] == "hello world"
     assert "speaker" not in bare["channel"]["alternatives"][0]["words"][0]
     assert plain("Don't stop — 'now'!") == "don't stop now"
+
+
+def test_deepgram_text_options_map_and_their_marks_survive_plain_text() -> None:
+    """redact (repeated), numerals, smart_format and profanity_filter become the stream's
+    text options; without punctuate, [PCI] and a mask stay as they are in the transcript
+    and the words."""
+    options = parse_options(
+        {"smart_format": "true", "profanity_filter": "true"},
+        meeting_id="m",
+        default_language="en",
+        redact=["pci", "ssn"],
+    )
+    config = options.stream_config()
+    assert config.text.numerals and config.text.profanity_filter
+    assert config.as_dict()["redact"] == ["pci", "ssn"]
+    words = [
+        {"word": " card", "start": 0.1, "end": 0.4, "probability": 0.9},
+        {"word": " [PCI],", "start": 0.5, "end": 2.9, "probability": 0.7},
+        {"word": " ****!", "start": 3.0, "end": 3.2, "probability": 0.8},
+    ]
+    [results] = out(deepgram().from_server(final(0, "Card [PCI], ****!", 0.0, 4.0, words=words)))
+    alternative = results["channel"]["alternatives"][0]
+    assert alternative["transcript"] == "card [PCI] ****"
+    assert [w["word"] for w in alternative["words"]] == ["card", "[PCI]", "****"]
+    with pytest.raises(ProtocolError, match="redact"):
+        parse_options({}, meeting_id="m", default_language="en", redact=["pii"])
 
 
 def test_deepgram_speech_final_and_utterance_end() -> None:

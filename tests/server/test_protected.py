@@ -5,6 +5,8 @@ client in `X-Forwarded-For`; tests/server/test_protected_netns.py has a real rem
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,9 +16,23 @@ from starlette.routing import Route, WebSocketRoute
 
 from server.__main__ import uvicorn_config
 from server.app import create_app
-from server.auth.access import Access, is_loopback, start_line
+from server.auth.access import (
+    FORWARDED,
+    Access,
+    ProxyHeaders,
+    is_loopback,
+    start_line,
+    trusted_proxies,
+)
 from server.settings import Settings
+from server.uploads.decode_worker import Refusal
+from server.uploads.jobs import JobRegistry
+from server.uploads.sandbox import Sandbox
+from store.memory_cluster import MemoryJobs
 from tests.appserver import serve_app
+from tests.audiofiles import wav_header
+from tests.corpus import clip
+from tests.httpclient import multipart, request
 from tests.route_probe import (
     MEETING_ROUTES,
     OPEN_ROUTES,
@@ -29,6 +45,11 @@ from tests.route_probe import (
 
 REMOTE = {"X-Forwarded-For": "10.9.8.7"}  # a remote client, as a proxy on loopback names it
 KEY = "protected-test-key-0123456789"
+
+
+def jfk_wav() -> bytes:
+    pcm = clip("en_jfk").pcm16()
+    return wav_header(16_000, len(pcm)) + pcm
 
 
 def test_the_probe_tries_every_route_of_the_app() -> None:
@@ -89,17 +110,20 @@ def test_trusted_proxies_and_sandbox_settings_are_checked() -> None:
 
 
 async def test_forwarded_for_is_read_from_trusted_proxies_in_either_address_family() -> None:
-    """Through the uvicorn configuration the server runs: a trusted proxy's
-    X-Forwarded-For names the client, also when a dual-stack socket shows the proxy as
-    ::ffff:127.0.0.1; an untrusted peer's header (127.0.0.1, a spoof) changes nothing."""
-    seen: list[str] = []
+    """Through the middleware the app runs (uvicorn's own rewrite is off): a trusted
+    proxy's X-Forwarded-For names the client, and the scope says it was forwarded, also
+    when a dual-stack socket shows the proxy as ::ffff:127.0.0.1; an untrusted peer's
+    header (127.0.0.1, a spoof) changes nothing and forwards nothing."""
+    seen: list[tuple[str, bool]] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        seen.append(scope["client"][0])
+        seen.append((scope["client"][0], scope[FORWARDED]))
 
     settings = Settings.from_env({}, trusted_proxies="127.0.0.1, 10.1.0.0/16")
-    config = uvicorn_config(app, settings)  # type: ignore[arg-type]  # a bare ASGI app
-    config.load()
+    assert not uvicorn_config(app, settings).proxy_headers  # type: ignore[arg-type]
+    served = create_app(settings)
+    assert [m.cls for m in served.user_middleware] == [ProxyHeaders]  # type: ignore[comparison-overlap]
+    middleware = ProxyHeaders(app, trusted_proxies(settings.auth.trusted_proxies))
     for peer, forwarded in (
         ("127.0.0.1", "10.9.8.7"),
         ("::ffff:127.0.0.1", "10.9.8.7"),
@@ -112,9 +136,51 @@ async def test_forwarded_for_is_read_from_trusted_proxies_in_either_address_fami
             "client": (peer, 4321),
             "headers": [(b"x-forwarded-for", forwarded.encode())],
         }
-        await config.loaded_app(scope, None, None)
-    assert seen == ["10.9.8.7", "10.9.8.7", "10.9.8.7", "10.2.0.1", "::ffff:10.2.0.1"]
-    assert not is_loopback(seen[-1])
+        await middleware(scope, None, None)  # type: ignore[arg-type]
+    assert seen == [
+        ("10.9.8.7", True),
+        ("10.9.8.7", True),
+        ("10.9.8.7", True),
+        ("10.2.0.1", False),
+        ("::ffff:10.2.0.1", False),
+    ]
+    assert not is_loopback(seen[-1][0])
+
+
+async def test_a_forwarded_address_is_never_loopback() -> None:
+    """A trusted proxy (here the loopback peer itself) that names 127.0.0.1 in
+    X-Forwarded-For does not make its client loopback: every meeting route refuses it 403
+    / 4403 protected_mode, where the same peer without the header is served."""
+    async with serve_app() as app:
+        forwarded = await probe(app.http_url, {"X-Forwarded-For": "127.0.0.1"})
+        assert not mismatches(forwarded, refused_everywhere())
+        assert not mismatches(await probe(app.http_url, {}), served_everywhere())
+
+
+def _get_from(address: str, port: int, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=10, source_address=(address, 0)
+    )
+    try:
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+async def test_a_proxy_anywhere_on_loopback_is_trusted_by_default() -> None:
+    """The default trusted proxies are 127.0.0.0/8 and ::1: a same-host proxy on 127.0.0.2
+    that forwards a remote client is read (that client is refused 403 protected_mode),
+    not taken for the loopback client it would be if its header were ignored."""
+    async with serve_app() as app:
+        status, body = await asyncio.to_thread(
+            _get_from, "127.0.0.2", app.port, "/v1/speakers", REMOTE
+        )
+        assert status == 403 and b"protected_mode" in body, body
+        status, body = await asyncio.to_thread(_get_from, "127.0.0.2", app.port, "/v1/speakers", {})
+        assert status == 200, body
+    assert Settings().auth.trusted_proxies == "127.0.0.0/8,::1"
 
 
 async def test_protected_mode_refuses_every_meeting_route_to_a_remote_client() -> None:
@@ -170,3 +236,38 @@ async def test_uploads_without_a_sandbox_are_decoded_for_loopback_clients_only(
         assert b'"upload_sandbox":"missing"' in ready
     async with serve_app(protected_mode=False, upload_sandbox="off") as app:
         assert (await probe(app.http_url, REMOTE))["upload"].status == 202
+
+
+async def test_enrollment_without_a_sandbox_is_decoded_for_loopback_clients_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upload's sandbox rule holds for enrollment too: where bubblewrap is missing, a
+    remote client's `POST /v1/speakers` is refused 503 sandbox_unavailable before its file
+    is decoded (nothing is enrolled), while a loopback client's recording is enrolled."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
+    content_type, pieces = multipart(jfk_wav(), "voice.wav", name="Jack")
+    headers = {"Content-Type": content_type}
+    async with serve_app(protected_mode=False) as app:
+        url = f"{app.http_url}/v1/speakers"
+        remote = await request("POST", url, body=pieces, headers={**headers, **REMOTE})
+        assert remote.status == 503, remote.body
+        assert remote.json()["error"]["code"] == "sandbox_unavailable"
+        assert "PARLEY_UPLOAD_SANDBOX=off" in remote.json()["error"]["message"]
+        assert (await request("GET", url)).json() == {"speakers": []}
+        local = await request("POST", url, body=pieces, headers=headers)
+        assert local.status == 201, local.body
+
+
+async def test_every_decode_goes_through_the_sandbox_rule(tmp_path: Path) -> None:
+    """The registry's decodes refuse a remote caller's file where the sandbox is missing,
+    whichever route calls them (the rule is the decoder's, not only the routes')."""
+    registry = JobRegistry(
+        Settings.from_env({}).uploads, MemoryJobs("n1"), sandbox=Sandbox(missing="no bwrap")
+    )
+    src = tmp_path / "voice.wav"
+    src.write_bytes(jfk_wav())
+    with pytest.raises(Refusal) as refused:
+        await registry.decode_other(src, tmp_path / "out.s16", 30.0, remote=True)
+    assert (refused.value.status, refused.value.code) == (503, "sandbox_unavailable")
+    decoded = await registry.decode_other(src, tmp_path / "out.s16", 30.0, remote=False)
+    assert decoded.seconds > 5

@@ -141,6 +141,17 @@ def test_protected_mode_refuses_the_remote_host_and_serves_loopback(serve: Any) 
     assert "access: protected" in server.log() and "PARLEY_PROTECTED_MODE=off" in server.log()
 
 
+def test_a_trusted_proxy_cannot_make_its_client_loopback(serve: Any, hosts: Hosts) -> None:
+    """A peer inside PARLEY_TRUSTED_PROXIES (the other host, trusted as a proxy) that
+    claims `X-Forwarded-For: 127.0.0.1` is refused on every meeting route (403 / 4403
+    protected_mode): a forwarded address is never loopback. /healthz, /readyz and
+    /metrics still answer it."""
+    server = serve(PARLEY_TRUSTED_PROXIES=hosts.client_ip)
+    answers = server.remote_answers("X-Forwarded-For: 127.0.0.1")
+    assert not mismatches(answers, refused_everywhere()), answers
+    assert all(answers[route].status == 200 for route in OPEN_ROUTES), answers
+
+
 def test_a_key_serves_the_remote_host(serve: Any) -> None:
     """With API keys, the remote host's requests with a key are served on every meeting
     route (its upload too: PARLEY_UPLOAD_SANDBOX=off decodes unconfined on purpose)."""

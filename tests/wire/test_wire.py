@@ -48,9 +48,10 @@ def test_builder_writes_the_documented_fields_in_order() -> None:
     assert list(partial) == ["type", "utterance_id", "participant", "text", "start", "end"]
     ended = build.session_ended(reason="stop", audio_seconds=11.0, utterances=4, finals=4)
     assert list(ended) == [
-        "type", "reason", "audio_seconds", "utterances", "finals", "finals_lost",
+        "type", "reason", "audio_seconds", "utterances", "finals", "finals_lost", "usage",
     ]  # fmt: skip
     assert ended["finals_lost"] == 0  # additive: a v1 client that ignores it is unaffected
+    assert ended["usage"] == {"audio_seconds": 11.0}
     assert build.error(ErrorCode.OVERLOADED, "full", retry_after=2.0) == {
         "type": "error", "code": "overloaded", "message": "full", "retry_after": 2.0,
     }  # fmt: skip
