@@ -281,7 +281,7 @@ def rewrite_grid(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--modes", nargs="+", default=["none", "both"], choices=MODES)
-    parser.add_argument("--sets", nargs="+", default=["tuning", "held-out", "fresh"])
+    parser.add_argument("--sets", nargs="*", default=["tuning", "held-out", "fresh"])
     parser.add_argument("--start", type=float, default=None, help="start bonus (default: engine's)")
     parser.add_argument("--go-on", type=float, default=None, help="continue bonus")
     parser.add_argument("--grid", action="store_true", help="tune the bonuses (tuning set)")

@@ -131,8 +131,8 @@ def _present(words: Sequence[WordTiming], term: str) -> bool:
 
 
 def candidates(words: Sequence[WordTiming], terms: Sequence[str], match: Match) -> list[_Candidate]:
-    """Every (span, term) that may be replaced, best (smallest distance, then longest
-    span) first."""
+    """Every (span, term) that may be replaced, best (smallest distance, then shortest
+    span: no word more than needed) first."""
     out = []
     for term in _terms(terms, match):
         if _present(words, term.text):
@@ -143,6 +143,8 @@ def candidates(words: Sequence[WordTiming], terms: Sequence[str], match: Match) 
                 said = "".join(w.word for w in span)
                 if not letters(span[-1].word) or not letters(span[0].word):
                     continue
+                if any(w.word.rstrip()[-1:] in _TRAILING for w in span[:-1]):
+                    continue  # not across a comma or a sentence's end
                 mean = sum(w.probability for w in span) / len(span)
                 if mean >= match.max_probability:
                     continue
@@ -155,7 +157,7 @@ def candidates(words: Sequence[WordTiming], terms: Sequence[str], match: Match) 
                 apart = distance(span_key, term.key) / (len(term.key) - 1)
                 if apart <= match.max_distance:
                     out.append(_Candidate(apart, start, stop, term))
-    out.sort(key=lambda c: (c.distance, -(c.stop - c.start), c.start))
+    out.sort(key=lambda c: (c.distance, c.stop - c.start, c.start))
     return out
 
 
