@@ -33,7 +33,8 @@ from server.compat import routes as compat_routes
 from server.engine_plan import describe_plan, plan_engine
 from server.http import rest
 from server.http import speakers as speakers_api
-from server.limits import CapacityMonitor, ListenerQuota, Slots
+from server.http.problems import EXCEPTION_HANDLERS
+from server.limits import CapacityMonitor, ListenerQuota, Slots, Turns
 from server.memory_trim import trim_memory_forever
 from server.metrics import Metrics
 from server.registry import SessionRegistry
@@ -110,7 +111,14 @@ async def _load_model(state: AppState, factory: RecognizerFactory) -> None:
 
 async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
     settings = state.settings
-    recognizer = state.recognizer = await asyncio.to_thread(factory, settings)
+    loading = asyncio.ensure_future(asyncio.to_thread(factory, settings))
+    try:
+        recognizer = state.recognizer = await asyncio.shield(loading)
+    except asyncio.CancelledError:  # shut down mid-load: the thread cannot be stopped
+        built = await asyncio.gather(loading, return_exceptions=True)
+        if isinstance(built[0], ProcessRecognizer):  # its children would outlive us
+            await asyncio.to_thread(built[0].close)
+        raise
     await asyncio.to_thread(recognizer.warmup)
     vad_model = await asyncio.to_thread(SileroVad)
     speakers, speakers_off = (
@@ -237,6 +245,12 @@ def create_app(
                 settings.streams.max_listeners,
             ),
             waiting_auth=Slots(settings.auth.max_waiting_auth),
+            enrollments=Turns(
+                "enrollments",
+                settings.speakers.enrol_concurrency,
+                settings.speakers.enrol_queue,
+                settings.speakers.enrol_wait_s,
+            ),
         )
         state.metrics.watch(
             lambda: state.scheduler,
@@ -299,7 +313,12 @@ def create_app(
     # The client's address behind trusted proxies, and whether a proxy named it.
     trusted = trusted_proxies(settings.auth.trusted_proxies)
     proxied = [Middleware(ProxyHeaders, trusted)]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=proxied)
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=proxied,
+        exception_handlers=EXCEPTION_HANDLERS,
+    )
 
 
 # The installed `server` package: its `static/` is the browser client that ships with it

@@ -9,6 +9,8 @@
   4429) and `ListenerQuota` (listeners per meeting and per tenant, 4429) hold leases in
   the store's quotas: with Redis they count across every node, and a dead node's
   expire with its lease (store/redis/leases.py).
+- `Turns` lets a few of one kind of request run at once (enrollments), a bounded number
+  wait a bounded time for a turn, and answers the rest `overloaded` (HTTP 503).
 - `CapacityMonitor` watches the scheduler: when finals have recently waited too long for
   the model, or a full batch of finals is queued, new streams are refused with 1013.
   Partials are not a signal: they fill whatever the model has spare and thin out first.
@@ -17,9 +19,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult
@@ -44,6 +47,11 @@ class RealtimeBudget:
         self._burst = burst_s
         self._tokens = burst_s
         self._at = now
+
+    def widen(self, audio_s: float) -> None:
+        """`audio_s` more may come at once, once: a resumed client's re-sent lead."""
+        self._burst += audio_s
+        self._tokens += audio_s
 
     def spend(self, audio_s: float, now: float) -> float:
         self._tokens = min(self._burst, self._tokens + (now - self._at) * self._factor)
@@ -132,6 +140,38 @@ class Slots:
         self._held[key] -= 1
         if self._held[key] <= 0:
             del self._held[key]
+
+
+class Turns:
+    """At most `limit` holders at once, on this node; at most `max_waiting` callers wait
+    for a turn, each at most `wait_s`: past either bound, ProtocolError `overloaded`."""
+
+    def __init__(self, what: str, limit: int, max_waiting: int, wait_s: float) -> None:
+        self._what = what
+        self._free = asyncio.Semaphore(limit)
+        self._max_waiting = max_waiting
+        self._wait_s = wait_s
+        self.waiting = 0
+        self.held = 0
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        if self._free.locked() and self.waiting >= self._max_waiting:
+            raise overloaded(f"{self.waiting} {self._what} already wait for a turn")
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(self._wait_s):
+                await self._free.acquire()
+        except TimeoutError:
+            raise overloaded(f"no turn for {self._what} within {self._wait_s:g} s") from None
+        finally:
+            self.waiting -= 1
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+            self._free.release()
 
 
 ALL = ""  # the key of a Slots that counts one thing server-wide

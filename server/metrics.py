@@ -29,6 +29,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 _FAST_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
+_FLUSH_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
 
@@ -98,6 +99,15 @@ class Metrics:
             "after the model started on them (wasted), cancelled while queued",
             ["outcome"],
             registry=r,
+        )
+        self.flush = Histogram(
+            "parley_flush_seconds",
+            "From a client's flush (finalize, Finalize, commit) being received to its final "
+            "being sent, by what served it: a speculation ready by then, one unfinished, "
+            "or a decoding at the flush",
+            ["served"],
+            registry=r,
+            buckets=_FLUSH_BUCKETS,
         )
         self.sessions = Counter(
             "parley_sessions",
@@ -210,6 +220,9 @@ class Metrics:
 
     def speculative_final(self, outcome: str) -> None:
         self.speculative_finals.labels(outcome).inc()
+
+    def flush_answered(self, seconds: float, served: str) -> None:
+        self.flush.labels(served).observe(seconds)
 
     def session_closed(self, reason: str, close_code: int) -> None:
         self.sessions.labels(reason, str(close_code)).inc()

@@ -12,13 +12,13 @@ from engine.recognizer import Recognizer
 from engine.scheduling.scheduler import BatchScheduler
 from engine.workers.processes import ProcessRecognizer, WorkerHealth
 from server.auth.keys import Authenticator
-from server.limits import CapacityMonitor, ListenerQuota, Slots
+from server.limits import CapacityMonitor, ListenerQuota, Slots, Turns
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
 from server.uploads.jobs import JobRegistry
 from session.services import SessionServices
-from session.vad import VadScorer
+from session.vad import DirectScorer
 from store.api import Store
 
 
@@ -41,11 +41,12 @@ class AppState:
     capacity: CapacityMonitor
     listener_slots: ListenerQuota  # per meeting, per tenant, in all
     waiting_auth: Slots  # sockets waiting for their `auth` message, in all
+    enrollments: Turns  # `POST /v1/speakers` taken in at once, and waiting
     model_state: ModelState = ModelState.LOADING
     model_error: str | None = None
     scheduler: BatchScheduler | None = None
     services: SessionServices | None = None
-    file_vad: VadScorer | None = None  # uploads' VAD: unbatched, over the same model
+    file_vad: DirectScorer | None = None  # uploads' VAD: unbatched, over the same model
     recognizer: Recognizer | None = None
     recognizer_name: str = ""
     loader: asyncio.Task[None] | None = field(default=None, repr=False)

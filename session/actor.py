@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,11 +47,11 @@ from session.ending import (
     slow_consumer,
 )
 from session.enrolled import EnrolledVoices
-from session.final_order import PendingFinal
+from session.final_order import FinalizeAck, PendingFinal
 from session.outbox import Outbox, OutboxDelivery, OutboxState
 from session.partial_sender import PartialSender
 from session.pipeline import AudioPipeline, seconds
-from session.resume_context import ResendLead, ResumeContext, stored_vad_state
+from session.resume_context import OnResend, ResendLead, ResumeContext, stored_vad_state
 from session.segmenter import (
     PartialDue,
     SegmentEvent,
@@ -79,13 +80,6 @@ COMMIT_TIMEOUT = 60.0  # seconds the committer may take for the last finals of a
 CLOSE_TIMEOUT = 5.0  # seconds a slow consumer gets for its last message; any client, the close
 
 
-@dataclass(frozen=True, slots=True)
-class _Finalized:
-    """Queued behind the finals a `finalize` cut: the committer acknowledges it in order."""
-
-    utterance_id: str | None
-
-
 @dataclass(eq=False)  # identity semantics: actors live in sets
 class SessionActor:
     """`source` is the stored state of this audio source when the stream starts: new, or read by a
@@ -102,8 +96,8 @@ class SessionActor:
     replay: list[FinalRecord] = field(default_factory=list)
     resumed: bool = False
     context: ResumeContext | None = None
-    # Answer each `finalize` with an internal `finalize.done` (the compat adapters ask).
-    acknowledge_finalize: bool = False
+    on_resend: OnResend | None = None  # told a `resend`'s lead, in seconds
+    acknowledge_finalize: bool = False  # answer `finalize` with `finalize.done` (compat asks)
     # The tenant's enrolled voices (diarized sources name the ones that match).
     enrolled: EnrolledVoices | None = None
     state: SessionState = SessionState.CONNECTING
@@ -127,13 +121,13 @@ class SessionActor:
             telemetry=services.telemetry,
             vad_start=stored_vad_state(self.source) if self.resumed else None,
         )
-        self._lead = ResendLead(self.context)
+        self._lead = ResendLead(self.context, self.on_resend)
         self._outbox = Outbox(
             services.outbox_limit,
             on_partial_dropped=lambda: services.telemetry.partial_dropped("merged"),
         )
         # The committer submits through it: a final that was speculated takes its result.
-        self._speculator = Speculator(services.scheduler, services.telemetry)
+        self._speculator = Speculator(services.scheduler, services.telemetry, services.clock)
         labeller = None
         if config.diarize and services.speakers is not None:
             labeller = SpeakerLabeller(services.speakers, services.diarizer, self.enrolled)
@@ -163,7 +157,7 @@ class SessionActor:
             services.telemetry,
             services.clock,
         )
-        self._finals: asyncio.Queue[PendingFinal | _Finalized | None] = asyncio.Queue()
+        self._finals: asyncio.Queue[PendingFinal | FinalizeAck | None] = asyncio.Queue()
         self._utterances = 0
         self._committed = 0  # utterances whose final was logged (or judged not speech)
         self._end_requested: Ending | None = None
@@ -379,15 +373,15 @@ class SessionActor:
         elif control is ControlType.STOP:
             return STOPPED
         elif control is ControlType.FINALIZE:
-            cut = self._pipeline.cut()
-            await self._handle(cut)
+            received, cut = self.services.clock(), self._pipeline.cut()
+            await self._handle(cut, flushed_at=received)
             if self.acknowledge_finalize:
                 ended = [e.index for e in cut if isinstance(e, UtteranceEnded)]
                 last = f"{self.session_id}-{ended[-1]}" if ended else None
-                await self._finals.put(_Finalized(last))
+                await self._finals.put(FinalizeAck(last))
         return None  # keepalive: receiving it was the point
 
-    async def _handle(self, events: list[SegmentEvent]) -> None:
+    async def _handle(self, events: list[SegmentEvent], flushed_at: float | None = None) -> None:
         for event in events:
             if isinstance(event, SpeechStarted):
                 utterance_id = f"{self.session_id}-{event.index}"
@@ -397,9 +391,10 @@ class SessionActor:
             elif isinstance(event, PartialDue):
                 await self._partials.submit(event)
             elif isinstance(event, UtteranceMayEnd):
-                draft = self._partials.draft_for(event.index)
-                utterance = self._committer.speculative_utterance(event, draft)
-                await self._speculator.speculate(self.request_key, utterance)
+                # Its queued partial would only delay the speculation (which supersedes it).
+                self.services.scheduler.cancel(self.request_key, only=Priority.PARTIAL)
+                ask = functools.partial(self._partials.speculative, event)
+                await self._speculator.speculate_when(self.request_key, ask)
             elif isinstance(event, UtteranceResumed):
                 self._speculator.withdraw()
             elif isinstance(event, UtteranceEnded):
@@ -409,6 +404,7 @@ class SessionActor:
                 draft = self._partials.draft_for(event.index)
                 pending = await self._committer.submit(event, draft)
                 pending.vad_state = self._pipeline.vad_state_at(event.index)
+                pending.flushed_at = flushed_at
                 await self._finals.put(pending)
                 self._speculator.withdraw()  # what the final did not take
 
@@ -416,11 +412,14 @@ class SessionActor:
 
     async def _commit(self) -> None:
         while (pending := await self._finals.get()) is not None:
-            if isinstance(pending, _Finalized):
+            if isinstance(pending, FinalizeAck):
                 if self._outbox.state is OutboxState.OPEN:
                     self._put(build.finalize_done(pending.utterance_id))
                 continue
             committed = await self._committer.commit(pending)
+            if pending.flushed_at is not None:
+                self._speculator.answered(pending.future, pending.flushed_at)
+            await self._speculator.retry()  # one this final's prompt held up
             if isinstance(committed.lost, SchedulerStopped | EngineDead):
                 raise committed.lost  # nothing more will be transcribed: end the stream
             if committed.lost is None:

@@ -64,6 +64,15 @@ class PendingFinal:
     speakers: asyncio.Task[SpeakerWindows | None] | None = None
     # The VAD's state at `end`, stored with the source (a resume goes on from it).
     vad_state: str | None = None
+    # When the client's flush that cut it was received (None: not cut by a flush).
+    flushed_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinalizeAck:
+    """Queued behind the finals a `finalize` cut: the committer acknowledges it in order."""
+
+    utterance_id: str | None
 
 
 class FinalOrder:

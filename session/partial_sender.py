@@ -34,7 +34,7 @@ from engine.api import (
 from session.committer import Committer
 from session.outbox import Outbox, OutboxState
 from session.pipeline import seconds
-from session.segmenter import PartialDue
+from session.segmenter import PartialDue, UtteranceMayEnd
 from session.telemetry import Telemetry
 from store.api import Store
 from wire import build
@@ -73,6 +73,11 @@ class PartialSender:
         """The latest partial text of utterance `index`, or nothing."""
         drafted, text = self._draft
         return text if drafted == index else ""
+
+    def speculative(self, event: UtteranceMayEnd) -> Utterance | None:
+        """What the final of `event`'s utterance would decode, with its latest partial as
+        the draft (None while not known: `Committer.speculative_utterance`)."""
+        return self._committer.speculative_utterance(event, self.draft_for(event.index))
 
     async def submit(self, event: PartialDue) -> None:
         """Send the partial to the engine; deliver its result when it comes."""

@@ -72,9 +72,12 @@ class AudioPipeline:
         """Whether a lead was expected and has come whole."""
         return bool(self._lead) and not self._lead_left
 
-    def lead_audio(self) -> FloatArray:
-        """The lead as it came (the samples just before `start_sample`)."""
-        return np.concatenate(self._lead) if self._lead else np.zeros(0, np.float32)
+    def take_lead(self) -> FloatArray:
+        """The lead as it came (the samples just before `start_sample`), handed over: the
+        pipeline keeps none of it (it is not the pipeline's to hear)."""
+        lead = np.concatenate(self._lead) if self._lead else np.zeros(0, np.float32)
+        self._lead = []
+        return lead
 
     def vad_state_at(self, index: int) -> str | None:
         """The packed VAD state at the end of utterance `index` (None if unknown); once."""

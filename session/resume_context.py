@@ -13,6 +13,8 @@ protocol before `send_from`) gets what it got before: a next final without conte
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.api import SAMPLE_RATE, WordTiming
@@ -24,6 +26,8 @@ from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 
 logger = logging.getLogger(__name__)
+
+OnResend = Callable[[float], None]  # told the seconds of a `resend`'s lead
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +54,13 @@ class ResumeContext:
 
     def lead_samples(self, start: float) -> int:
         """Samples the client re-sends before `resume_from` when it re-sends from second
-        `start` (a `resend`); ProtocolError unless `send_from` ≤ `start` ≤ `resume_from`."""
+        `start` (a `resend`); ProtocolError unless `send_from` ≤ `start` ≤ `resume_from`
+        (compared in seconds first: a number no sample count can hold is refused too)."""
         resume = round(self.resume_from * SAMPLE_RATE)
-        lead = resume - round(start * SAMPLE_RATE)
+        slack = 1 / SAMPLE_RATE  # the sample counts below decide within one sample
+        low, high = self.send_from - slack, self.resume_from + slack
+        within = math.isfinite(start) and low <= start <= high
+        lead = resume - round(start * SAMPLE_RATE) if within else -1
         if not 0 <= lead <= resume - round(self.send_from * SAMPLE_RATE):
             raise resend_refused(
                 f"resend from {start:g} s: it must lie between send_from {self.send_from:g} "
@@ -67,7 +75,7 @@ class ResumeContext:
         first = round(self.resume_from * SAMPLE_RATE) - len(lead)
         for h in self.heard:
             if h.start >= first:
-                audio = lead[h.start - first : h.end - first]
+                audio = lead[h.start - first : h.end - first].copy()  # not the whole lead
                 said.add(h.index, h.start, h.end, audio, h.text, h.words)
         return said
 
@@ -79,6 +87,9 @@ class ResendLead:
     handed on once (`heard`)."""
 
     context: ResumeContext | None
+    # Told the seconds a `resend` announces besides the live stream's audio (the
+    # connection's real-time budget lets that much more come at once).
+    on_resend: OnResend | None = None
     _open: bool = field(init=False)
     _heard: bool = field(default=False, init=False)
 
@@ -92,6 +103,8 @@ class ResendLead:
         self._open = False
         if lead := self.context.lead_samples(start):
             pipeline.expect_lead(lead)
+            if self.on_resend is not None:
+                self.on_resend(lead / SAMPLE_RATE)
 
     def heard(self, pipeline: AudioPipeline) -> SaidBefore | None:
         """After audio came: the lead's left context, the first time it is whole."""
@@ -99,7 +112,7 @@ class ResendLead:
         if self.context is None or self._heard or not pipeline.lead_complete:
             return None
         self._heard = True
-        return self.context.said_before(pipeline.lead_audio())
+        return self.context.said_before(pipeline.take_lead())
 
 
 def resend_refused(reason: str) -> ProtocolError:
@@ -108,7 +121,8 @@ def resend_refused(reason: str) -> ProtocolError:
 
 def stored_vad_state(source: SourceState) -> VadState | None:
     """The VAD state a resumed stream goes on from: the one stored with its last final
-    (None: state an older server stored; the VAD then starts from zero, as it used to)."""
+    (None: state an older server stored, or one that is not a packed state (not text,
+    not finite): the VAD then starts from zero, as it used to)."""
     if source.vad_state is None:
         return None
     try:
@@ -121,7 +135,11 @@ def stored_vad_state(source: SourceState) -> VadState | None:
 def resume_context(finals: list[FinalRecord], source: SourceState, limit: float) -> ResumeContext:
     """The context of `source`'s next utterance (`source.next_utterance`) from the
     meeting's recent `finals`: its last logged utterances, consecutive up to it, as many as
-    the unbroken stream kept (LEFT_UTTERANCES) and fit `limit` seconds (0: none)."""
+    the unbroken stream kept (LEFT_UTTERANCES) and fit `limit` seconds (0: none), their
+    gaps counted at most MAX_GAP each as the context holds them; and the lead the client
+    re-sends for them, gaps whole, fits `limit` too: a pause longer than the context can
+    hold leaves out the utterance before it (the unbroken stream would have kept it with
+    the pause cut short; a resumed one would have to be sent the whole pause)."""
     resume_from = source.acked_until
     if limit <= 0:
         return ResumeContext((), resume_from)
@@ -132,12 +150,14 @@ def resume_context(finals: list[FinalRecord], source: SourceState, limit: float)
             by_index.setdefault(index, []).append(record)
     heard: list[_Heard] = []
     seconds = 0.0
+    max_lead = round(limit * SAMPLE_RATE)  # samples re-sent before resume_from, at most
+    resume = round(resume_from * SAMPLE_RATE)
     index = source.next_utterance - 1
     while index in by_index and len(heard) < LEFT_UTTERANCES:
         utterance = _heard(index, by_index[index])
         gap = (heard[0].start - utterance.end) if heard else 0
         seconds += (utterance.end - utterance.start + min(gap, MAX_GAP * SAMPLE_RATE)) / SAMPLE_RATE
-        if seconds > limit or gap < 0:
+        if seconds > limit or gap < 0 or resume - utterance.start > max_lead:
             break
         heard.insert(0, utterance)
         index -= 1

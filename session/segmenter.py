@@ -240,13 +240,14 @@ class Segmenter:
         return self._end(self._last_speech_end)
 
     def finalize(self) -> list[SegmentEvent]:
-        """A client's cut (`finalize`): end the utterance in progress now. In a pause (more
-        silence than the post-roll) it ends as at an endpoint; in mid-speech it ends with
+        """A client's cut (`finalize`): end the utterance in progress now. In a pause (a
+        window of silence or more) it ends as at an endpoint, with the audio an endpoint
+        would give it (so a speculation made in that silence holds); in mid-speech it ends with
         all the audio received and the speech goes on as the next utterance, which
         `continues` it; one too short to be a final yet is left to go on."""
         if self.state is SegmenterState.SILENCE:
             return []
-        if self._silence > self._post_roll_windows:
+        if self._silence:  # the VAD heard the speech stop: an endpoint, trailing silence trimmed
             return self._end(self._last_speech_end)
         if not self._speaks():
             return []

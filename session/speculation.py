@@ -22,11 +22,20 @@ and when the stream ends. Each one is counted once by outcome (telemetry `specul
 
 The final's text is the one a final submitted at its endpoint would get, its `seq` and
 order are the committer's as always, and a failed speculation is retried as any final is.
+
+A client's flush (`finalize`, Deepgram's `Finalize`, OpenAI's `commit`) comes after its
+own VAD heard ~0.2 s of silence; by then the speculation made at the post-roll has
+usually been decoded, and the flush is answered from it (`answered` counts each flush's
+time from its receipt to its final, telemetry `flush_answered`, by what served it:
+`speculation` (ready at the flush), `speculation_unfinished` (taken while decoding or
+queued) or `decoded` (no speculation matched: decoded at the flush).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +50,8 @@ from engine.api import (
 )
 from session.telemetry import Telemetry
 
+SERVED_KEPT = 8  # speculations taken whose final's flush may still be counted
+
 
 @dataclass(frozen=True, slots=True)
 class _Speculation:
@@ -52,10 +63,21 @@ class Speculator:
     """One connection's speculative final (at most one at a time), and the `Recognition`
     its committer submits through."""
 
-    def __init__(self, recognition: Recognition, telemetry: Telemetry) -> None:
+    def __init__(
+        self,
+        recognition: Recognition,
+        telemetry: Telemetry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._recognition = recognition
         self._telemetry = telemetry
+        self._clock = clock
         self._held: _Speculation | None = None
+        self._withdrawals = 0  # a speculation withdrawn while its submit was awaited is dropped
+        # A speculation not known yet (`speculate_when`), and the key it goes under.
+        self._wanted: tuple[str, Callable[[], Utterance | None]] | None = None
+        # The futures of the speculations finals took, and whether each was ready then.
+        self._served: dict[asyncio.Future[RecognitionResult], str] = {}
         self.outcomes: dict[str, int] = {"used": 0, "discarded": 0, "cancelled": 0}
 
     async def speculate(self, key: str, utterance: Utterance | None) -> None:
@@ -65,15 +87,38 @@ class Speculator:
         if utterance is None:
             return
         request = RecognitionRequest(key, Priority.SPECULATIVE, utterance)
+        withdrawals = self._withdrawals
         try:
             future = await self._recognition.submit(request)
         except Exception:  # full, stopped or dead: the final will be submitted as one
             return
         future.add_done_callback(_retrieve)
         self._held = _Speculation(request, future)
+        if self._withdrawals != withdrawals:  # withdrawn while it was being submitted
+            self.withdraw()
+
+    async def speculate_when(self, key: str, build: Callable[[], Utterance | None]) -> None:
+        """Speculate the utterance `build` gives; while it gives None (the final's prompt or
+        left context is still an open final's), `retry` asks it again, after each final
+        commits, until the speculation is withdrawn: a flush after a slow final is still
+        answered from a speculation when the silence lasts long enough."""
+        self.withdraw()
+        self._wanted = (key, build)
+        await self.retry()
+
+    async def retry(self) -> None:
+        """Make the speculation `speculate_when` wants, if it can be made now."""
+        if self._wanted is None or self._held is not None:
+            return
+        key, build = self._wanted
+        if (utterance := build()) is not None:
+            self._wanted = None
+            await self.speculate(key, utterance)
 
     def withdraw(self) -> None:
         """The speculation will not be a final: drop it (counted as discarded or cancelled)."""
+        self._wanted = None
+        self._withdrawals += 1
         held, self._held = self._held, None
         if held is None:
             return
@@ -93,19 +138,32 @@ class Speculator:
             self._held = None
             future = held.future
             if not future.done() and self._recognition.promote(held.request):
-                self._count("used")
-                return future
+                return self._used(future, "speculation_unfinished")
             if future.done() and not future.cancelled() and future.exception() is None:
-                self._count("used")
-                return future
+                return self._used(future, "speculation")
             self._count("discarded")  # it failed: the final is decoded anew
         return await self._recognition.submit(request)
+
+    def answered(self, future: asyncio.Future[RecognitionResult] | None, since: float) -> None:
+        """A flush received at `since` has its final (of `future`) sent: count how long
+        it took and what served it."""
+        served = self._served.pop(future, "decoded") if future is not None else "decoded"
+        self._telemetry.flush_answered(self._clock() - since, served)
 
     def cancel(self, session_id: str, *, only: Priority | None = None) -> int:
         return self._recognition.cancel(session_id, only=only)
 
     def promote(self, request: RecognitionRequest) -> bool:
         return self._recognition.promote(request)
+
+    def _used(
+        self, future: asyncio.Future[RecognitionResult], served: str
+    ) -> asyncio.Future[RecognitionResult]:
+        self._count("used")
+        self._served[future] = served
+        while len(self._served) > SERVED_KEPT:  # finals no flush asked for
+            del self._served[next(iter(self._served))]
+        return future
 
     def _count(self, outcome: str) -> None:
         self.outcomes[outcome] += 1

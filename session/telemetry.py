@@ -27,6 +27,10 @@ class Telemetry(Protocol):
         """A speculative final ended: 'used' by its final, 'discarded' (the model had
         started on it) or 'cancelled' (dropped while queued)."""
 
+    def flush_answered(self, seconds: float, served: str) -> None:
+        """A client's flush got its final `seconds` after it was received, served from a
+        'speculation' ready by then, a 'speculation_unfinished' or 'decoded' at the flush."""
+
     def session_closed(self, reason: str, close_code: int) -> None: ...
 
 
@@ -44,6 +48,9 @@ class NullTelemetry:
         return None
 
     def speculative_final(self, outcome: str) -> None:
+        return None
+
+    def flush_answered(self, seconds: float, served: str) -> None:
         return None
 
     def session_closed(self, reason: str, close_code: int) -> None:

@@ -59,11 +59,16 @@ def pack_state(state: FloatArray, context: FloatArray) -> str:
 
 
 def unpack_state(text: str) -> VadState:
-    """The state `pack_state` wrote; ValueError if `text` is not one."""
+    """The state `pack_state` wrote; ValueError if `text` is not one (not text, not
+    base64, the wrong size, or holding a NaN or an infinity)."""
+    if not isinstance(text, str):
+        raise ValueError(f"a packed VAD state is text, not {type(text).__name__}")
     raw = np.frombuffer(base64.b64decode(text, validate=True), "<f4")
     size = int(np.prod(STATE_SHAPE))
     if len(raw) != size + CONTEXT:
         raise ValueError(f"a packed VAD state holds {size + CONTEXT} floats, not {len(raw)}")
+    if not np.isfinite(raw).all():
+        raise ValueError("a packed VAD state holds a NaN or an infinity")
     state = raw[:size].reshape(STATE_SHAPE).astype(np.float32)
     return VadState(state, raw[size:].astype(np.float32))
 
@@ -121,6 +126,11 @@ class DirectScorer:
         self.windows = 0
 
     async def score(self, state: VadState, windows: FloatArray) -> FloatArray:
+        return self.score_now(state, windows)
+
+    def score_now(self, state: VadState, windows: FloatArray) -> FloatArray:
+        """`score` as a plain call, for a worker thread (`asyncio.to_thread`) when the
+        windows are many: the model releases the GIL while it runs."""
         self.calls += len(windows)
         self.windows += len(windows)
         return np.array(

@@ -74,6 +74,9 @@ class JobEntry:
     node_alive: bool  # False: the node's lease expired (it died) while the job was unfinished
 
 
+TOMBSTONE_S = 3600.0  # a deleted job's tombstone outlives any write in flight for it
+
+
 class JobStore(Protocol):
     """Upload jobs' records, readable and cancellable from any node; the work runs on
     the node that wrote them (`node_id`)."""
@@ -94,7 +97,15 @@ class JobStore(Protocol):
         """Ask the job's node to cancel it; readers see it gone at once. False: no such job."""
         ...
 
-    async def delete(self, job_id: str) -> None: ...
+    async def cancelled(self, job_id: str) -> bool:
+        """Whether a cancel was requested or the job deleted (on any node): the job's own
+        node then serves it no more, finished or not."""
+        ...
+
+    async def delete(self, job_id: str) -> None:
+        """Forget the job's record, leaving a tombstone (kept TOMBSTONE_S): a write of its
+        node still in flight brings no record back (`put` refuses it)."""
+        ...
 
 
 class Takeovers(Protocol):

@@ -6,6 +6,7 @@ takeovers (this process's own, fanned out to its watcher)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import socket
@@ -15,9 +16,11 @@ from dataclasses import dataclass, replace
 
 import orjson
 
-from store.api import SUBSCRIBER_QUEUE, JobEntry, Lease, QuotaClaim
+from store.api import SUBSCRIBER_QUEUE, TOMBSTONE_S, JobEntry, Lease, QuotaClaim
 from store.errors import QuotaFull, SubscriptionLost
 from store.listener import Listener
+
+logger = logging.getLogger(__name__)
 
 
 def new_node_id() -> str:
@@ -113,8 +116,12 @@ class MemoryJobs:
         job.cancel = True
         return True
 
+    async def cancelled(self, job_id: str) -> bool:
+        job = self._live(job_id)
+        return job is not None and job.cancel
+
     async def delete(self, job_id: str) -> None:
-        self._jobs.pop(job_id, None)
+        self._jobs[job_id] = _Job(b"", False, self._clock() + TOMBSTONE_S, cancel=True)
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -154,8 +161,21 @@ def encode_takeover(meeting_id: str, session_id: str, node_id: str) -> bytes:
 async def decoded_takeovers(
     events: AsyncIterator[bytes], node_id: str
 ) -> AsyncIterator[tuple[str, str]]:
-    """(meeting id, session id) of the takeovers other nodes than `node_id` announced."""
+    """(meeting id, session id) of the takeovers other nodes than `node_id` announced; a
+    message that is not one (bad JSON, another shape: anyone who can publish on the
+    channel can send it) is logged and skipped."""
     async for event in events:
-        meeting_id, session_id, announced_by = orjson.loads(event)
+        try:
+            message = orjson.loads(event)
+        except orjson.JSONDecodeError:
+            message = None
+        if not (
+            isinstance(message, list)
+            and len(message) == 3
+            and all(isinstance(part, str) for part in message)
+        ):
+            logger.warning("a takeover message that is none skipped: %r", event[:200])
+            continue
+        meeting_id, session_id, announced_by = message
         if announced_by != node_id:
             yield meeting_id, session_id

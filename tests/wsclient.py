@@ -83,16 +83,17 @@ async def stream_pcm(
     frame_ms: int = 20,
     trailing_silence: float = 0.0,
     drain_timeout: float = 120.0,
+    headers: dict[str, str] | None = None,
     **params: Any,
 ) -> StreamResult:
     """Stream 16 kHz s16 audio paced at `speed` × real time, then `stop`; collect replies
-    (for up to `drain_timeout` seconds after `stop`)."""
+    (for up to `drain_timeout` seconds after `stop`). `headers` go with the upgrade."""
     result = StreamResult(speed=speed)
     pcm = pcm + bytes(int(trailing_silence * BYTES_PER_SECOND) // 2 * 2)
     if participant is not None:
         params["participant"] = participant
     url = stream_url(base, meeting, **params)
-    async with connect(url, max_size=None) as ws:
+    async with connect(url, max_size=None, additional_headers=headers) as ws:
         receiver = asyncio.create_task(receive_all(ws, result))
         frame = BYTES_PER_SECOND * frame_ms // 1000
         started = result.started = time.monotonic()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any
 
 import orjson
@@ -54,16 +55,28 @@ def parse_control(text: str) -> ControlType:
 
 
 def parse_resend(text: str) -> float:
-    """The `from` of a `resend` frame (seconds, ≥ 0), or raise ProtocolError."""
+    """The `from` of a `resend` frame (finite seconds, ≥ 0), or raise ProtocolError."""
     data: Any = orjson.loads(text)  # parse_control has accepted it as a JSON object
-    value = data.get("from")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+    number = finite_number(data.get("from"))
+    if number is None or number < 0:
         raise ProtocolError(
             ErrorCode.INVALID_MESSAGE,
             CloseCode.INVALID_PAYLOAD,
             'a resend message needs "from": the second its audio starts at (>= 0)',
         )
-    return float(value)
+    return number
+
+
+def finite_number(value: object) -> float | None:
+    """`value` as a finite float; None if it is no number (a bool is none), NaN, ±inf or
+    too large for a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def parse_auth(text: str | None) -> str | None:

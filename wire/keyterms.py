@@ -74,21 +74,5 @@ def prompt_terms(prompt: str) -> tuple[str, ...]:
     return parse_keyterms(p for p in parts if 0 < len(p.split()) <= PROMPT_TERM_WORDS)
 
 
-def keyword_terms(values: Iterable[str]) -> list[str]:
-    """Deepgram's `keywords` (`word` or `word:boost`) as keyterms: the boost is dropped
-    (Parley's bonus is fixed), and a keyword with a negative boost (Deepgram: suppress
-    it) is not a keyterm."""
-    terms = []
-    for value in values:
-        word, _, boost = value.rpartition(":")
-        try:
-            if boost and word and float(boost) < 0:
-                continue
-            terms.append(word if word and boost else value)
-        except ValueError:
-            terms.append(value)  # a colon that is part of the word
-    return terms
-
-
 def _too_many(message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.TOO_MANY_KEYTERMS, CloseCode.BAD_REQUEST, message)

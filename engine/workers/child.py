@@ -206,7 +206,7 @@ class ChildProcess:
             target=self._send, args=(Batch(utterances), failed), name="parley-batch-send"
         ).start()
         stop_at: float | None = None
-        while not self.conn.poll(STOP_POLL_S):
+        while not self._poll():
             if failed or not self.process.is_alive():  # a send that failed: it is gone
                 raise self._died()
             now = time.monotonic()
@@ -231,6 +231,14 @@ class ChildProcess:
             logger.error("model worker process %d failed a batch:\n%s", self.index, reply.details)
             raise RuntimeError(reply.error)
         raise RuntimeError(f"model worker process {self.index} sent {reply!r}")
+
+    def _poll(self) -> bool:
+        """Whether a reply waits (within STOP_POLL_S); a pipe closed under the batch (its
+        child was found dead and killed) is the child's death, not an OSError."""
+        try:
+            return self.conn.poll(STOP_POLL_S)
+        except OSError:
+            raise self._died() from None
 
     def _send(self, batch: Batch, failed: list[Exception]) -> None:
         try:

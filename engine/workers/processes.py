@@ -294,8 +294,8 @@ class ProcessRecognizer:
             if slot.state is SlotState.LOADING:
                 self._check_load(slot, child, now)
             elif slot.state is SlotState.IDLE and not child.process.is_alive():
+                self._lose(slot, child, "died")  # out of `_idle` before its pipe is closed
                 child.kill()
-                self._lose(slot, child, "died")
                 logger.error("idle model worker process %d died; restarting", slot.index)
         for slot in due:
             if slot.due <= now and not self._closed:

@@ -1,4 +1,5 @@
-"""Who is calling, and which meetings they may touch.
+"""Who is calling: API keys, meeting tokens, the principal a connection acts as (which
+meetings a principal may touch is server/auth/ownership.py).
 
 Authentication is off while no API key is configured (a developer's localhost): every
 caller is `ANONYMOUS` and every meeting is open to it, and protected mode (server/auth/access.py)
@@ -34,17 +35,13 @@ from starlette.requests import HTTPConnection
 
 from server.auth.access import Access, OriginPolicy, admit
 from server.auth.tokens import TokenGrant, TokenStore
-from store.api import Store
 from store.errors import StoreError
-from store.records import SourceState
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 
 TOKEN_PREFIX = "pmt_"  # meeting tokens; anything else presented as a bearer is an API key
 SUBPROTOCOL = "parley.v1"  # what the server selects when a browser offers subprotocols
 TOKEN_SUBPROTOCOL = "parley.token."  # + token
-OWNER_FIELD = "owner"  # key of the owning tenant in the meeting's stored config
-OWNER_RECHECK_S = 30.0  # how long a listener's confirmation of the owner holds
 MIN_KEY_LENGTH = 16
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # fullmatch: "$" takes a "\n"
 
@@ -258,97 +255,6 @@ class Authenticator:
 
     async def close(self) -> None:
         await self._tokens.close()
-
-
-# ---------------------------------------------------------------- tenancy
-
-
-async def meeting_access(store: Store, meeting_id: str, principal: Principal) -> bool:
-    """True if the meeting exists and `principal` may use it, False if it does not exist
-    (yet). Raises ProtocolError 4403 if it belongs to another tenant, or to none while
-    authentication is on; 1013 if the store cannot be reached."""
-    if principal.tenant is None:
-        return True
-    try:
-        config = await store.meeting_config(meeting_id)
-    except StoreError as exc:
-        raise ProtocolError(
-            ErrorCode.OVERLOADED, CloseCode.TRY_AGAIN_LATER, f"meeting store: {exc}"
-        ) from None
-    if config is None:
-        return False
-    if config.get(OWNER_FIELD) != principal.tenant:
-        raise forbidden(f"meeting {meeting_id!r} belongs to another tenant")
-    return True
-
-
-class OwnerCheck:
-    """A listener's proof that the meeting is its tenant's, taken before the first byte
-    is sent and again once it is OWNER_RECHECK_S old. A listener may wait on a meeting
-    that does not exist yet; if another tenant then creates it, the listener is refused
-    before any of its events. (A meeting id is reused only after hours of idleness, when
-    the store has expired the meeting.)"""
-
-    def __init__(
-        self,
-        store: Store,
-        meeting_id: str,
-        principal: Principal,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._store = store
-        self._meeting_id = meeting_id
-        self._principal = principal
-        self._clock = clock
-        self._confirmed_at: float | None = None
-
-    async def start(self) -> None:
-        """Refuse (4403) a meeting of another tenant; note whether this one exists."""
-        if await meeting_access(self._store, self._meeting_id, self._principal):
-            self._confirmed_at = self._clock()
-
-    async def confirm(self) -> None:
-        """Before sending: raise ProtocolError unless the meeting is (still) the tenant's."""
-        if self._principal.tenant is None:
-            return
-        now = self._clock()
-        if self._confirmed_at is not None and now - self._confirmed_at < OWNER_RECHECK_S:
-            return
-        if not await meeting_access(self._store, self._meeting_id, self._principal):
-            raise ProtocolError(
-                ErrorCode.NOT_FOUND, CloseCode.NOT_FOUND, "the meeting no longer exists"
-            )
-        self._confirmed_at = now
-
-
-def owned_config(config: Mapping[str, Any], principal: Principal) -> dict[str, Any]:
-    """The meeting config a new source stores (first writer wins): with its owner."""
-    if principal.tenant is None:
-        return dict(config)
-    return {**config, OWNER_FIELD: principal.tenant}
-
-
-async def create_owned_source(
-    store: Store,
-    meeting_id: str,
-    participant: str,
-    config: Mapping[str, Any],
-    principal: Principal,
-    *,
-    origin: float | None = None,
-) -> tuple[SourceState, str]:
-    """A new source (state, resume token) of a meeting that is, or becomes, the
-    principal's: checked before, and checked again after when the meeting was new, since
-    another tenant may have created it in between (first writer wins). `origin`: Unix
-    seconds of the source's time 0 (default: now). Raises ProtocolError 4403 (1013 if
-    the store cannot be reached) or StoreError."""
-    exists = await meeting_access(store, meeting_id, principal)
-    source, token = await store.create_source(
-        meeting_id, participant, owned_config(config, principal), origin=origin
-    )
-    if not exists:
-        await meeting_access(store, meeting_id, principal)
-    return source, token
 
 
 def build_authenticator(

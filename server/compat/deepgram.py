@@ -40,7 +40,7 @@ import hashlib
 import re
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -60,7 +60,7 @@ from wire.codes import (
     ErrorCode,
 )
 from wire.errors import ProtocolError
-from wire.keyterms import keyterms_field, keyword_terms, parse_keyterms
+from wire.keyterms import keyterms_field, parse_keyterms
 from wire.query import StreamConfig, channel_participants, parse_channels, validate_id
 from wire.text_options import PLAIN, TEXT_FLAGS, TextOptions, parse_text_options
 
@@ -424,3 +424,19 @@ class DeepgramCodec:
     def _dumps(message: Message) -> str:
         message.pop("_utterance_id", None)
         return orjson.dumps(message).decode()
+
+
+def keyword_terms(values: Iterable[str]) -> list[str]:
+    """Deepgram's `keywords` (`word` or `word:boost`) as keyterms: the boost is dropped
+    (Parley's bonus is fixed), and a keyword with a negative boost (Deepgram: suppress
+    it) is not a keyterm."""
+    terms = []
+    for value in values:
+        word, _, boost = value.rpartition(":")
+        try:
+            if boost and word and float(boost) < 0:
+                continue
+            terms.append(word if word and boost else value)
+        except ValueError:
+            terms.append(value)  # a colon that is part of the word
+    return terms

@@ -8,12 +8,13 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.auth.keys import Principal, Scope, bearer, meeting_access, unauthorized
+from server.auth.keys import Principal, Scope, bearer, unauthorized
+from server.auth.ownership import meeting_access
 from server.auth.tokens import TokenQuotaExceeded
-from server.limits import overloaded, quota_exceeded
+from server.limits import quota_exceeded
 from server.metrics import CONTENT_TYPE
 from server.state import ModelState, app_state
-from store.errors import StoreError
+from server.uploads.decode_worker import Refusal
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 from wire.query import validate_id
@@ -24,43 +25,23 @@ logger = logging.getLogger(__name__)
 MAX_TOKEN_REQUEST = 4096  # bytes of a token request's JSON body
 
 
-def _problem(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
-
-
-def refusal(error: ProtocolError) -> JSONResponse:
-    """The HTTP form of a refusal: 4xxx close codes mirror their HTTP status."""
-    close = int(error.close_code)
-    status = close - 4000 if close >= 4000 else 503 if close == CloseCode.TRY_AGAIN_LATER else 400
-    response = _problem(status, error.code.value, error.message)
-    if status == 401:
-        response.headers["WWW-Authenticate"] = 'Bearer realm="parley"'
-    if error.retry_after is not None:
-        response.headers["Retry-After"] = str(round(error.retry_after))
-    return response
-
-
 async def mint_token(request: Request) -> Response:
     """POST /v1/meetings/{id}/tokens (API key) — a single-use token for one browser
     connection to the meeting: `{token, expires_at, meeting_id, scope, participant}`.
     Optional JSON body: `scope` (stream|events|transcript), `participant`, `ttl_s`."""
     state = app_state(request)
     auth = state.auth
+    auth.admit(request)
+    principal = auth.key_principal(bearer(request.headers.get("authorization")))
+    meeting_id = validate_id("meeting_id", request.path_params["meeting_id"])
+    scope, participant, ttl_s = _token_request(await _small_body(request))
+    await meeting_access(state.store, meeting_id, principal)
     try:
-        auth.admit(request)
-        principal = auth.key_principal(bearer(request.headers.get("authorization")))
-        meeting_id = validate_id("meeting_id", request.path_params["meeting_id"])
-        scope, participant, ttl_s = _token_request(await _small_body(request))
-        await meeting_access(state.store, meeting_id, principal)
         token, expires_at = await auth.mint(
             principal, meeting_id, scope=scope, participant=participant, ttl_s=ttl_s
         )
-    except ProtocolError as exc:
-        return refusal(exc)
     except TokenQuotaExceeded as exc:
-        return refusal(quota_exceeded(str(exc)))
-    except StoreError as exc:
-        return refusal(overloaded(f"token store: {exc}"))
+        raise quota_exceeded(str(exc)) from None
     body = {
         "token": token,
         "expires_at": expires_at,
@@ -112,28 +93,20 @@ def _token_request(body: bytes) -> tuple[Scope | None, str | None, float | None]
 async def transcript(request: Request) -> Response:
     """GET /v1/meetings/{id}/transcript?format=json|txt|srt|vtt — the finals in seq order."""
     state = app_state(request)
-    try:
-        meeting_id = validate_id("meeting_id", request.path_params["meeting_id"])
-    except ProtocolError as exc:
-        return _problem(400, exc.code.value, exc.message)
+    meeting_id = validate_id("meeting_id", request.path_params["meeting_id"])
     raw_format = request.query_params.get("format", "json")
     try:
         fmt = TranscriptFormat(raw_format)
     except ValueError:
         known = ", ".join(f.value for f in TranscriptFormat)
-        return _problem(400, "bad_format", f"format must be one of: {known}")
-    try:  # after the cheap checks: a meeting token is spent here
-        principal = await _reader(request, meeting_id)
-        if not await meeting_access(state.store, meeting_id, principal):
-            return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")
-    except ProtocolError as exc:
-        return refusal(exc)
-    try:
-        finals = await state.store.finals(meeting_id)
-        if not finals and await state.store.last_seq(meeting_id) == 0:
-            return _problem(404, "not_found", f"meeting {meeting_id!r} has no transcript")
-    except StoreError as exc:  # unreachable: 503 with Retry-After, as store/api.py promises
-        return refusal(overloaded(f"meeting store: {exc}"))
+        raise Refusal(400, "bad_format", f"format must be one of: {known}") from None
+    # after the cheap checks: a meeting token is spent here
+    principal = await _reader(request, meeting_id)
+    if not await meeting_access(state.store, meeting_id, principal):
+        raise Refusal(404, "not_found", f"meeting {meeting_id!r} has no transcript")
+    finals = await state.store.finals(meeting_id)  # unreachable: 503 (server.http.problems)
+    if not finals and await state.store.last_seq(meeting_id) == 0:
+        raise Refusal(404, "not_found", f"meeting {meeting_id!r} has no transcript")
     return Response(render(meeting_id, finals, fmt), media_type=fmt.media_type)
 
 

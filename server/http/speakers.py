@@ -27,26 +27,20 @@ import numpy as np
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from engine.api import SAMPLE_RATE
+from engine.api import SAMPLE_RATE, EmbedderFull
 from server.auth.access import is_local
 from server.auth.keys import bearer
-from server.http.rest import refusal
+from server.limits import overloaded
 from server.state import AppState, app_state
 from server.uploads.decode_worker import Refusal
 from server.uploads.form import FORM_OVERHEAD, drain, receive_form, too_large
 from session.vad import WINDOW, VadState
 from store.enrolled import EnrolledSpeaker, SpeakerBookFull, SpeakerNameTaken
-from store.errors import StoreError
-from wire.errors import ProtocolError
 
 MAX_NAME = 64
 SPEECH = 0.5  # VAD probability from which a window is speech
 _ID = re.compile(r"spk_[0-9a-f]{16}")
 _S_LABEL = re.compile(r"[Ss]\d+")  # diarization's own labels: no name may look like one
-
-
-def _problem(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
 def check_name(raw: str | None) -> str:
@@ -75,24 +69,27 @@ async def create_speaker(request: Request) -> Response:
     """POST /v1/speakers — enrol a named voice from a short recording."""
     state = app_state(request)
     group = state.settings.speakers
-    try:
-        tenant = _tenant(request)
-    except ProtocolError as exc:
-        return refusal(exc)
+    tenant = _tenant(request)
     remote = not is_local(request)
     try:
         state.jobs.sandbox.admit(remote=remote)  # before the body; the decode checks again
-    except Refusal as exc:
+    except Refusal:
         await drain(request.stream())
-        return _problem(exc.status, exc.code, exc.message)
+        raise
     services = state.services
     if services is None or services.speakers is None or state.file_vad is None:
         reason = state.unavailable() or (services.speakers_off if services else "not ready")
-        return _problem(503, "overloaded", reason)
+        raise Refusal(503, "overloaded", reason)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > group.enrol_max_bytes + FORM_OVERHEAD:
-        refused = too_large(group.enrol_max_bytes)
-        return _problem(refused.status, refused.code, refused.message)
+        raise too_large(group.enrol_max_bytes)
+    async with state.enrollments.turn():  # a few at once; the rest wait, boundedly
+        return await _enrol(request, state, tenant, remote)
+
+
+async def _enrol(request: Request, state: AppState, tenant: str | None, remote: bool) -> Response:
+    """The enrollment itself, in its turn."""
+    group = state.settings.speakers
     workdir = Path(tempfile.mkdtemp(prefix="parley-enrol-", dir=state.jobs.root))
     try:
         form = await receive_form(
@@ -125,15 +122,17 @@ async def create_speaker(request: Request) -> Response:
             embedding=embedding.astype("<f4").tobytes(),
         )
         await state.store.speakers.add(tenant, speaker, group.max_enrolled_speakers)
-    except Refusal as exc:
-        return _problem(exc.status, exc.code, exc.message)
     except SpeakerBookFull:
         limit = group.max_enrolled_speakers
-        return _problem(409, "speakers_full", f"the tenant has {limit} speakers (the limit)")
+        raise Refusal(
+            409, "speakers_full", f"the tenant has {limit} speakers (the limit)"
+        ) from None
     except SpeakerNameTaken:
-        return _problem(409, "speaker_exists", f"a speaker named {name!r} is enrolled already")
-    except StoreError as exc:
-        return _problem(503, "overloaded", f"speaker store: {exc}")
+        raise Refusal(
+            409, "speaker_exists", f"a speaker named {name!r} is enrolled already"
+        ) from None
+    except EmbedderFull as exc:  # the live streams' labels come first
+        raise overloaded(f"speaker embedder: {exc}") from None
     except ClientDisconnect:
         return Response(status_code=400)
     finally:
@@ -157,7 +156,8 @@ async def _voice(state: AppState, audio: np.ndarray) -> tuple[np.ndarray, float]
     if count == 0:
         return np.zeros(0, np.float32), 0.0
     windows = audio[: count * WINDOW].reshape(count, WINDOW)
-    probabilities = await state.file_vad.score(VadState(), windows)
+    # Off the event loop: one model call per 32 ms window of the recording.
+    probabilities = await asyncio.to_thread(state.file_vad.score_now, VadState(), windows)
     speech = windows[probabilities >= SPEECH].reshape(-1)
     seconds = len(speech) / SAMPLE_RATE
     if seconds == 0:
@@ -172,45 +172,30 @@ async def _voice(state: AppState, audio: np.ndarray) -> tuple[np.ndarray, float]
 
 async def list_speakers(request: Request) -> Response:
     """GET /v1/speakers — the tenant's enrolled speakers, oldest first."""
-    try:
-        tenant = _tenant(request)
-        speakers = await app_state(request).store.speakers.list(tenant)
-    except ProtocolError as exc:
-        return refusal(exc)
-    except StoreError as exc:
-        return _problem(503, "overloaded", f"speaker store: {exc}")
+    tenant = _tenant(request)
+    speakers = await app_state(request).store.speakers.list(tenant)
     return JSONResponse({"speakers": [s.public() for s in speakers]})
 
 
 async def get_speaker(request: Request) -> Response:
     """GET /v1/speakers/{id} — one enrolled speaker of the tenant."""
     speaker_id = request.path_params["speaker_id"]
-    try:
-        tenant = _tenant(request)
-        found = None
-        if _ID.fullmatch(speaker_id):
-            found = await app_state(request).store.speakers.get(tenant, speaker_id)
-    except ProtocolError as exc:
-        return refusal(exc)
-    except StoreError as exc:
-        return _problem(503, "overloaded", f"speaker store: {exc}")
+    tenant = _tenant(request)
+    found = None
+    if _ID.fullmatch(speaker_id):
+        found = await app_state(request).store.speakers.get(tenant, speaker_id)
     if found is None:
-        return _problem(404, "not_found", "no such speaker")
+        raise Refusal(404, "not_found", "no such speaker")
     return JSONResponse(found.public())
 
 
 async def delete_speaker(request: Request) -> Response:
     """DELETE /v1/speakers/{id} — forget one enrolled speaker of the tenant."""
     speaker_id = request.path_params["speaker_id"]
-    try:
-        tenant = _tenant(request)
-        deleted = False
-        if _ID.fullmatch(speaker_id):
-            deleted = await app_state(request).store.speakers.delete(tenant, speaker_id)
-    except ProtocolError as exc:
-        return refusal(exc)
-    except StoreError as exc:
-        return _problem(503, "overloaded", f"speaker store: {exc}")
+    tenant = _tenant(request)
+    deleted = False
+    if _ID.fullmatch(speaker_id):
+        deleted = await app_state(request).store.speakers.delete(tenant, speaker_id)
     if not deleted:
-        return _problem(404, "not_found", "no such speaker")
+        raise Refusal(404, "not_found", "no such speaker")
     return Response(status_code=204)

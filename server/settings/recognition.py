@@ -334,12 +334,13 @@ class SegmenterSettings:
         "(docs/performance.md#endpoint-and-vad).",
     )
     speculate_after_ms: float = setting(
-        0.0,
+        100.0,
         "Silence after which an utterance's final is decoded speculatively, before "
-        "MIN_SILENCE_MS confirms its end (at least the 100 ms post-roll; e.g. 160: it runs "
-        "on model time no final or partial takes, and is dropped if speech resumes); "
-        "0 (default): off: faster finals at light load, but under load it takes the "
-        "partials' model time (docs/performance.md#workers-and-batches).",
+        "MIN_SILENCE_MS confirms its end or a client's flush (finalize, Deepgram's Finalize, "
+        "OpenAI's commit) asks for it (at least the 100 ms post-roll: the default starts it "
+        "there). It runs on model time no final or partial takes, is dropped if speech "
+        "resumes, and a flush in the silence after it is answered from it; 0: off "
+        "(docs/performance.md#a-flush-answered-from-a-speculation-benchttfs).",
     )
     pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")
     max_utterance_s: float = setting(
@@ -398,6 +399,21 @@ class SpeakerSettings:
     enrol_max_bytes: int = setting(
         5_000_000, "Largest enrollment upload, in bytes (413 `upload_too_large`)."
     )
+    enrol_concurrency: int = setting(
+        1,
+        "Enrollment recordings (`POST /v1/speakers`) taken in at once: received, decoded, "
+        "scored and embedded; others wait for a turn (ENROL_QUEUE, ENROL_WAIT_S). Each one "
+        "costs CPU beside the live streams, and its upload a place in the upload folder.",
+    )
+    enrol_queue: int = setting(
+        16,
+        "Enrollments that may wait for a turn (ENROL_CONCURRENCY); more: 503 `overloaded`.",
+    )
+    enrol_wait_s: float = setting(
+        30.0,
+        "Longest an enrollment waits for a turn (ENROL_CONCURRENCY) before it is answered "
+        "503 `overloaded`, in seconds.",
+    )
     speaker_match_similarity: float = setting(
         0.75,
         "How alike (cosine, 0-1) a voice must be to an enrolled speaker to show its name "
@@ -410,4 +426,7 @@ class SpeakerSettings:
         within(self, "enrol_min_speech_s", 0.5, 30.0, " seconds")
         within(self, "enrol_max_audio_s", self.enrol_min_speech_s, 300.0, " seconds")
         within(self, "enrol_max_bytes", 1024, 100_000_000)
+        within(self, "enrol_concurrency", 1, 64)
+        within(self, "enrol_queue", 0, 10_000)
+        within(self, "enrol_wait_s", 0.0, 600.0, " seconds")
         within(self, "speaker_match_similarity", 0.0, 1.0)

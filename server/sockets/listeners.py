@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import orjson
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.auth.keys import OwnerCheck, Scope
+from server.auth.keys import Scope
+from server.auth.ownership import OwnerCheck
 from server.sockets.gate import (
     Handshake,
     authenticate_socket,

@@ -10,12 +10,8 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.auth.keys import (
-    Principal,
-    Scope,
-    create_owned_source,
-    meeting_access,
-)
+from server.auth.keys import Principal, Scope
+from server.auth.ownership import create_owned_source, meeting_access
 from server.limits import LimitedConnection, RealtimeBudget, StreamSlot, overloaded
 from server.registry import AdmissionRefused
 from server.sockets.channels import bind_participant, channel_configs, channel_query, serve_channels
@@ -135,10 +131,9 @@ async def _serve_stream(
         return
     budget = None
     if not principal.fast_replay:
-        lead = opened.context.resume_from - opened.context.send_from if opened.context else 0.0
-        budget = RealtimeBudget(  # the re-sent lead (send_from) does not count
+        budget = RealtimeBudget(  # widened by the lead a `resend` announces (on_resend)
             state.settings.streams.realtime_factor,
-            state.settings.streams.realtime_burst_s + lead,
+            state.settings.streams.realtime_burst_s,
             time.monotonic(),
         )
     connection = LimitedConnection(
@@ -157,6 +152,7 @@ async def _serve_stream(
         replay=opened.replay,
         resumed=opened.resumed,
         context=opened.context,
+        on_resend=budget.widen if budget is not None else None,
         acknowledge_finalize=acknowledge_finalize,
         enrolled=(
             await load_voices(state.store, principal.tenant, services.speaker_match)

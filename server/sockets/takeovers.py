@@ -43,4 +43,6 @@ async def watch_takeovers(
                     exc,
                 )
             failing = True
+        except Exception:  # a bug must not leave this node deaf to takeovers for good
+            logger.exception("watching takeovers failed; watching again in %g s", retry_s)
         await asyncio.sleep(retry_s)

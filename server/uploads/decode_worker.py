@@ -5,7 +5,10 @@ server/uploads/decode.py runs this file as `python -I server/uploads/decode_work
 never inside the server process: a hostile file that crashes, hangs or balloons FFmpeg takes down
 only this process. Before it touches the input the worker lowers its own limits
 (RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE on the output, no core dumps) and its priority
-(nice 10, so live rooms keep the CPU); the parent adds the wall-clock limit.
+(nice 10, so live rooms keep the CPU), and once its libraries are loaded it may start no
+process or thread (RLIMIT_NPROC 0: code that exploits FFmpeg cannot fork-bomb the
+server's user; in the sandbox's user namespace the limit holds whoever runs the server);
+the parent adds the wall-clock limit.
 
 What it accepts, through PyAV (FFmpeg), never hand-written parsing:
 - containers (demuxers) on a whitelist: wav, mp3, mp4/m4a/mov, flac, ogg. FFmpeg
@@ -66,15 +69,19 @@ EXIT_REFUSED = 3
 
 
 class Refusal(Exception):
-    """An upload is refused: `status` is the HTTP status the server answers with, `code`
-    and `message` go in its error body. The one such error of the server (the form, the
-    decoder, the worker raise it): it lives here because this module must run alone."""
+    """A request is refused: `status` is the HTTP status the server answers with, `code`
+    and `message` go in its error body (server/http/problems.py renders it). The one such
+    error of the server's HTTP routes (the upload form, the decoder, this worker raise it
+    too): it lives here because this module must run alone."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
 
 
 def _unsupported(message: str) -> Refusal:
@@ -92,6 +99,12 @@ def limit_self(cpu_seconds: int, memory_bytes: int, output_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (output_bytes, output_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     os.nice(10)
+
+
+def forbid_processes() -> None:
+    """From now on this process may create no process and no thread (FFmpeg decodes on
+    one thread here). The kernel does not hold root (outside a user namespace) to it."""
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
 
 
 def _sniff(path: str) -> bool:
@@ -224,7 +237,7 @@ def _decode_container(
             last_bad = last_bad and flushing
             for frame in frames:
                 source_seconds += frame.samples / frame.sample_rate
-                if source_seconds > max_seconds:
+                if round(source_seconds, 6) > max_seconds:  # a sum of frames: not exact
                     raise Refusal(
                         422,
                         "audio_too_long",
@@ -308,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
              "message": f"the decoder could not start: {type(exc).__name__}"},
             EXIT_REFUSED,
         )  # fmt: skip
+    forbid_processes()  # after the imports (a library may start threads as it loads)
     try:
         facts = decode(args.src, args.dst, args.max_seconds, args.keep_channels)
     except Refusal as refusal:

@@ -30,9 +30,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from server.auth.access import is_local
-from server.auth.keys import ANONYMOUS, Principal, bearer, create_owned_source
+from server.auth.keys import ANONYMOUS, Principal, bearer
+from server.auth.ownership import create_owned_source
+from server.http.problems import problem
+from server.limits import overloaded
 from server.settings import Settings
-from server.state import app_state
+from server.state import AppState, app_state
 from server.uploads.decode_worker import Refusal
 from server.uploads.form import FORM_OVERHEAD, drain, receive_form, too_large
 from server.uploads.jobs import Job, JobsFull, JobStatus
@@ -40,7 +43,6 @@ from server.uploads.options import JobOptions
 from server.uploads.records import StoredJob
 from session.services import SessionServices
 from store.errors import StoreError
-from wire.codes import CloseCode
 from wire.errors import ProtocolError
 from wire.keyterms import parse_keyterms
 from wire.query import is_language, parse_flag, validate_id
@@ -59,15 +61,8 @@ OPTION_FIELDS = frozenset(
 DEFAULT_PARTICIPANT = "speaker"
 RETRY_AFTER_S = "5"
 EARLIEST_STARTED_AT = 946_684_800.0  # 2000-01-01T00:00:00Z
+NO_SUCH_JOB = "no such transcription job (it may have expired)"
 JOB_ID = re.compile(r"[0-9a-f]{16}")  # secrets.token_hex(8): others are not looked up
-
-
-def _problem(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
-) -> Response:
-    return JSONResponse(
-        {"error": {"code": code, "message": message}}, status_code=status, headers=headers
-    )
 
 
 def _parse_options(
@@ -174,61 +169,39 @@ def _check_diarize(diarize: bool, services: SessionServices) -> None:
         raise Refusal(400, "bad_config", services.speakers_off)
 
 
-async def _refuse(
-    request: Request, status: int, code: str, message: str, headers: dict[str, str] | None = None
-) -> Response:
-    """`_problem`, after reading what is cheap of the request's body (form.py `drain`)."""
-    await drain(request.stream())
-    return _problem(status, code, message, headers)
-
-
 async def create_transcription(request: Request) -> Response:
     """POST /v1/transcriptions — upload a recording; 202 + Location, or 200 with `wait=true`."""
     state = app_state(request)
     settings = state.settings
+    # A refusal before the body reads what is cheap of it first (form.py `drain`), so the
+    # client sees the answer; one for a body declared too large is said before a byte.
     try:
         tenant = _tenant_of(request)
-    except ProtocolError as exc:
-        return await _refuse(request, _auth_status(exc), exc.code.value, exc.message)
-    remote = not is_local(request)
-    try:
+        remote = not is_local(request)
         state.jobs.sandbox.admit(remote=remote)  # before the body; the decode checks again
-    except Refusal as exc:
-        return await _refuse(request, exc.status, exc.code, exc.message)
-    query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
-    unknown = set(request.query_params) - OPTION_FIELDS
-    if unknown:
-        return await _refuse(
-            request, 400, "bad_request", f"unknown query parameter {sorted(unknown)[0]!r}"
-        )
-    try:
+        query = {k: v for k, v in request.query_params.items() if k in OPTION_FIELDS}
+        unknown = set(request.query_params) - OPTION_FIELDS
+        if unknown:
+            raise Refusal(400, "bad_request", f"unknown query parameter {sorted(unknown)[0]!r}")
         keyterms, redact = (request.query_params.getlist(n) for n in ("keyterm", "redact"))
         options, wait = _parse_options(query, settings, keyterms, redact)
-    except Refusal as exc:
-        return await _refuse(request, exc.status, exc.code, exc.message)
+    except (ProtocolError, Refusal):
+        await drain(request.stream())
+        raise
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > settings.uploads.max_upload_bytes + FORM_OVERHEAD:
-        refused = too_large(settings.uploads.max_upload_bytes)  # say so before a byte is sent
-        return _problem(refused.status, refused.code, refused.message)
-    services, file_vad = state.services, state.file_vad
-    unavailable = state.unavailable()
-    if unavailable is not None or services is None or file_vad is None:
-        return await _refuse(
-            request,
-            503,
-            "overloaded",
-            unavailable or "model is not ready",
-            {"Retry-After": RETRY_AFTER_S},
-        )
+        raise too_large(settings.uploads.max_upload_bytes)
     try:
+        services, file_vad = state.services, state.file_vad
+        unavailable = state.unavailable()
+        if unavailable is not None or services is None or file_vad is None:
+            raise overloaded(unavailable or "model is not ready")
         _check_language(options.language, services.languages, state.recognizer_name)
         _check_diarize(options.diarize, services)
-    except Refusal as exc:
-        return await _refuse(request, exc.status, exc.code, exc.message)
-    try:
         job = state.jobs.admit(options)
-    except JobsFull as exc:
-        return await _refuse(request, 503, "overloaded", str(exc), {"Retry-After": RETRY_AFTER_S})
+    except (ProtocolError, Refusal, JobsFull):
+        await drain(request.stream())
+        raise
     job.tenant = tenant
     try:
         form = await receive_form(
@@ -269,18 +242,12 @@ async def create_transcription(request: Request) -> Response:
     except Refusal as exc:
         await state.jobs.discard(job)
         logger.info("upload refused: %s %s: %s", exc.status, exc.code, exc.message)
-        return _problem(exc.status, exc.code, exc.message)
-    except ProtocolError as exc:  # the meeting belongs to another tenant
-        await state.jobs.discard(job)
-        return _problem(403, exc.code.value, exc.message)
-    except (JobsFull, StoreError) as exc:
-        await state.jobs.discard(job)
-        return _problem(503, "overloaded", str(exc), {"Retry-After": RETRY_AFTER_S})
+        raise
     except ClientDisconnect:
         await state.jobs.discard(job)
         logger.info("upload abandoned: the client disconnected")
         return Response(status_code=400)
-    except BaseException:
+    except BaseException:  # another tenant's meeting (403), the store, ...: rendered
         await state.jobs.discard(job)
         raise
     if wait:
@@ -303,7 +270,7 @@ async def _answer_when_done(job: Job, timeout: float) -> Response:
         return Response(job.render(fmt), media_type=fmt.media_type, headers=headers)
     error = job.error or {"code": "cancelled", "message": "the job was cancelled"}
     status = 500 if error["code"] == "internal" else 503
-    return _problem(status, error["code"], error["message"], headers)
+    return problem(status, error["code"], error["message"], headers)
 
 
 def _tenant_of(request: Request) -> str | None:
@@ -315,52 +282,49 @@ def _tenant_of(request: Request) -> str | None:
     return auth.key_principal(bearer(request.headers.get("authorization"))).tenant
 
 
-def _tenant(request: Request) -> str | Response | None:
-    """`_tenant_of`, with the refusal as a 401 response (requests without a body)."""
-    try:
-        return _tenant_of(request)
-    except ProtocolError as exc:
-        return _problem(_auth_status(exc), exc.code.value, exc.message)
-
-
-def _auth_status(error: ProtocolError) -> int:
-    return 403 if error.close_code == CloseCode.FORBIDDEN else 401
-
-
-async def _job(request: Request) -> Job | StoredJob | Response:
-    """The job: this node's own, else as its node last wrote it in the store."""
-    tenant = _tenant(request)
-    if isinstance(tenant, Response):
-        return tenant
+async def _job(request: Request) -> Job | StoredJob:
+    """The job: this node's own (unless it was deleted or cancelled through another node:
+    the store says so), else as its node last wrote it in the store."""
+    tenant = _tenant_of(request)
     state = app_state(request)
     job_id = request.path_params["job_id"]
-    job: Job | StoredJob | None = state.jobs.get(job_id)
+    own = state.jobs.get(job_id)
+    if own is not None and own.tenant == tenant and await _cancelled_elsewhere(state, own):
+        logger.info("upload job %s cancelled through another node", own.id)
+        await state.jobs.cancel(own)  # gone here too, files and all
+        raise Refusal(404, "not_found", NO_SUCH_JOB)
+    job: Job | StoredJob | None = own
     if job is None and JOB_ID.fullmatch(job_id):
-        try:
-            entry = await state.store.jobs.get(job_id)
-        except StoreError as exc:
-            return _problem(503, "overloaded", f"job store: {exc}", {"Retry-After": RETRY_AFTER_S})
+        entry = await state.store.jobs.get(job_id)
         if entry is not None:
             job = StoredJob.from_entry(job_id, entry, state.settings.store.node_lease_s)
     if job is None or job.tenant != tenant:  # another tenant's job does not exist for you
-        return _problem(404, "not_found", "no such transcription job (it may have expired)")
+        raise Refusal(404, "not_found", NO_SUCH_JOB)
     return job
+
+
+async def _cancelled_elsewhere(state: AppState, job: Job) -> bool:
+    """Whether another node deleted (or asked to cancel) this node's job; while the store
+    is unreachable, not known: no."""
+    try:
+        return await state.store.jobs.cancelled(job.id)
+    except StoreError as exc:
+        logger.warning("upload job %s: could not ask the store about it: %s", job.id, exc)
+        return False
 
 
 async def get_transcription(request: Request) -> Response:
     """GET /v1/transcriptions/{id}[?format=json|txt|srt|vtt] — status, progress, result."""
     job = await _job(request)
-    if isinstance(job, Response):
-        return job
     try:
         fmt = TranscriptFormat(request.query_params.get("format", "json"))
     except ValueError:
         known = ", ".join(f.value for f in TranscriptFormat)
-        return _problem(400, "bad_format", f"format must be one of: {known}")
+        raise Refusal(400, "bad_format", f"format must be one of: {known}") from None
     if fmt is TranscriptFormat.JSON:
         return JSONResponse(job.describe())
     if job.status is not JobStatus.DONE:
-        return _problem(
+        raise Refusal(
             409, "not_done", f"the job is {job.status.value}; its transcript is not ready",
             {"Retry-After": RETRY_AFTER_S},
         )  # fmt: skip
@@ -372,14 +336,9 @@ async def delete_transcription(request: Request) -> Response:
     (another node's job: it is gone for readers now; its node cancels it within
     `job_sync_s`)."""
     job = await _job(request)
-    if isinstance(job, Response):
-        return job
     state = app_state(request)
     if isinstance(job, Job):
         await state.jobs.cancel(job)
         return Response(status_code=204)
-    try:
-        await state.store.jobs.request_cancel(job.id)
-    except StoreError as exc:
-        return _problem(503, "overloaded", f"job store: {exc}", {"Retry-After": RETRY_AFTER_S})
+    await state.store.jobs.request_cancel(job.id)
     return Response(status_code=204)

@@ -2,7 +2,8 @@
 
 {prefix}job:{id}   hash: b (the record, as the running node wrote it), n (that node's
                    id), f ("1" once finished), c ("1" once a cancel was requested);
-                   TTL: the record's, renewed by every write
+                   TTL: the record's, renewed by every write. A deleted job's key is a
+                   tombstone: c alone, kept TOMBSTONE_S, so a write in flight is refused
 
 The node running a job writes its record as it changes (`put`), and learns in the same
 round trip whether another node asked to cancel it. A reader that finds an unfinished
@@ -15,7 +16,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from store.api import JobEntry
+from store.api import TOMBSTONE_S, JobEntry
 from store.redis.leases import RedisLeases
 from store.redis.link import UNREACHABLE, Link
 from wire.query import validate_id
@@ -38,6 +39,15 @@ return 1
 """
 
 
+# KEYS[1] the job. ARGV[1] the tombstone's TTL ms.
+LUA_DELETE = """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'c', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+
 class RedisJobs:
     """The store's `jobs` on Redis."""
 
@@ -49,6 +59,7 @@ class RedisJobs:
         self.node_id = leases.node_id
         self._put = redis.register_script(LUA_PUT)
         self._cancel = redis.register_script(LUA_CANCEL)
+        self._delete = redis.register_script(LUA_DELETE)
 
     def _key(self, job_id: str) -> str:
         return f"{self._prefix}job:{validate_id('job_id', job_id)}"
@@ -87,8 +98,16 @@ class RedisJobs:
         self._link.note_success()
         return bool(found)
 
+    async def cancelled(self, job_id: str) -> bool:
+        try:
+            cancel: Any = await self._redis.hget(self._key(job_id), "c")
+        except UNREACHABLE as exc:
+            raise self._link.unavailable(exc, "read an upload job") from exc
+        self._link.note_success()
+        return bool(cancel == b"1")
+
     async def delete(self, job_id: str) -> None:
         try:
-            await self._redis.delete(self._key(job_id))
+            await self._delete(keys=[self._key(job_id)], args=[int(TOMBSTONE_S * 1000)])
         except UNREACHABLE as exc:
             raise self._link.unavailable(exc, "delete an upload job") from exc

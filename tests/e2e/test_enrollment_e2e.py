@@ -5,6 +5,7 @@ never gets A's names."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 import wave
 from collections.abc import AsyncIterator
@@ -21,11 +22,15 @@ from tests.e2e.test_diarization_e2e import TWO, mix, word_accuracy
 from tests.hardclient import STOP, bearer, exchange
 from tests.httpclient import multipart, request
 from tests.redis_support import delete_keys
-from tests.wsclient import StreamResult
+from tests.wsclient import StreamResult, stream_pcm
 
 pytestmark = pytest.mark.slow
 
-KEYS = {"a": "key-of-tenant-a-0123456789abcdef", "b": "key-of-tenant-b-0123456789abcdef"}
+KEYS = {
+    "a": "key-of-tenant-a-0123456789abcdef",
+    "b": "key-of-tenant-b-0123456789abcdef",
+    "c": "key-of-tenant-c-0123456789abcdef",  # enrols a crowd beside a live stream
+}
 # Enrollment clips: the same speakers as TWO's, other recordings.
 VOICES = {"Linda": "en_lj_LJ001-0005", "Michael": "en_mfa_surround"}
 
@@ -121,3 +126,53 @@ async def test_upload_names_enrolled_voices(server: AppServer) -> None:
     assert answer.status == 200, answer.body
     utterances = answer.json()["result"]["utterances"]
     assert {u["speaker"] for u in utterances} == {"Linda", "Michael"}
+
+
+async def test_a_crowd_of_enrollments_beside_a_real_time_stream(server: AppServer) -> None:
+    """12 enrollments of 30 s at once, 2 s into a real-time JFK stream: none answers 5xx
+    (they take turns: ENROL_CONCURRENCY), and every JFK final arrives within 1.5 s of its
+    audio (the enrollments' VAD runs off the event loop)."""
+    long = clip("en_lj_longform_LJ001-0001_0020").pcm16()
+    second = 16_000 * 2
+
+    async def enrol(i: int) -> tuple[int, bytes]:
+        pcm = long[i * 8 * second : (i * 8 + 30) * second]
+        content_type, body = multipart(wav_header(16_000, len(pcm)) + pcm, name=f"Crowd {i}")
+        answer = await request(
+            "POST",
+            f"{server.http_url}/v1/speakers",
+            body=body,
+            headers={"Content-Type": content_type, **bearer(KEYS["c"])},
+            timeout=120,
+        )
+        return answer.status, answer.body
+
+    async def crowd() -> list[tuple[int, bytes]]:
+        await asyncio.sleep(2.0)
+        return list(await asyncio.gather(*(enrol(i) for i in range(12))))
+
+    jfk = clip("en_jfk").pcm16()
+    live, statuses = await asyncio.gather(
+        stream_pcm(
+            server.ws_url,
+            f"crowd-{uuid.uuid4().hex[:8]}",
+            jfk,
+            speed=1.0,
+            interim_results=False,
+            trailing_silence=1.0,
+            headers=bearer(KEYS["c"]),
+        ),
+        crowd(),
+    )
+    try:
+        assert all(status < 500 for status, _ in statuses), statuses
+        assert [status for status, _ in statuses] == [201] * 12, statuses
+        assert live.messages[-1]["type"] == "session.ended", live.messages[-3:]
+        assert len(live.finals) >= 3 and "country" in live.text.lower(), live.text
+        assert max(live.final_latencies) <= 1.5, live.final_latencies
+    finally:
+        _, _, body = await server.request("GET", "/v1/speakers", headers=bearer(KEYS["c"]))
+        for speaker in orjson.loads(body)["speakers"]:
+            await server.request(
+                "DELETE", f"/v1/speakers/{speaker['speaker_id']}", headers=bearer(KEYS["c"])
+            )

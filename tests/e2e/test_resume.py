@@ -133,6 +133,27 @@ async def test_resume_token_is_bound_to_its_meeting_and_participant(
     assert [f["utterance_id"] for f in resumed.finals] == [f["utterance_id"] for f in first.finals]
 
 
+async def test_a_resend_from_1e308_closes_1007(parley_server: ServerProcess) -> None:
+    """A resumed stream whose `resend` says `from: 1e308` is closed 1007 with an `error`
+    (bad input), not 1011 (issue 44)."""
+    meeting = f"resend-huge-{time.monotonic_ns()}"
+    first = await stream_pcm(
+        parley_server.ws_url, meeting, clip(JFK).pcm16()[:64_000], participant="erin", speed=0
+    )
+    url = stream_url(
+        parley_server.ws_url, meeting, resume_token=first.messages[0]["resume_token"], last_seq=0
+    )
+    result = StreamResult()
+    async with connect(url) as ws:
+        receiver = asyncio.create_task(receive_all(ws, result))
+        await result.wait_for(lambda r: bool(r.messages))
+        await ws.send('{"type": "resend", "from": 1e308}')
+        await asyncio.wait_for(receiver, 10)
+    assert result.messages[0]["type"] == "session.started"
+    assert result.close_code == 1007, (result.close_code, result.messages[-2:])
+    assert [e["code"] for e in result.of_type("error")] == ["invalid_message"]
+
+
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Any:
     server = RedisServer(tmp_path, persistent=True)

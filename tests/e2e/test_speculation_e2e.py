@@ -32,7 +32,7 @@ def server_with_speculation() -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def server_without_speculation() -> Iterator[ServerProcess]:
-    server = start_server(ALWAYS_CONTEXT)
+    server = start_server({**ALWAYS_CONTEXT, "PARLEY_SPECULATE_AFTER_MS": "0"})  # on by default
     yield server
     server.stop()
 

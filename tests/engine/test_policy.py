@@ -300,3 +300,24 @@ def test_context_cost_is_the_finals_cost_alone_times_what_context_adds() -> None
         cost.record(-1.0, behind_context=False)
     with pytest.raises(ValueError):
         ContextCost(weight=0.0)
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_speculation_never_outranks_a_final_nor_a_partial(flat: bool) -> None:
+    """A speculative final (even the oldest request) starts only on a worker no final and
+    no partial takes, and a final queued with no worker free stops a speculative batch
+    before a partial one, on the CPU's policy and on the flat (GPU) one."""
+    SPECULATIVE = Priority.SPECULATIVE
+    cfg = config(workers=1, partial_share=1.0, flat_batches=flat)
+    budget = PartialBudget(cfg, 0.0)
+    queued = [Queued(1, SPECULATIVE, 0.0), Queued(2, PARTIAL, 0.5), Queued(3, FINAL, 1.0)]
+    assert plan(queued, [0], [], budget, cfg, now=2.0).starts == [Start(0, (3,), partial=False)]
+    assert plan(queued[:2], [0], [], budget, cfg, now=2.0).starts == [Start(0, (2,), partial=True)]
+    assert plan(queued[:1], [0], [], budget, cfg, now=2.0).starts == [Start(0, (1,), partial=False)]
+    two = config(workers=2, partial_share=1.0, flat_batches=flat)
+    both = plan(queued, [0, 1], [], PartialBudget(two, 0.0), two, now=2.0)
+    assert both.starts == [Start(0, (3,), partial=False), Start(1, (2,), partial=True)]
+    # Both workers busy, the speculative batch started first: it is the one stopped.
+    running = [Running(0, partial=False, speculative=True), Running(1, partial=True)]
+    stopped = plan([Queued(3, FINAL, 1.0)], [], running, PartialBudget(two, 0.0), two, now=2.0)
+    assert stopped.preempt == [0] and stopped.starts == []

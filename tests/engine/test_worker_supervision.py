@@ -9,7 +9,9 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
+import types
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import pytest
 from bench.corpus import clips
 from engine.api import Priority, RecognitionRequest, Utterance
 from engine.scheduling.scheduler import BatchScheduler
+from engine.workers.child import ChildProcess, WorkerLost
 from engine.workers.processes import ProcessRecognizer, WorkerHealth
 from server.engine_plan import model_config_with
 from tests.fakes import scheduler_config
@@ -155,3 +158,83 @@ def test_a_replacement_that_cannot_load_in_time_is_killed_and_retried(
         pool.close()
     for pid in pool.health().pids:
         assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_batch_on_a_killed_childs_closed_pipe_is_a_lost_worker(
+    model_cache: Path, jfk: Utterance
+) -> None:
+    """A batch that meets a child already killed, its pipe closed (the supervisor found it
+    dead while idle), raises WorkerLost, which moves the batch to another worker; not the
+    OSError of the closed pipe, which failed the batch."""
+    child = ChildProcess(0, model_config_with(cache=model_cache), 1, 0.0, False)
+    child.kill()  # SIGKILL, reap, close the pipe: what the supervisor does to a dead child
+    with pytest.raises(WorkerLost):
+        child.run([jfk], None, HANG_AFTER)
+
+
+def test_an_idle_child_killed_between_batches_loses_no_batch(
+    pool: ProcessRecognizer, jfk: Utterance
+) -> None:
+    """An idle child SIGKILLed while batches keep coming from two threads: every batch
+    returns the model's text (none fails on the dead child's pipe), the death is counted
+    once and the child replaced."""
+    before = pool.health()
+    assert before.alive == 2 and not before.busy
+    errors: list[BaseException] = []
+    texts: list[str] = []
+
+    def batches() -> None:
+        for _ in range(3):
+            try:
+                texts.append(pool.transcribe([jfk])[0].text)
+            except BaseException as exc:
+                errors.append(exc)
+
+    os.kill(before.pids[0], signal.SIGKILL)
+    threads = [threading.Thread(target=batches) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(SETTLE)
+    assert not errors, errors
+    assert len(texts) == 6 and all("your country" in text for text in texts)
+    deadline = time.monotonic() + SETTLE
+    while (after := pool.health()).alive < 2:
+        assert time.monotonic() < deadline, after
+        time.sleep(0.05)
+    assert after.restarts["died"] == before.restarts["died"] + 1
+    assert before.pids[0] not in after.pids
+
+
+def _running(pids: tuple[int, ...]) -> list[int]:
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+
+
+async def test_a_shutdown_during_the_first_model_load_closes_the_pool(model_cache: Path) -> None:
+    """The lifespan cancels the model load (SIGTERM) while the worker pool is still being
+    built on its thread: the load waits for it and closes it, so no model worker process
+    outlives the shutdown (the pool was dropped unclosed)."""
+    from server.app import _start_model  # the lifespan's loader, driven directly
+
+    began, pools = threading.Event(), []
+
+    def factory(settings: object) -> ProcessRecognizer:
+        began.set()
+        pools.append(
+            ProcessRecognizer(model_config_with(cache=model_cache), processes=1, threads=1)
+        )
+        return pools[0]
+
+    state = types.SimpleNamespace(settings=None, recognizer=None)
+    loader = asyncio.create_task(_start_model(state, factory))  # type: ignore[arg-type]
+    await asyncio.to_thread(began.wait, SETTLE)
+    loader.cancel()
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(loader, SETTLE)
+        assert len(pools) == 1
+        pids = pools[0].health().pids
+        assert pids and not _running(pids), pids
+    finally:
+        for pool in pools:
+            pool.close()

@@ -13,16 +13,8 @@ import pytest
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult, Transcription, Utterance
 from server.auth.access import OriginPolicy
-from server.auth.keys import (
-    ANONYMOUS,
-    Authenticator,
-    OwnerCheck,
-    Principal,
-    Scope,
-    meeting_access,
-    owned_config,
-    parse_api_keys,
-)
+from server.auth.keys import ANONYMOUS, Authenticator, Principal, Scope, parse_api_keys
+from server.auth.ownership import OwnerCheck, meeting_access, owned_config
 from server.auth.tokens import MemoryTokens, RedisTokens, TokenGrant, TokenQuotaExceeded
 from server.limits import CapacityMonitor, LimitedConnection, RealtimeBudget, Slots
 from server.logs import RedactTokens

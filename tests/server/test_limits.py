@@ -12,11 +12,13 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from server.limits import ALL
+from server.limits import ALL, Turns
 from tests.appserver import AppServer, serve_app
 from tests.corpus import clip
 from tests.hardclient import STOP, bearer, error_of, exchange
 from tests.wsclient import StreamResult, receive_all
+from wire.codes import ErrorCode
+from wire.errors import ProtocolError
 
 FAST = "fast-tenant-key-0123456789"
 SLOW = "slow-tenant-key-0123456789"
@@ -261,3 +263,42 @@ async def test_a_tenant_holds_at_most_its_share_of_meeting_tokens(limited: AppSe
     )
     assert spent.close_code != 4401, spent.messages
     assert (await mint(FAST))[0] == 201
+
+
+async def test_turns_let_a_few_run_a_few_wait_and_refuse_the_rest() -> None:
+    """`Turns(limit 1, 1 waiting, 0.3 s)`: the second caller waits and runs when the first
+    ends; a third while one waits is `overloaded` at once; a waiter past 0.3 s too."""
+    turns = Turns("enrollments", 1, 1, 0.3)
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def hold(name: str) -> None:
+        async with turns.turn():
+            order.append(name)
+            await release.wait()
+
+    first = asyncio.create_task(hold("first"))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(hold("second"))
+    await asyncio.sleep(0)
+    assert (turns.held, turns.waiting) == (1, 1)
+    with pytest.raises(ProtocolError) as full:
+        await hold("third")
+    assert full.value.code is ErrorCode.OVERLOADED and full.value.retry_after
+    release.set()
+    await asyncio.gather(first, second)
+    assert order == ["first", "second"] and (turns.held, turns.waiting) == (0, 0)
+
+    release.clear()
+    first = asyncio.create_task(hold("first"))
+    await asyncio.sleep(0)
+    began = time.monotonic()
+    with pytest.raises(ProtocolError) as late:
+        await hold("late")
+    assert late.value.code is ErrorCode.OVERLOADED
+    assert 0.25 <= time.monotonic() - began < 5
+    assert (turns.held, turns.waiting) == (1, 0)
+    release.set()
+    await first
+    async with turns.turn():  # the timed-out waiter took no turn with it
+        assert turns.held == 1

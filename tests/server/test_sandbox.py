@@ -9,9 +9,11 @@ import errno
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import pytest
 from server.uploads import decode
 from server.uploads.decode import DecodeLimits, decode_file
 from server.uploads.decode_worker import Refusal
-from server.uploads.sandbox import UNCONFINED, Sandbox, SandboxMode, open_sandbox
+from server.uploads.sandbox import NOBODY, UNCONFINED, Sandbox, SandboxMode, open_sandbox
 
 LIMITS = DecodeLimits(max_seconds=60, cpu_seconds=30, memory_bytes=512 << 20, wall_seconds=30)
 
@@ -147,3 +149,62 @@ async def test_sandboxed_decoder_killed_by_its_cpu_limit_is_a_decode_limit(
             await asyncio.wait_for(decode_file(src, tmp_path / "out", LIMITS, sandbox), 20)
     assert (caught.value.status, caught.value.code) == (422, "decode_limit")
     assert "CPU-time" in caught.value.message
+
+
+ATTACK = '''
+def decode(src, dst, max_seconds, *options):
+    """An exploited decoder: after the worker's own limits, it tries to fork and to start
+    a thread, and writes what it got."""
+    import json, os, threading
+    found = {}
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        found["fork"] = "allowed"
+    except OSError as exc:
+        found["fork"] = exc.errno
+    try:
+        threading.Thread(target=lambda: None).start()
+        found["thread"] = "allowed"
+    except RuntimeError as exc:
+        found["thread"] = str(exc)
+    with open(dst, "w") as out:
+        json.dump(found, out)
+    return {"ok": True, "samples": 0, "format": "attack", "codec": "attack",
+            "sample_rate": 16000, "channels": 1, "output_channels": 1}
+
+
+if __name__ == "__main__":'''
+
+
+def test_an_exploited_decoder_can_start_no_process() -> None:
+    """Code that runs as the decoder after the worker's own limits (the real worker, its
+    `decode` replaced by the attack) can neither fork nor start a thread (RLIMIT_NPROC):
+    no fork bomb of the server's user. Run as `nobody` when the tests run as root: the
+    kernel exempts root's processes from the limit (docs/operations.md)."""
+    folder = Path(tempfile.mkdtemp(prefix="parley-attack-"))
+    try:
+        folder.chmod(0o755)
+        worker = folder / "decode_worker.py"
+        worker.write_text(decode.WORKER.read_text().replace('\nif __name__ == "__main__":', ATTACK))
+        src, dst = folder / "upload", folder / "out.json"
+        src.write_bytes(b"RIFF")
+        dst.touch()
+        for path in (worker, src, dst):
+            path.chmod(0o666)
+        argv = [sys.executable, "-I", str(worker), "--max-seconds", "60", "--cpu-seconds",
+                "30", "--memory-bytes", str(512 << 20), str(src), str(dst)]  # fmt: skip
+        if os.getuid() == 0:  # util-linux's setpriv: as `nobody`, no groups
+            drop = shutil.which("setpriv")
+            if drop is None:
+                pytest.skip("running as root, and no setpriv to run the decoder as nobody")
+            argv = [drop, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
+        done = subprocess.run(argv, capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        found = json.loads(dst.read_text())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert found["fork"] == errno.EAGAIN, found
+    assert found["thread"] != "allowed", found

@@ -3,11 +3,16 @@ model and upload decoder): validation, limits, tenant isolation, delete."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
 
+from engine.speakers import SpeakerEmbedder, SpeakerEncoder
+from session.vad import VadState
 from tests.appserver import AppServer, serve_app
 from tests.audiofiles import wav_header
 from tests.corpus import clip
@@ -101,3 +106,90 @@ async def test_validation_and_limits(server: AppServer) -> None:
     assert await code(voice, name="Cid") == (409, "speakers_full")
     listed = (await call(server, "GET", "/v1/speakers", "globex")).json()["speakers"]
     assert [s["name"] for s in listed] == ["Ann", "Bea"]
+
+
+def lj(seconds: float) -> bytes:
+    """`seconds` of one reader's long-form recording, as a WAV."""
+    return wav(clip("en_lj_longform_LJ001-0001_0020").pcm16()[: round(seconds * 16_000) * 2])
+
+
+async def test_enrollments_past_their_turns_are_overloaded() -> None:
+    """One turn, no place to wait: an enrollment that comes while another one's upload is
+    still arriving is answered 503 `overloaded` with Retry-After (nothing written for it);
+    the first then completes."""
+    async with serve_app(
+        api_keys=",".join(f"{t}:{k}" for t, k in KEYS.items()), enrol_concurrency=1, enrol_queue=0
+    ) as app:
+        content_type, pieces = multipart(lj(8.0), "voice.wav", name="Held")
+        release = asyncio.Event()
+
+        async def slowly() -> AsyncIterator[bytes]:
+            yield pieces[0]
+            await release.wait()
+            for piece in pieces[1:]:
+                yield piece
+
+        headers = {"Authorization": f"Bearer {KEYS['acme']}", "Content-Type": content_type}
+        first = asyncio.create_task(
+            request(
+                "POST", app.http_url + "/v1/speakers", body=slowly(), headers=headers, chunked=True
+            )
+        )
+        async with asyncio.timeout(30):
+            while app.state.enrollments.held == 0:  # noqa: ASYNC110 - the first is in its turn
+                await asyncio.sleep(0.01)
+        refused = await enrol(app, "acme", lj(8.0), name="Second")
+        assert refused.status == 503, refused.body
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert refused.headers.get("retry-after")
+        release.set()
+        made = await first
+        assert made.status == 201, made.body
+        assert app.state.enrollments.held == 0
+
+
+async def test_a_full_speaker_embedder_answers_overloaded(server: AppServer) -> None:
+    """An enrollment that meets a full embedder queue (the live streams' labels come first)
+    is answered 503 `overloaded`, never a 500."""
+    services = server.state.services
+    assert services is not None
+    tight = SpeakerEmbedder(SpeakerEncoder(), max_pending_windows=2)  # < 8 s of speech
+    server.state.services = dataclasses.replace(services, speakers=tight)
+    try:
+        answer = await enrol(server, "acme", lj(11.5), name="Crowded")
+    finally:
+        server.state.services = services
+        await tight.close()
+    assert answer.status == 503, answer.body
+    assert answer.json()["error"]["code"] == "overloaded"
+    assert tight.stats.rejected == 1
+
+
+async def test_an_enrollment_scores_its_speech_off_the_event_loop(server: AppServer) -> None:
+    """While an 11.5 s recording is enrolled, the event loop is never held for as long as its
+    VAD scoring takes (~360 model calls): it runs on a worker thread."""
+    stalls: list[float] = []
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.002)
+            now = time.perf_counter()
+            stalls.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    cpu = time.thread_time()
+    answer = await enrol(server, "acme", lj(11.5), name="Eleven")
+    done.set()
+    await ticker
+    assert answer.status == 201, answer.body
+    vad = time.perf_counter()
+    scorer = server.state.file_vad
+    assert scorer is not None
+    windows = np.zeros((23 * 8_000 // 512, 512), np.float32)
+    await scorer.score(VadState(), windows)
+    vad = time.perf_counter() - vad  # what the loop would have been held for
+    assert max(stalls) < vad / 2, (max(stalls), vad, time.thread_time() - cpu)
+    await call(server, "DELETE", f"/v1/speakers/{answer.json()['speaker_id']}", "acme")

@@ -309,3 +309,30 @@ def test_finalize_in_a_pause_or_too_early_does_not_split() -> None:
     events = feed(early, [0.9] * 10 + [0.1] * 20)
     [ended] = [e for e in events if isinstance(e, UtteranceEnded)]
     assert ended.start == 0 and not ended.continues
+
+
+def test_finalize_in_silence_ends_with_the_speculated_audio_however_long_the_silence() -> None:
+    """A client's `finalize` after the speculation, with more silence heard since (a
+    client VAD's 0.2 s), ends the utterance with exactly the audio speculated (the silence
+    after the post-roll trimmed); one after a single silent window ends it as an endpoint
+    too (SpeechStopped, the next starts cold), not as a cut in mid-speech."""
+    at_post_roll = SegmenterConfig(
+        pre_roll=0.064, post_roll=0.096, min_silence=0.5, partial_interval=0, speculate_after=0.1
+    )
+    seg = Segmenter(at_post_roll)
+    feed(seg, [0.9] * 20)
+    (may_end,) = feed(seg, [0.1] * 3)  # at the post-roll
+    assert isinstance(may_end, UtteranceMayEnd)
+    assert feed(seg, [0.1] * 4) == []  # more silence: still below the endpoint
+    events = seg.finalize()
+    assert [type(e) for e in events] == [SpeechStopped, UtteranceEnded]
+    ended = events[1]
+    assert isinstance(ended, UtteranceEnded)
+    assert (ended.start, ended.end) == (may_end.start, may_end.end)
+    assert np.array_equal(ended.audio, may_end.audio)
+    short = Segmenter(at_post_roll)
+    feed(short, [0.9] * 20 + [0.1])
+    events = short.finalize() + feed(short, [0.9] * 10 + [0.1] * 20)
+    first, after = [e for e in events if isinstance(e, UtteranceEnded)]
+    assert isinstance(events[0], SpeechStopped) and not after.continues
+    assert first.end == 21 * WINDOW  # all it heard: the speech and its one silent window

@@ -121,6 +121,43 @@ async def test_a_speculation_withdrawn_while_queued_costs_no_model_time() -> Non
     assert speculator.outcomes == {"used": 0, "discarded": 0, "cancelled": 1}
 
 
+class Flushes(NullTelemetry):
+    def __init__(self) -> None:
+        self.served: list[str] = []
+
+    def flush_answered(self, seconds: float, served: str) -> None:
+        self.served.append(served)
+
+
+async def test_a_speculation_held_up_by_an_open_final_is_made_when_it_commits(
+    engine: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """While the final before it is open (its prompt unknown), no speculation is made;
+    `retry` after that final commits makes it, and the flush's final takes it, counted
+    as served by a speculation ready at the flush."""
+    scheduler, fake = engine
+    telemetry = Flushes()
+    speculator = Speculator(scheduler, telemetry)
+    known: list[Utterance | None] = [None]
+    await speculator.speculate_when("s", lambda: known[0])
+    await speculator.retry()
+    assert fake.batches == []  # still not known: nothing submitted
+    known[0] = utterance(1000)
+    await speculator.retry()  # the final before it committed
+    await ran(fake, 1)
+    future = await speculator.submit(final(1000))
+    await asyncio.wait_for(future, TIMEOUT)
+    speculator.answered(future, since=0.0)
+    speculator.answered(None, since=0.0)  # a flush with nothing speculated
+    assert fake.batches == [[1000]]
+    assert telemetry.served == ["speculation", "decoded"]
+    known[0] = utterance(2000)
+    await speculator.speculate_when("s", lambda: None)
+    speculator.withdraw()  # speech resumed: what it wanted is forgotten too
+    await speculator.retry()
+    assert fake.batches == [[1000]]
+
+
 def metric(text: str, outcome: str) -> float:
     line = f'parley_speculative_finals_total{{outcome="{outcome}"}} '
     return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(line))

@@ -6,9 +6,13 @@ for one that died."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
+import redis.asyncio
 
+from server.registry import SessionRegistry
+from server.sockets.takeovers import watch_takeovers
 from store.api import QuotaClaim, Store
 from store.errors import QuotaFull
 from store.redis.store import RedisStore
@@ -76,10 +80,11 @@ async def test_job_records_read_cancel_and_expire(store: Store) -> None:
     assert await jobs.get("0123456789abcdef") is None
     assert not await jobs.put("0123456789abcdef", b'{"s":2}', finished=False, ttl_s=60)
     assert not await jobs.request_cancel("fedcba9876543210")  # no such job
-    await jobs.delete("0123456789abcdef")
-    assert await jobs.put("0123456789abcdef", b'{"s":3}', finished=True, ttl_s=0.05)
+    await jobs.delete("0123456789abcdef")  # a tombstone: no write brings it back
+    assert not await jobs.put("0123456789abcdef", b'{"s":3}', finished=True, ttl_s=60)
+    assert await jobs.put("00000000000000ff", b'{"s":3}', finished=True, ttl_s=0.05)
     deadline = asyncio.get_running_loop().time() + SETTLE_S
-    while await jobs.get("0123456789abcdef") is not None:  # its TTL ran out
+    while await jobs.get("00000000000000ff") is not None:  # its TTL ran out
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.02)
 
@@ -166,3 +171,57 @@ async def test_takeovers_reach_the_other_nodes_only(
         await b.takeovers.announce("meeting-2", "session-2")
         assert await anext(heard_by_b) == ("meeting-1", "session-1")
         assert await anext(heard_by_a) == ("meeting-2", "session-2")
+
+
+async def test_a_malformed_takeover_is_skipped_and_the_watcher_goes_on(
+    make_store: StoreFactory, request: pytest.FixtureRequest, redis_url: str, redis_prefix: str
+) -> None:
+    """Bad JSON and wrong shapes published on the takeovers channel (real Redis pub/sub)
+    are logged and skipped: B's watcher (server.takeovers) keeps running and supersedes
+    the good announcement that follows them."""
+    a, b = _redis_nodes(make_store, request)
+    heard: list[tuple[str, str]] = []
+    arrived = asyncio.Event()
+
+    class Recording(SessionRegistry):
+        def supersede(self, meeting_id: str, session_id: str, keep: object = None) -> int:
+            heard.append((meeting_id, session_id))
+            arrived.set()
+            return 0
+
+    watcher = asyncio.create_task(watch_takeovers(b, Recording(4), retry_s=60.0))
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with asyncio.timeout(SETTLE_S):
+            while not heard:  # subscribed once a probe arrives (pub/sub keeps nothing)
+                await a.takeovers.announce("probe", "probe")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), 0.1)
+        channel = f"{redis_prefix}takeovers"
+        for bad in (b"{not json", b'{"a": 1}', b'["m", "s"]', b"[1, 2, 3]", b'"text"', b"\xff"):
+            await client.publish(channel, bad)
+        await a.takeovers.announce("meeting-9", "session-9")
+        async with asyncio.timeout(SETTLE_S):
+            while heard[-1] != ("meeting-9", "session-9"):
+                arrived.clear()
+                await arrived.wait()
+        assert not watcher.done()
+        assert set(heard) == {("probe", "probe"), ("meeting-9", "session-9")}
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        await client.aclose()
+
+
+async def test_a_deleted_job_leaves_a_tombstone_no_late_write_undoes(store: Store) -> None:
+    """A job's record deleted (its DELETE) while its node's sync write is in flight: the
+    write lands after the delete and is refused (the node cancels), readers still find
+    nothing, and the job reads as cancelled."""
+    assert await store.jobs.put("cccccccccccccccc", b"running", finished=False, ttl_s=60)
+    assert not await store.jobs.cancelled("cccccccccccccccc")
+    await store.jobs.delete("cccccccccccccccc")
+    late = await store.jobs.put("cccccccccccccccc", b"running", finished=False, ttl_s=60)
+    assert late is False
+    assert await store.jobs.get("cccccccccccccccc") is None
+    assert await store.jobs.cancelled("cccccccccccccccc")
+    assert await store.jobs.request_cancel("cccccccccccccccc") is False  # no such job
