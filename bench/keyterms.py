@@ -1,27 +1,32 @@
 """Keyterms: how many names, products and jargon words come out right with and without them.
 
-    python -m bench.keyterms                       # both sets, every mechanism
+    python -m bench.keyterms                       # every set, none and both (+ rewrite)
     python -m bench.keyterms --grid                # tune the bonuses on the tuning set
+    python -m bench.keyterms --rewrite-grid        # tune the rewrite's thresholds (tuning set)
 
-Needs espeak-ng and sox (`apt-get install -y espeak-ng sox`). Two sets of sentences, each
-sentence carrying three terms (people's names, product names, jargon), are spoken by
-espeak-ng in three voices and resampled to 16 kHz: the TUNING set chose the mechanism and
-its bonuses, the HELD_OUT set was only measured. Each clip is transcribed (the recognizer
-directly, batch 1, finals' settings) with no keyterms, with its own sentence's set's
-terms (recall: terms written right, case and punctuation aside), and with the other
-set's terms (terms written that were not said: insertions). The corpus's English clips
-(JFK, LibriSpeech, LJ Speech) are transcribed without keyterms and with three unrelated
-ones: WER against their references, and the words the terms added. Cost: the mean model
-time per final with and without keyterms.
+Needs espeak-ng and sox (`apt-get install -y espeak-ng sox`). Three sets of sentences,
+each sentence carrying three terms (people's names, product names, jargon), are spoken by
+espeak-ng in three voices and resampled to 16 kHz: the TUNING set chose the mechanism,
+its bonuses and the rewrite's thresholds (`engine.whisper.soundalike`); the HELD_OUT set
+was only measured; the FRESH set (other sentences, other voices and speeds) was never
+looked at while tuning. Each clip is transcribed (the recognizer directly, batch 1,
+finals' settings) with its own sentence's set's terms (recall: terms written right, case
+and punctuation aside) and with another set's terms (terms written that were not said:
+insertions). The corpus's English clips (JFK, LibriSpeech, LJ Speech) are transcribed
+without keyterms and with three unrelated ones: WER against their references, and the
+words the terms added. Cost: the mean model time per final.
 
 Mechanisms: `prompt` (the terms in Whisper's previous-text prompt), `boost` (logit
-bonuses along the terms' token prefix tree, `engine.whisper.keyterms`), `both`.
+bonuses along the terms' token prefix tree, `engine.whisper.keyterms`), `both`; each is
+also reported `+rw`, with the rewrite after decoding (`engine.whisper.soundalike`: what the
+recognizer does with its default config), applied here to the same decoding's words.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import subprocess
 import tempfile
@@ -31,8 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.corpus import clips, read_wav
-from engine.api import AudioArray, Utterance
+from engine.api import AudioArray, Utterance, WordTiming
 from engine.loading import load_recognizer
+from engine.whisper import soundalike
 from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import error_counts, normalize
 from server.settings import ModelSettings
@@ -73,7 +79,27 @@ HELD_OUT: list[tuple[str, tuple[str, ...]]] = [
         ("kubectl", "Databricks", "Istio"),
     ),
 ]
-VOICES = ("en-us", "en+m3", "en-gb+f2")
+# Written after the rewrite's thresholds were fixed; never looked at while tuning.
+FRESH: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "Ask Wojciech Abernathy to renew the Tableau license.",
+        ("Wojciech", "Abernathy", "Tableau"),
+    ),
+    (
+        "The Zendesk tickets mention Kubeflow and Prometheus outages.",
+        ("Zendesk", "Kubeflow", "Prometheus"),
+    ),
+    (
+        "Nkechi from Mulesoft will migrate the Cassandra nodes.",
+        ("Nkechi", "Mulesoft", "Cassandra"),
+    ),
+    (
+        "Ingrid Thorvaldsen prefers Jupyter notebooks over Mathematica.",
+        ("Ingrid Thorvaldsen", "Jupyter", "Mathematica"),
+    ),
+]
+VOICES = ("en-us", "en+m3", "en-gb+f2")  # at 150 words per minute
+FRESH_VOICES = ("en-gb-scotland@135", "en-029@170", "en-gb-x-rp+f4@160")
 UNRELATED = ("Kubernetes", "Siobhan Nakamura", "Zephyrix")
 CORPUS = ("en_jfk", "en_ls_1089", "en_ls_61-", "en_ls_1272", "en_lj_LJ001-0001")
 MODES = ("none", "prompt", "boost", "both")
@@ -88,9 +114,12 @@ class Clip:
 
 
 def speak(text: str, voice: str, folder: Path) -> AudioArray:
-    """espeak-ng's `text` in `voice`, as 16 kHz mono float32."""
+    """espeak-ng's `text` in `voice` ("name@words-per-minute", 150 when not given), as
+    16 kHz mono float32."""
+    name, _, speed = voice.partition("@")
     raw, wav = folder / "raw.wav", folder / "16k.wav"
-    subprocess.run(["espeak-ng", "-v", voice, "-s", "150", "-w", str(raw), text], check=True)
+    command = ["espeak-ng", "-v", name, "-s", speed or "150", "-w", str(raw), text]
+    subprocess.run(command, check=True)
     subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(wav)], check=True)
     return read_wav(wav)
 
@@ -112,121 +141,208 @@ def has(hypothesis: str, term: str) -> bool:
 
 
 def recognizer(mode: str, start: float, go_on: float) -> WhisperRecognizer:
+    """The recognizer for `mode`, its rewrite off: the bench applies it to the words."""
     boost = mode in ("boost", "both")
     config = WhisperRecognizerConfig(
         keyterm_prompt=mode in ("prompt", "both"),
         keyterm_start=start if boost else 0.0,
         keyterm_continue=go_on if boost else 0.0,
+        keyterm_rewrite=False,
     )
     model = ModelSettings()
     return load_recognizer(model.model, config, cache=Path(model.model_cache))
 
 
-def run(rec: WhisperRecognizer, audio: AudioArray, terms: Sequence[str]) -> tuple[str, float]:
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """One decoding: its words (with probabilities), the terms it had, its seconds."""
+
+    words: tuple[WordTiming, ...]
+    terms: tuple[str, ...]
+    seconds: float
+
+    def text(self, match: soundalike.Match | None) -> str:
+        """The text, rewritten with `match` (None: as decoded)."""
+        words = self.words if match is None else soundalike.rewrite(self.words, self.terms, match)
+        return "".join(w.word for w in words).strip()
+
+
+def run(rec: WhisperRecognizer, audio: AudioArray, terms: Sequence[str]) -> Heard:
     started = time.perf_counter()
-    [result] = rec.transcribe([Utterance(audio, keyterms=tuple(terms))])
-    return result.text, time.perf_counter() - started
+    utterance = Utterance(audio, keyterms=tuple(terms), word_timings=True)
+    [result] = rec.transcribe([utterance])
+    return Heard(result.words, tuple(terms), time.perf_counter() - started)
 
 
-@dataclass
-class Row:
-    right: int = 0
-    total: int = 0
-    inserted: int = 0
-    seconds: list[float] = dataclasses.field(default_factory=list)
+@dataclass(frozen=True, slots=True)
+class Decodings:
+    """A set's clips decoded with their own terms and with terms not said."""
+
+    clips: list[Clip]
+    own: list[Heard]
+    other: list[Heard]
+
+    def score(self, match: soundalike.Match | None, show: bool = False) -> tuple[int, int, int]:
+        """Terms right, of how many, and terms not said that were written."""
+        right = total = inserted = 0
+        for clip, own, other in zip(self.clips, self.own, self.other, strict=True):
+            text = own.text(match)
+            total += len(clip.terms)
+            right += sum(has(text, term) for term in clip.terms)
+            inserted += sum(has(other.text(match), term) for term in other.terms)
+            if show:
+                print(f"    {clip.voice:20} {text}")
+        return right, total, inserted
 
 
-def measure(
-    rec: WhisperRecognizer, clips_: list[Clip], others: tuple[str, ...], show: bool
-) -> tuple[Row, Row]:
-    """Recall with the clips' own terms, and insertions with `others` (not said)."""
-    own, wrong = Row(), Row()
-    for clip in clips_:
-        text, seconds = run(rec, clip.audio, clip.terms)
-        own.seconds.append(seconds)
-        own.total += len(clip.terms)
-        own.right += sum(has(text, term) for term in clip.terms)
-        if show:
-            print(f"    {clip.voice:9} {text}")
-        text, seconds = run(rec, clip.audio, others)
-        wrong.seconds.append(seconds)
-        wrong.inserted += sum(has(text, term) for term in others)
-    return own, wrong
+def decode_set(rec: WhisperRecognizer, clips_: list[Clip], others: tuple[str, ...]) -> Decodings:
+    own = [run(rec, clip.audio, clip.terms) for clip in clips_]
+    other = [run(rec, clip.audio, others) for clip in clips_]
+    return Decodings(clips_, own, other)
 
 
-def corpus_check(rec: WhisperRecognizer, terms: Sequence[str]) -> tuple[float, int, float]:
-    """WER over the corpus clips with `terms`, the terms' words in the output not in the
-    references, mean seconds per clip."""
-    errors = length = added = 0
-    seconds: list[float] = []
-    for clip in clips(CORPUS):
-        if clip.language != "en":
-            continue
-        text, took = run(rec, clip.audio(), terms)
-        seconds.append(took)
-        counts = error_counts(clip.reference, text)
-        errors += counts.substitutions + counts.deletions + counts.insertions
-        length += counts.reference_length
-        said = set(normalize(clip.reference))
-        added += sum(w not in said for t in terms for w in normalize(t) if w in normalize(text))
-    return errors / length, added, statistics.mean(seconds)
+@dataclass(frozen=True, slots=True)
+class CorpusRun:
+    references: list[str]
+    heard: list[Heard]
+
+    def check(self, match: soundalike.Match | None) -> tuple[float, int, float]:
+        """WER, the terms' words in the output not in the references, JFK's WER."""
+        errors = length = added = 0
+        jfk = 0.0
+        for reference, heard in zip(self.references, self.heard, strict=True):
+            text = heard.text(match)
+            counts = error_counts(reference, text)
+            wrong = counts.substitutions + counts.deletions + counts.insertions
+            errors += wrong
+            length += counts.reference_length
+            if not jfk and reference is self.references[0]:
+                jfk = wrong / counts.reference_length
+            said = set(normalize(reference))
+            written = set(normalize(text))
+            added += sum(w not in said and w in written for t in heard.terms for w in normalize(t))
+        return errors / length, added, jfk
+
+
+def decode_corpus(rec: WhisperRecognizer, terms: Sequence[str]) -> CorpusRun:
+    chosen = [c for c in clips(CORPUS) if c.language == "en"]
+    chosen.sort(key=lambda c: c.id != "en_jfk")  # JFK first
+    return CorpusRun([c.reference for c in chosen], [run(rec, c.audio(), terms) for c in chosen])
+
+
+def save(dump: Path, name: str, heard: Sequence[Heard]) -> None:
+    """The decodings' words and terms, as PATH.NAME.json."""
+    rows = [{"terms": h.terms, "words": [dataclasses.astuple(w) for w in h.words]} for h in heard]
+    (dump.parent / f"{dump.name}.{name}.json").write_text(json.dumps(rows))
+
+
+def bonus_grid(tuning: list[Clip], held_terms: tuple[str, ...]) -> None:
+    for s in (0.0, 1.0, 2.0, 3.0, 4.0):
+        for g in (2.0, 4.0, 6.0):
+            rec = recognizer("boost", s, g)
+            right, total, inserted = decode_set(rec, tuning, held_terms).score(None)
+            wer, added, _ = decode_corpus(rec, UNRELATED).check(None)
+            print(
+                f"start {s:3.1f} continue {g:3.1f}: {right}/{total} right, "
+                f"{inserted} inserted, corpus WER {wer:.3f} (+{added} words)"
+            )
+
+
+def rewrite_grid(
+    tuning: list[Clip],
+    held_terms: tuple[str, ...],
+    start: float,
+    go_on: float,
+    dump: Path | None = None,
+) -> None:
+    """The rewrite's thresholds on the tuning set, decoded once per mechanism."""
+    for mode in ("none", "both"):
+        rec = recognizer(mode, start, go_on)
+        decoded = decode_set(rec, tuning, held_terms)
+        corpus = decode_corpus(rec, () if mode == "none" else UNRELATED)
+        if mode == "none":  # the terms only reach the rewrite
+            corpus = CorpusRun(
+                corpus.references, [dataclasses.replace(h, terms=UNRELATED) for h in corpus.heard]
+            )
+        print(f"{mode}: as decoded {decoded.score(None)}, corpus {corpus.check(None)}")
+        if dump is not None:  # the words, to study the matcher without decoding again
+            save(dump, mode, [*decoded.own, *decoded.other, *corpus.heard])
+        for p in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+            for d in (0.2, 0.25, 0.34, 0.4, 0.5):
+                match = soundalike.Match(max_probability=p, max_distance=d)
+                right, total, inserted = decoded.score(match)
+                wer, added, jfk = corpus.check(match)
+                print(
+                    f"  {mode} p<{p:.2f} d<={d:.2f}: {right}/{total} right, {inserted} inserted, "
+                    f"corpus WER {wer:.3f} (+{added}), JFK {jfk:.3f}"
+                )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=["none", "both"], choices=MODES)
+    parser.add_argument("--sets", nargs="*", default=["tuning", "held-out", "fresh"])
     parser.add_argument("--start", type=float, default=None, help="start bonus (default: engine's)")
     parser.add_argument("--go-on", type=float, default=None, help="continue bonus")
     parser.add_argument("--grid", action="store_true", help="tune the bonuses (tuning set)")
+    parser.add_argument("--rewrite-grid", action="store_true", help="tune the rewrite (tuning set)")
     parser.add_argument("--show", action="store_true", help="print every transcript")
-    parser.add_argument("--voices", nargs="+", default=list(VOICES), help="espeak-ng voices")
+    parser.add_argument("--dump", type=Path, help="write the decodings' words to PATH.*.json")
     args = parser.parse_args()
     from engine.whisper import keyterms
 
     start = keyterms.START if args.start is None else args.start  # the boost modes' bonuses
     go_on = keyterms.CONTINUE if args.go_on is None else args.go_on
     with tempfile.TemporaryDirectory() as folder:
-        tuning = build(TUNING, Path(folder), args.voices)
-        held_out = build(HELD_OUT, Path(folder), args.voices)
+        sets = {
+            "tuning": build(TUNING, Path(folder), VOICES),
+            "held-out": build(HELD_OUT, Path(folder), VOICES),
+            "fresh": build(FRESH, Path(folder), FRESH_VOICES),
+        }
     tuning_terms = tuple(t for _, terms in TUNING for t in terms)[:3]
     held_terms = tuple(t for _, terms in HELD_OUT for t in terms)[:3]
+    others = {"tuning": held_terms, "held-out": tuning_terms, "fresh": tuning_terms}
     if args.grid:
-        for s in (0.0, 1.0, 2.0, 3.0, 4.0):
-            for g in (2.0, 4.0, 6.0):
-                rec = recognizer("boost", s, g)
-                own, wrong = measure(rec, tuning, held_terms, False)
-                wer, added, _ = corpus_check(rec, UNRELATED)
-                print(
-                    f"start {s:3.1f} continue {g:3.1f}: {own.right}/{own.total} right, "
-                    f"{wrong.inserted} inserted, corpus WER {wer:.3f} (+{added} words)"
-                )
+        bonus_grid(sets["tuning"], held_terms)
         return
-    print(f"bonuses: start {start}, continue {go_on}; voices {' '.join(args.voices)}")
+    if args.rewrite_grid:
+        rewrite_grid(sets["tuning"], held_terms, start, go_on, args.dump)
+        return
+    match = soundalike.Match()
+    print(f"bonuses: start {start}, continue {go_on}; rewrite {match}")
     for mode in args.modes:
         rec = recognizer(mode, start, go_on)
-        for name, set_, others in (
-            ("tuning", tuning, held_terms),
-            ("held-out", held_out, tuning_terms),
-        ):
-            own, wrong = measure(rec, set_, () if mode == "none" else others, args.show)
-            print(
-                f"{mode:6} {name:8}: {own.right:2}/{own.total} terms right, "
-                f"{wrong.inserted} unrelated terms inserted; "
-                f"{1000 * statistics.mean(own.seconds):.0f} ms per final"
+        for name in args.sets:
+            decoded = decode_set(rec, sets[name], others[name])
+            if args.dump is not None:
+                save(args.dump, f"{mode}.{name}", [*decoded.own, *decoded.other])
+            for label, m in ((mode, None), (f"{mode}+rw", match)):
+                right, total, inserted = decoded.score(m, args.show)
+                print(
+                    f"{label:10} {name:8}: {right:2}/{total} terms right, "
+                    f"{inserted} unrelated terms inserted; "
+                    f"{1000 * statistics.mean(h.seconds for h in decoded.own):.0f} ms per final"
+                )
+        plain = decode_corpus(rec, ())
+        if args.dump is not None:
+            save(args.dump, f"{mode}.corpus", plain.heard)
+        wer, _, jfk = plain.check(None)
+        print(f"{mode:10} corpus  : WER {wer:.3f} without terms, JFK WER {jfk:.3f}")
+        corpus = (
+            decode_corpus(rec, UNRELATED)
+            if mode != "none"
+            else CorpusRun(
+                plain.references, [dataclasses.replace(h, terms=UNRELATED) for h in plain.heard]
             )
-        terms = () if mode == "none" else UNRELATED
-        wer, added, seconds = corpus_check(rec, terms)
-        jfk = clips(["en_jfk"])[0]
-        text, _ = run(rec, jfk.audio(), terms)
-        jfk_counts = error_counts(jfk.reference, text)
-        jfk_wer = (
-            jfk_counts.substitutions + jfk_counts.deletions + jfk_counts.insertions
-        ) / jfk_counts.reference_length
-        print(
-            f"{mode:6} corpus  : WER {wer:.3f} with {len(terms)} unrelated terms "
-            f"(+{added} of their words), JFK WER {jfk_wer:.3f}; "
-            f"{1000 * seconds:.0f} ms per final"
         )
+        if args.dump is not None:
+            save(args.dump, f"{mode}.corpus-terms", corpus.heard)
+        for label, m in ((mode, None), (f"{mode}+rw", match)):
+            wer, added, jfk = corpus.check(m)
+            print(
+                f"{label:10} corpus  : WER {wer:.3f} with {len(UNRELATED)} unrelated terms "
+                f"(+{added} of their words), JFK WER {jfk:.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ class WhisperRecognizerConfig:
     final with its window filled loops more often, and the full window costs 3-4x).
     Keyterms (`Utterance.keyterms`, `engine.whisper.keyterms`): `keyterm_prompt` puts them in the
     prompt; `keyterm_start` and `keyterm_continue` are the logit bonuses on beginning and
-    on continuing one (0 and 0: no boosting; docs/performance.md#keyterms).
+    on continuing one (0 and 0: no boosting; docs/performance.md#keyterms); `keyterm_rewrite`
+    writes a term after decoding where unsure words sound like it (`engine.whisper.soundalike`).
     `decoder_graphs` runs the decoder's single-token steps over fixed buffers, replayed
     from CUDA graphs on a GPU (`engine.whisper.step_graphs`; on a CPU eagerly, for tests).
     """
@@ -101,6 +102,7 @@ class WhisperRecognizerConfig:
     keyterm_prompt: bool = True
     keyterm_start: float = keyterms.START
     keyterm_continue: float = keyterms.CONTINUE
+    keyterm_rewrite: bool = True
     guard: GuardConfig = field(default_factory=GuardConfig)
     decoder_graphs: bool = False
 

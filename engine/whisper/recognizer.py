@@ -54,7 +54,7 @@ import torch
 from engine.api import SAMPLE_RATE, Transcription, Utterance
 from engine.choices import DType, Quantize
 from engine.recognizer import Interrupted, StopCheck
-from engine.whisper import context, keyterms
+from engine.whisper import context, keyterms, soundalike
 from engine.whisper.alignment import AlignmentRequest
 from engine.whisper.config import WhisperRecognizerConfig
 from engine.whisper.decoding import Decoded, read_row, token_budget
@@ -155,7 +155,10 @@ class WhisperRecognizer:
             plain = [dataclasses.replace(batch[i], prompt="", left=None, keyterms=()) for i in redo]
             for i, item in zip(redo, self._decode_in(plain, window, should_stop), strict=True):
                 decoded[i] = item
-        return [self._postprocess(item) for item in decoded]
+        return [
+            self._postprocess(self._rewritten(item, utterance.keyterms))
+            for item, utterance in zip(decoded, batch, strict=True)
+        ]
 
     def _decode_in(
         self, batch: Sequence[Utterance], window: float, should_stop: StopCheck | None
@@ -339,6 +342,24 @@ class WhisperRecognizer:
                 )
             )
         return decoded
+
+    def _rewritten(self, decoded: Decoded, terms: Sequence[str]) -> Decoded:
+        """The decoding with the keyterms written where unsure words sound like them
+        (`engine.whisper.soundalike`); its words (with timings) merged alike, if it has them."""
+        if not terms or not self.config.keyterm_rewrite or not decoded.tokens:
+            return decoded
+        timed = bool(decoded.words)
+        words = decoded.words or soundalike.token_words(
+            [self._whisper.spell(t) for t in decoded.tokens], decoded.logprobs
+        )
+        rewritten = soundalike.rewrite(words, terms)
+        if rewritten == tuple(words):
+            return decoded
+        return dataclasses.replace(
+            decoded,
+            text="".join(w.word for w in rewritten).strip(),
+            words=rewritten if timed else (),
+        )
 
     def _postprocess(self, decoded: Decoded) -> Transcription:
         verdict = self._policy.verdict(decoded)

@@ -3,11 +3,13 @@ wrong, unrelated keyterms change nothing, and a row's keyterms touch no other ro
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from bench.corpus import clips
+from bench.keyterms import speak
 from engine.api import Utterance
 from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 
@@ -15,6 +17,11 @@ pytestmark = pytest.mark.slow
 
 HESTER = "en_ls_1221-135766-0002"  # "... affected Hester Prynne less with hope ..."
 UNRELATED = ("Kubernetes", "Siobhan Nakamura", "Zephyrix")
+# bench/keyterms.py's tuning set: tiny.en writes the name as English words it is unsure of.
+RARE_SENTENCE = "Please ask Siobhan Nakamura to review the Kubernetes migration before Friday."
+RARE_VOICE = "en-us"
+RARE_TERMS = ("Siobhan", "Nakamura", "Kubernetes")
+RARE_NAME = "Kubernetes"
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +82,32 @@ def test_keyterms_stay_in_their_row_and_drafts_change_nothing(
     assert mixed[0].text == lj_alone.text
     assert mixed[1].text == alone.text
     assert mixed[2].text == alone.text
+
+
+@pytest.fixture(scope="module")
+def rewrite_only(tiny_en: Path) -> WhisperRecognizer:
+    """Neither prompt nor bonus: only the sound-alike rewrite can write a term."""
+    config = WhisperRecognizerConfig(keyterm_prompt=False, keyterm_start=0.0, keyterm_continue=0.0)
+    return WhisperRecognizer(tiny_en, config)
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng and sox")
+def test_a_name_the_model_never_saw_is_written_where_it_sounds_alike(
+    rewrite_only: WhisperRecognizer, tmp_path: Path
+) -> None:
+    """An espeak sentence with a rare name tiny.en writes as unsure English words: with
+    its keyterm the name is written in their place (one word, its timings spanning
+    theirs), without it not; the text and the words agree."""
+    audio = speak(RARE_SENTENCE, RARE_VOICE, tmp_path)
+    plain, written = rewrite_only.transcribe(
+        [
+            Utterance(audio, word_timings=True),
+            Utterance(audio, keyterms=RARE_TERMS, word_timings=True),
+        ]
+    )
+    assert RARE_NAME not in plain.text, plain.text
+    assert RARE_NAME in written.text, written.text
+    assert "".join(w.word for w in written.words).strip() == written.text
+    [name] = [w for w in written.words if w.word.strip(" .,") == RARE_NAME]
+    assert len(written.words) < len(plain.words)
+    assert name.end > name.start
