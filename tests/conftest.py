@@ -23,8 +23,14 @@ from engine.weights import resolve_model
 from store.api import Store
 from store.memory import MemoryStore
 from store.redis_store import RedisStore
-from tests.corpus import REPO
-from tests.redis_support import ManualClock, RedisServer, delete_keys, free_port, redis_answers
+from tests.support.corpus import REPO
+from tests.support.redis_support import (
+    ManualClock,
+    RedisServer,
+    delete_keys,
+    free_port,
+    redis_answers,
+)
 
 START_TIMEOUT = 300.0  # first run converts the bundled weights
 

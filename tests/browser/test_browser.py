@@ -19,7 +19,7 @@ import pytest
 
 from loadgen.wer import error_rate
 from tests.conftest import ServerProcess
-from tests.corpus import REPO, Clip, clip
+from tests.support.corpus import REPO, Clip, clip
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ import pytest
 
 from loadgen.wer import error_rate
 from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
-from tests.redis_support import free_port
+from tests.support.corpus import clip
+from tests.support.redis_support import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,8 @@ from websockets.asyncio.client import connect
 
 from loadgen.wer import error_rate
 from server.compat.deepgram import plain
-from tests.compat_clients import (
+from tests.conftest import ServerProcess
+from tests.support.compat_clients import (
     WEBSOCKETS_LEGACY,
     Received,
     b64,
@@ -29,9 +30,8 @@ from tests.compat_clients import (
     receive_openai,
     transcription_session,
 )
-from tests.conftest import ServerProcess
-from tests.corpus import clip
-from tests.wsclient import StreamResult, receive_all
+from tests.support.corpus import clip
+from tests.support.wsclient import StreamResult, receive_all
 
 pytestmark = [pytest.mark.slow, WEBSOCKETS_LEGACY]
 

@@ -19,8 +19,8 @@ from websockets.exceptions import ConnectionClosed
 
 from deploy.local import Deployment, Node
 from loadgen.wer import error_rate
-from tests.corpus import clip
-from tests.wsclient import ResumableStream
+from tests.support.corpus import clip
+from tests.support.wsclient import ResumableStream
 
 pytestmark = pytest.mark.slow
 

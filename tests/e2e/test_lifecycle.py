@@ -11,9 +11,15 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
 from tests.e2e.test_stream_e2e import scrape
-from tests.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_pcm, stream_url
+from tests.support.corpus import clip
+from tests.support.wsclient import (
+    BYTES_PER_SECOND,
+    StreamResult,
+    receive_all,
+    stream_pcm,
+    stream_url,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import pytest
 
 from loadgen.wer import error_rate
 from tests.conftest import ServerProcess
-from tests.corpus import clip
-from tests.loadgen_checks import assert_summary_matches, parse_srt, run_module
+from tests.support.corpus import clip
+from tests.support.loadgen_checks import assert_summary_matches, parse_srt, run_module
 
 pytestmark = pytest.mark.slow
 

@@ -21,12 +21,12 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from loadgen.wer import error_rate
-from tests.audiofiles import wav_header
 from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
-from tests.httpclient import HttpResponse, multipart, request
-from tests.redis_support import delete_keys
-from tests.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
+from tests.support.audiofiles import wav_header
+from tests.support.corpus import clip
+from tests.support.httpclient import HttpResponse, multipart, request
+from tests.support.redis_support import delete_keys
+from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
 
 pytestmark = pytest.mark.slow
 

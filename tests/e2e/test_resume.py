@@ -17,9 +17,15 @@ from websockets.exceptions import ConnectionClosed
 
 from loadgen.wer import error_rate
 from tests.conftest import ServerProcess, start_server
-from tests.corpus import Clip, clip
-from tests.redis_support import RedisServer
-from tests.wsclient import ResumableStream, StreamResult, receive_all, stream_pcm, stream_url
+from tests.support.corpus import Clip, clip
+from tests.support.redis_support import RedisServer
+from tests.support.wsclient import (
+    ResumableStream,
+    StreamResult,
+    receive_all,
+    stream_pcm,
+    stream_url,
+)
 
 pytestmark = pytest.mark.slow
 

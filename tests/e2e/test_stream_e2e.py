@@ -17,8 +17,8 @@ from websockets.asyncio.client import connect
 
 from loadgen.wer import error_counts, error_rate
 from tests.conftest import ServerProcess
-from tests.corpus import clip
-from tests.wsclient import StreamResult, receive_all, stream_pcm, stream_url
+from tests.support.corpus import clip
+from tests.support.wsclient import StreamResult, receive_all, stream_pcm, stream_url
 
 pytestmark = pytest.mark.slow
 

@@ -24,8 +24,8 @@ from engine.api import (
     Utterance,
 )
 from engine.scheduler import BatchScheduler, SchedulerState
-from tests.fakes import FakeRecognizer
-from tests.tasks import blocked
+from tests.support.fakes import FakeRecognizer
+from tests.support.tasks import blocked
 
 TIMEOUT = 5.0
 

@@ -9,9 +9,9 @@ import asyncio
 
 from server.state import AppState
 from store.redis_store import RedisStore
-from tests.appserver import AppServer, serve_app
-from tests.corpus import clip
-from tests.hardclient import STOP, exchange
+from tests.support.appserver import AppServer, serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP, exchange
 
 MEETINGS_PER_ROUND = 3
 

@@ -11,11 +11,11 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from engine.api import Transcription, Utterance
 from server.settings import Settings
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
-from tests.hardclient import STOP, error_of, exchange
-from tests.wsclient import StreamResult, receive_all
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.fakes import FakeRecognizer
+from tests.support.hardclient import STOP, error_of, exchange
+from tests.support.wsclient import StreamResult, receive_all
 
 
 class SlowRecognizer(FakeRecognizer):

@@ -16,8 +16,8 @@ from server.__main__ import uvicorn_config
 from server.access import Access, is_loopback, start_line
 from server.app import create_app
 from server.settings import Settings
-from tests.appserver import serve_app
-from tests.route_probe import (
+from tests.support.appserver import serve_app
+from tests.support.route_probe import (
     MEETING_ROUTES,
     OPEN_ROUTES,
     SERVED,

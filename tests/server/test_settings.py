@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from server.settings import SettingError, Settings, field_groups, markdown_table
-from tests.corpus import REPO
+from tests.support.corpus import REPO
 
 
 def test_from_env_parses_types_and_overrides() -> None:
@@ -205,7 +205,7 @@ def test_the_groups_bounds_are_the_ones_the_components_accept() -> None:
     from server.app import segmenter_config
     from session.diarizer import DiarizerConfig
     from session.segmenter import SegmenterConfig
-    from tests.fakes import FakeRecognizer
+    from tests.support.fakes import FakeRecognizer
 
     edges = Settings.from_env(
         {
@@ -328,8 +328,8 @@ async def test_a_failure_after_the_load_is_logged_and_reported_by_readyz(
     """Whatever fails in the model loader's task, after the load as well (here the
     scheduler refuses a recognizer that batches nothing), is logged with its traceback,
     and /readyz answers 503 with the reason instead of "loading" for ever."""
-    from tests.appserver import serve_app
-    from tests.fakes import FakeRecognizer
+    from tests.support.appserver import serve_app
+    from tests.support.fakes import FakeRecognizer
 
     caplog.set_level(logging.ERROR, logger="server.app")
     async with serve_app(lambda settings: FakeRecognizer(max_batch_size=0)) as server:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from engine.scheduler import BatchScheduler
-from tests.fakes import FakeRecognizer
+from tests.support.fakes import FakeRecognizer
 
 
 @pytest.fixture

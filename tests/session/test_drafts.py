@@ -3,10 +3,10 @@ as the recognizer's decoding draft (engine/greedy.py checks drafts; they never c
 
 from __future__ import annotations
 
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
-from tests.wsclient import stream_pcm
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.fakes import FakeRecognizer
+from tests.support.wsclient import stream_pcm
 
 
 async def test_partials_and_finals_carry_the_latest_partial_as_draft() -> None:

@@ -17,8 +17,8 @@ from session.final_order import CONTEXT_CHARS
 from session.services import SessionServices, offline_services
 from store.memory import MemoryStore
 from tests.conftest import StoreFactory
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
+from tests.support.corpus import clip
+from tests.support.fakes import FakeRecognizer
 
 
 class CountingScheduler(BatchScheduler):

@@ -14,10 +14,10 @@ from websockets.asyncio.client import connect
 
 from engine.weights import ModelNotInstalledError, resolve_model
 from session.language import LanguageDetector, LanguagePinned
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
-from tests.wsclient import StreamResult, receive_all, stream_pcm, stream_url
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.fakes import FakeRecognizer
+from tests.support.wsclient import StreamResult, receive_all, stream_pcm, stream_url
 
 TIMEOUT = 120.0
 MULTILINGUAL = frozenset({"en", "es", "de"})

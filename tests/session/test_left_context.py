@@ -16,9 +16,9 @@ from engine.scheduler import BatchScheduler
 from session.final_order import PendingFinal
 from session.said_before import LEFT_UTTERANCES, MAX_GAP, SaidBefore
 from session.segmenter import UtteranceEnded
-from tests.fakes import FakeRecognizer
 from tests.session.test_prompts import committer
-from tests.tasks import blocked
+from tests.support.fakes import FakeRecognizer
+from tests.support.tasks import blocked
 
 
 def utterance(index: int, start: float, seconds: float, value: float) -> UtteranceEnded:

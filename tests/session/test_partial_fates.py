@@ -18,8 +18,8 @@ from session.partial_sender import PartialSender
 from session.segmenter import PartialDue
 from session.telemetry import NullTelemetry
 from store.memory import MemoryStore
-from tests.fakes import FakeRecognizer
 from tests.session.test_prompts import committer, utterance
+from tests.support.fakes import FakeRecognizer
 
 
 class _Drops(NullTelemetry):

@@ -17,7 +17,7 @@ from session.final_order import PendingFinal
 from session.segmenter import UtteranceEnded
 from store.memory import MemoryStore
 from store.records import FinalRecord
-from tests.fakes import FakeRecognizer
+from tests.support.fakes import FakeRecognizer
 from wire.messages import ServerMessage
 
 

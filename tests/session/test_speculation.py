@@ -14,10 +14,10 @@ from engine.api import LeftContext, Priority, RecognitionRequest, Utterance
 from engine.scheduler import BatchScheduler
 from session.speculation import Speculator
 from session.telemetry import NullTelemetry
-from tests.appserver import serve_app, serving
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
-from tests.wsclient import stream_pcm
+from tests.support.appserver import serve_app, serving
+from tests.support.corpus import clip
+from tests.support.fakes import FakeRecognizer
+from tests.support.wsclient import stream_pcm
 
 TIMEOUT = 5.0
 

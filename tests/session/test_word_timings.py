@@ -16,7 +16,7 @@ from engine.whisper import WhisperRecognizer
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import offline_services
 from store.memory import MemoryStore
-from tests.corpus import clip
+from tests.support.corpus import clip
 
 pytestmark = pytest.mark.slow
 

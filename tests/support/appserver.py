@@ -20,7 +20,7 @@ from server.__main__ import uvicorn_config
 from server.app import create_app
 from server.settings import Settings
 from server.state import AppState
-from tests.fakes import FakeRecognizer
+from tests.support.fakes import FakeRecognizer
 
 START_TIMEOUT = 300.0  # a model load on a loaded 2-core box (over 60 s seen at load 24)
 
