@@ -31,8 +31,7 @@ from tests.support.redis_support import (
     free_port,
     redis_answers,
 )
-
-START_TIMEOUT = 300.0  # first run converts the bundled weights
+from tests.support.timeouts import REPLY_TIMEOUT, START_TIMEOUT
 
 
 @dataclass
@@ -56,7 +55,7 @@ class ServerProcess:
 
     def get(self, path: str) -> tuple[int, bytes]:
         try:
-            with urllib.request.urlopen(self.http_url + path, timeout=10) as response:
+            with urllib.request.urlopen(self.http_url + path, timeout=REPLY_TIMEOUT) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()

@@ -31,13 +31,14 @@ from tests.support.compat_clients import (
     transcription_session,
 )
 from tests.support.corpus import clip
+from tests.support.timeouts import S
 from tests.support.wsclient import StreamResult, receive_all
 
 pytestmark = [pytest.mark.slow, WEBSOCKETS_LEGACY]
 
 SPEED = 2.0  # × real time
 FRAME_S = 0.1
-TIMEOUT = 120.0
+TIMEOUT = 120 * S
 
 
 async def paced(pcm: bytes, rate: int, send: Callable[[bytes], Awaitable[None]]) -> None:

@@ -26,6 +26,7 @@ from tests.support.audiofiles import wav_header
 from tests.support.corpus import clip
 from tests.support.httpclient import HttpResponse, multipart, request
 from tests.support.redis_support import delete_keys
+from tests.support.timeouts import S
 from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.slow
 KEY = "key-of-tenant-n-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LEASE_S = 2.0  # PARLEY_NODE_LEASE_S: a dead node's slots and jobs settle this fast
-SETTLE_S = 60.0  # what a test waits at most for something the nodes do by themselves
+SETTLE_S = 60 * S  # what a test waits at most for something the nodes do by themselves
 JFK = clip("en_jfk")
 
 

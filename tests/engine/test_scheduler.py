@@ -26,8 +26,9 @@ from engine.api import (
 from engine.scheduler import BatchScheduler, SchedulerState
 from tests.support.fakes import FakeRecognizer
 from tests.support.tasks import blocked
+from tests.support.timeouts import EVENT_TIMEOUT
 
-TIMEOUT = 5.0
+TIMEOUT = EVENT_TIMEOUT
 
 
 def request(session: str, n: int, priority: Priority = Priority.FINAL) -> RecognitionRequest:

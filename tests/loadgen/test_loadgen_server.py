@@ -17,8 +17,9 @@ from loadgen.run import LoadSettings, run_load
 from tests.support.appserver import serve_app
 from tests.support.corpus import clip
 from tests.support.loadgen_checks import parse_srt, run_module
+from tests.support.timeouts import S
 
-TIMEOUT = 120.0
+TIMEOUT = 120 * S
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,10 @@ from engine.api import Priority, RecognitionRequest, RecognitionResult, Utteranc
 from tests.support.appserver import serve_app
 from tests.support.corpus import clip
 from tests.support.hardclient import STOP, error_of, exchange
+from tests.support.timeouts import S
 from tests.support.wsclient import StreamResult, receive_all
 
-TIMEOUT = 10.0
+TIMEOUT = 10 * S
 
 
 def broken_observer(

@@ -13,6 +13,7 @@ import pytest
 
 from server.settings import SettingError, Settings, field_groups, markdown_table
 from tests.support.corpus import REPO
+from tests.support.timeouts import S
 
 
 def test_from_env_parses_types_and_overrides() -> None:
@@ -281,7 +282,7 @@ def test_cli_help_and_docs_show_the_groups() -> None:
 
 
 # All the processes start at once and import torch; on a loaded 2-core box that is minutes.
-START_TIMEOUT = 480.0
+START_TIMEOUT = 480 * S
 
 # What create_app refuses at start (it reads files, or asks the machine), beside REFUSED.
 REFUSED_AT_START: list[tuple[str, dict[str, str]]] = [

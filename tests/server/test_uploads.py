@@ -18,9 +18,10 @@ from tests.support.appserver import serve_app
 from tests.support.corpus import REPO, clip
 from tests.support.fakes import FakeRecognizer
 from tests.support.httpclient import endless_file, get, multipart, post_form, request, upload
+from tests.support.timeouts import S
 from tests.support.wsclient import StreamResult, receive_all
 
-TIMEOUT = 30.0
+TIMEOUT = 30 * S
 
 
 @pytest.fixture(scope="module")

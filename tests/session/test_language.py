@@ -17,9 +17,10 @@ from session.language import LanguageDetector, LanguagePinned
 from tests.support.appserver import serve_app
 from tests.support.corpus import clip
 from tests.support.fakes import FakeRecognizer
+from tests.support.timeouts import S
 from tests.support.wsclient import StreamResult, receive_all, stream_pcm, stream_url
 
-TIMEOUT = 120.0
+TIMEOUT = 120 * S
 MULTILINGUAL = frozenset({"en", "es", "de"})
 
 

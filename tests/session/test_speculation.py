@@ -17,9 +17,10 @@ from session.telemetry import NullTelemetry
 from tests.support.appserver import serve_app, serving
 from tests.support.corpus import clip
 from tests.support.fakes import FakeRecognizer
+from tests.support.timeouts import EVENT_TIMEOUT
 from tests.support.wsclient import stream_pcm
 
-TIMEOUT = 5.0
+TIMEOUT = EVENT_TIMEOUT
 
 
 def utterance(n: int, draft: str = "", prompt: str = "") -> Utterance:

@@ -13,10 +13,11 @@ from store.api import QuotaClaim, Store
 from store.errors import QuotaFull
 from store.redis_store import RedisStore
 from tests.conftest import StoreFactory
+from tests.support.timeouts import S
 
 STREAMS = QuotaClaim("streams", "tenant-a", 2)
 LEASE_S = 0.3  # short, so a "dead" node's leases expire within the test
-SETTLE_S = 10.0  # how long a test waits for a lease to expire at most, on a loaded box
+SETTLE_S = 10 * S  # how long a test waits for a lease to expire at most, on a loaded box
 
 
 async def test_quota_slots_up_to_the_limit_then_full(store: Store) -> None:

@@ -27,10 +27,11 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.support.audiofiles import wav_header
 from tests.support.httpclient import multipart, request
+from tests.support.timeouts import START_TIMEOUT, S
 
 MEETING = "probe-meeting"
-READY_TIMEOUT_S = 300.0  # a first start converts the bundled weights
-ANSWER_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = START_TIMEOUT
+ANSWER_TIMEOUT_S = 30 * S
 # The routes that reach meetings (protected mode refuses them), and those open to all.
 MEETING_ROUTES = (
     "stream",
