@@ -51,9 +51,9 @@ from engine.api import SAMPLE_RATE, AudioArray, LeftContext, Utterance
 from engine.weights import resolve_model
 from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import ErrorCounts, error_counts
-from tests.conftest import start_server
 from tests.support import audiofiles
 from tests.support.httpclient import get, upload
+from tests.support.servers import start_server
 from tests.support.wsclient import stream_pcm
 
 CACHE = Path.home() / ".cache" / "parley" / "bench-quality"

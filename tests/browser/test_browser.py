@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess
 from tests.support.corpus import REPO, Clip, clip
+from tests.support.servers import ServerProcess
 from tests.support.timeouts import S
 
 pytestmark = pytest.mark.slow

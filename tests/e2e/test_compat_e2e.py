@@ -17,7 +17,6 @@ from websockets.asyncio.client import connect
 
 from loadgen.wer import error_rate
 from server.compat.deepgram import plain
-from tests.conftest import ServerProcess
 from tests.support.compat_clients import (
     WEBSOCKETS_LEGACY,
     Received,
@@ -31,6 +30,7 @@ from tests.support.compat_clients import (
     transcription_session,
 )
 from tests.support.corpus import clip
+from tests.support.servers import ServerProcess
 from tests.support.timeouts import S
 from tests.support.wsclient import StreamResult, receive_all
 

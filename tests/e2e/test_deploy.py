@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from deploy.local import Deployment, Node
 from loadgen.wer import error_rate
 from tests.support.corpus import clip
+from tests.support.servers import DRAIN_GRACE_S
 from tests.support.wsclient import ResumableStream
 
 pytestmark = pytest.mark.slow
@@ -31,7 +32,9 @@ CLIENT_IP = "127.0.0.2"  # a loopback address of its own, so the nodes can tell 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     workdir = tmp_path_factory.mktemp("deploy")
-    deployed = Deployment(workdir, nodes=3, env={"PARLEY_UPLOAD_SANDBOX": "none"})
+    deployed = Deployment(
+        workdir, nodes=3, env={"PARLEY_UPLOAD_SANDBOX": "none"}, drain_grace_s=DRAIN_GRACE_S
+    )
     try:
         deployed.start()
         yield deployed

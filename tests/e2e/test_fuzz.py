@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess
 from tests.support.appserver import AppServer, serve_app
 from tests.support.corpus import clip
 from tests.support.hardclient import RawText, bearer, exchange
+from tests.support.servers import ServerProcess
 from tests.support.wsclient import StreamResult, stream_pcm
 from wire.messages import ServerMessage
 

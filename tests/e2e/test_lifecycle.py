@@ -10,9 +10,9 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.conftest import ServerProcess, start_server
 from tests.e2e.test_stream_e2e import scrape
 from tests.support.corpus import clip
+from tests.support.servers import ServerProcess, start_server
 from tests.support.wsclient import (
     BYTES_PER_SECOND,
     StreamResult,

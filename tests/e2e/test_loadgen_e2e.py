@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess
 from tests.support.corpus import clip
 from tests.support.loadgen_checks import assert_summary_matches, parse_srt, run_module
+from tests.support.servers import ServerProcess
 from tests.support.timeouts import S
 
 pytestmark = pytest.mark.slow

@@ -21,11 +21,11 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess, start_server
 from tests.support.audiofiles import wav_header
 from tests.support.corpus import clip
 from tests.support.httpclient import HttpResponse, multipart, request
 from tests.support.redis_support import delete_keys
+from tests.support.servers import ServerProcess, start_server
 from tests.support.timeouts import S
 from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
 

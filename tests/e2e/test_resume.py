@@ -16,9 +16,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess, start_server
 from tests.support.corpus import Clip, clip
 from tests.support.redis_support import RedisServer
+from tests.support.servers import ServerProcess, start_server
 from tests.support.wsclient import (
     ResumableStream,
     StreamResult,

@@ -15,7 +15,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench.chaos import speech
-from tests.conftest import ServerProcess, start_server
+from tests.support.servers import ServerProcess, start_server
 from tests.support.wsclient import (
     BYTES_PER_SECOND,
     StreamResult,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ServerProcess, start_server
 from tests.support.corpus import clip
+from tests.support.servers import ServerProcess, start_server
 from tests.support.wsclient import stream_pcm
 
 pytestmark = pytest.mark.slow

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess, start_server
 from tests.e2e.test_stream_e2e import parse_srt
 from tests.support import audiofiles
 from tests.support.corpus import clip
 from tests.support.httpclient import endless_file, get, post_form, upload
+from tests.support.servers import ServerProcess, start_server
 from tests.support.wsclient import BYTES_PER_SECOND, stream_pcm
 
 pytestmark = pytest.mark.slow
