@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import (
     BatchFailed,
     EngineDead,
@@ -24,7 +25,6 @@ from engine.api import (
     Utterance,
 )
 from engine.scheduler import BatchScheduler, SchedulerState
-from tests.support.fakes import FakeRecognizer
 from tests.support.tasks import blocked
 from tests.support.timeouts import EVENT_TIMEOUT
 

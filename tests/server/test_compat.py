@@ -17,6 +17,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import Transcription, Utterance
 from tests.support.appserver import AppServer, serve_app, serving
 from tests.support.compat_clients import (
@@ -33,7 +34,6 @@ from tests.support.compat_clients import (
     transcription_session,
 )
 from tests.support.corpus import clip
-from tests.support.fakes import FakeRecognizer
 
 pytestmark = WEBSOCKETS_LEGACY
 

@@ -8,11 +8,11 @@ import asyncio
 import pytest
 from websockets.asyncio.client import connect
 
+from bench.fake_recognizer import FakeRecognizer
 from server.app import drain
 from server.settings import Settings
 from tests.support.appserver import serve_app
 from tests.support.corpus import clip
-from tests.support.fakes import FakeRecognizer
 from tests.support.hardclient import STOP
 from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
 

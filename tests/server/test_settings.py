@@ -202,11 +202,11 @@ def test_the_groups_bounds_are_the_ones_the_components_accept() -> None:
     """What the settings allow, the segmenter, the diarizer and the scheduler accept at
     its edges (they used to refuse such values in the model loader's task, after the
     load), and what they refuse, the settings refuse first."""
+    from bench.fake_recognizer import FakeRecognizer
     from engine.scheduler import BatchScheduler
     from server.app import segmenter_config
     from session.diarizer import DiarizerConfig
     from session.segmenter import SegmenterConfig
-    from tests.support.fakes import FakeRecognizer
 
     edges = Settings.from_env(
         {
@@ -329,8 +329,8 @@ async def test_a_failure_after_the_load_is_logged_and_reported_by_readyz(
     """Whatever fails in the model loader's task, after the load as well (here the
     scheduler refuses a recognizer that batches nothing), is logged with its traceback,
     and /readyz answers 503 with the reason instead of "loading" for ever."""
+    from bench.fake_recognizer import FakeRecognizer
     from tests.support.appserver import serve_app
-    from tests.support.fakes import FakeRecognizer
 
     caplog.set_level(logging.ERROR, logger="server.app")
     async with serve_app(lambda settings: FakeRecognizer(max_batch_size=0)) as server:

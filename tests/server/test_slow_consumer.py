@@ -10,13 +10,13 @@ import socket
 import orjson
 from websockets.asyncio.client import connect
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import Transcription, Utterance
 from server.settings import Settings
 from session.outbox import OutboxState
 from store.records import NewFinal
 from tests.support.appserver import AppServer, serve_app
 from tests.support.corpus import clip
-from tests.support.fakes import FakeRecognizer
 from tests.support.hardclient import STOP
 from tests.support.wsclient import StreamResult, receive_all, stream_url
 

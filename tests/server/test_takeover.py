@@ -9,10 +9,10 @@ import asyncio
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
+from bench.fake_recognizer import FakeRecognizer
 from server.settings import Settings
 from tests.support.appserver import serve_app
 from tests.support.corpus import clip
-from tests.support.fakes import FakeRecognizer
 from tests.support.hardclient import STOP
 from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
 

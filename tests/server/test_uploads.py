@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
+from bench.fake_recognizer import FakeRecognizer
 from tests.support import audiofiles
 from tests.support.appserver import serve_app
 from tests.support.corpus import REPO, clip
-from tests.support.fakes import FakeRecognizer
 from tests.support.httpclient import endless_file, get, multipart, post_form, request, upload
 from tests.support.timeouts import S
 from tests.support.wsclient import StreamResult, receive_all

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.scheduler import BatchScheduler
-from tests.support.fakes import FakeRecognizer
 
 
 @pytest.fixture

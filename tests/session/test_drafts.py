@@ -3,9 +3,9 @@ as the recognizer's decoding draft (engine/greedy.py checks drafts; they never c
 
 from __future__ import annotations
 
+from bench.fake_recognizer import FakeRecognizer
 from tests.support.appserver import serve_app
 from tests.support.corpus import clip
-from tests.support.fakes import FakeRecognizer
 from tests.support.wsclient import stream_pcm
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import RecognitionRequest, RecognitionResult
 from engine.scheduler import BatchScheduler
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
@@ -18,7 +19,6 @@ from session.services import SessionServices, offline_services
 from store.memory import MemoryStore
 from tests.conftest import StoreFactory
 from tests.support.corpus import clip
-from tests.support.fakes import FakeRecognizer
 
 
 class CountingScheduler(BatchScheduler):

@@ -12,11 +12,11 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.weights import ModelNotInstalledError, resolve_model
 from session.language import LanguageDetector, LanguagePinned
 from tests.support.appserver import serve_app
 from tests.support.corpus import clip
-from tests.support.fakes import FakeRecognizer
 from tests.support.timeouts import S
 from tests.support.wsclient import StreamResult, receive_all, stream_pcm, stream_url
 

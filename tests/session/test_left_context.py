@@ -11,13 +11,13 @@ import asyncio
 import numpy as np
 import pytest
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import SAMPLE_RATE, WordTiming
 from engine.scheduler import BatchScheduler
 from session.final_order import PendingFinal
 from session.said_before import LEFT_UTTERANCES, MAX_GAP, SaidBefore
 from session.segmenter import UtteranceEnded
 from tests.session.test_prompts import committer
-from tests.support.fakes import FakeRecognizer
 from tests.support.tasks import blocked
 
 

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import Priority
 from engine.scheduler import BatchScheduler
 from session.outbox import Outbox
@@ -19,7 +20,6 @@ from session.segmenter import PartialDue
 from session.telemetry import NullTelemetry
 from store.memory import MemoryStore
 from tests.session.test_prompts import committer, utterance
-from tests.support.fakes import FakeRecognizer
 
 
 class _Drops(NullTelemetry):

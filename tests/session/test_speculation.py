@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import LeftContext, Priority, RecognitionRequest, Utterance
 from engine.scheduler import BatchScheduler
 from session.speculation import Speculator
 from session.telemetry import NullTelemetry
 from tests.support.appserver import serve_app, serving
 from tests.support.corpus import clip
-from tests.support.fakes import FakeRecognizer
 from tests.support.timeouts import EVENT_TIMEOUT
 from tests.support.wsclient import stream_pcm
 

@@ -15,12 +15,12 @@ from typing import Any
 import orjson
 import uvicorn
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.recognizer import Recognizer
 from server.__main__ import uvicorn_config
 from server.app import create_app
 from server.settings import Settings
 from server.state import AppState
-from tests.support.fakes import FakeRecognizer
 from tests.support.timeouts import REPLY_TIMEOUT, START_TIMEOUT
 
 

@@ -1,13 +1,42 @@
-"""A fake recognizer for scheduler logic tests: deterministic, milliseconds, thread-safe."""
+"""The one stand-in for the speech model, typed against the engine's Recognizer protocol:
+deterministic, thread-safe, milliseconds by default. The tests drive the scheduler and the
+server with it (recording what it was asked, gating batches); `python -m bench.fake_server`
+serves with it, its model time simulated per batch.
+"""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from engine.api import Transcription, Utterance
-from engine.recognizer import Interrupted
+from engine.recognizer import Interrupted, Recognizer
+
+STEP = 0.005  # seconds between looks at `should_stop` while a batch's time is simulated
+
+
+def batch_table(text: str) -> list[tuple[int, float]]:
+    """`size:ms,...` as (size, seconds), sorted by size."""
+    points = []
+    for item in text.split(","):
+        size, _, ms = item.partition(":")
+        points.append((int(size), float(ms) / 1000))
+    if not points or any(size < 1 or seconds < 0 for size, seconds in points):
+        raise ValueError(f"a batch table is size:ms,... with sizes >= 1, not {text!r}")
+    return sorted(points)
+
+
+def table_seconds(table: Sequence[tuple[int, float]], size: int) -> float:
+    """A batch of `size`'s time by `table`: linear between its sizes; beyond its ends, the
+    end's time per row."""
+    if size <= table[0][0]:
+        return table[0][1] * size / table[0][0]
+    for (low, low_s), (high, high_s) in itertools.pairwise(table):
+        if size <= high:
+            return low_s + (high_s - low_s) * (size - low) / (high - low)
+    return table[-1][1] * size / table[-1][0]
 
 
 class FakeRecognizer:
@@ -25,6 +54,12 @@ class FakeRecognizer:
     `keyterms` its (sample count, keyterms), `timed`
     the sample count of every utterance that asked for word timings (finals do).
     `empty_on` gives an utterance of that length empty text (as the guard empties one).
+
+    A batch of n takes `batch_s` + n x `utterance_s`, or, given `table` ((size, seconds)
+    rows), the table's time interpolated between its sizes: the model's time simulated
+    with a sleep that holds no GIL (as a GPU's kernels do not), stopped within `STEP`
+    when the scheduler says stop. `record=False` keeps none of the lists above (a long
+    bench would grow them without bound).
     """
 
     def __init__(
@@ -34,8 +69,16 @@ class FakeRecognizer:
         gated: bool = False,
         languages: frozenset[str] = frozenset({"en"}),
         detects: tuple[str, float] = ("en", 1.0),
+        batch_s: float = 0.0,
+        utterance_s: float = 0.0,
+        table: Sequence[tuple[int, float]] = (),
+        record: bool = True,
     ) -> None:
         self._max_batch_size = max_batch_size
+        self._batch_s = batch_s
+        self._utterance_s = utterance_s
+        self._table = list(table)
+        self._record = record
         self._languages = languages
         self.detects = detects
         self.asked: list[str | None] = []
@@ -74,17 +117,24 @@ class FakeRecognizer:
     def warmup(self) -> None:
         return None
 
+    def seconds(self, size: int) -> float:
+        """The simulated model time of a batch of `size`."""
+        if self._table:
+            return table_seconds(self._table, size)
+        return self._batch_s + self._utterance_s * size
+
     def transcribe(
         self, batch: Sequence[Utterance], should_stop: Callable[[], bool] | None = None
     ) -> list[Transcription]:
         sizes = [len(u.audio) for u in batch]
-        self.batches.append(sizes)
-        self.asked.extend(u.language for u in batch)
-        self.drafts.extend((len(u.audio), u.draft) for u in batch)
-        self.prompts.extend((len(u.audio), u.prompt) for u in batch)
-        self.keyterms.extend((len(u.audio), u.keyterms) for u in batch)
-        self.lefts.extend(u for u in batch if u.left is not None)
-        self.timed.extend(len(u.audio) for u in batch if u.word_timings)
+        if self._record:
+            self.batches.append(sizes)
+            self.asked.extend(u.language for u in batch)
+            self.drafts.extend((len(u.audio), u.draft) for u in batch)
+            self.prompts.extend((len(u.audio), u.prompt) for u in batch)
+            self.keyterms.extend((len(u.audio), u.keyterms) for u in batch)
+            self.lefts.extend(u for u in batch if u.left is not None)
+            self.timed.extend(len(u.audio) for u in batch if u.word_timings)
         self.entered.set()
         if self.gate is not None:
             # Wait for the test to release the batch, or for the scheduler to stop it.
@@ -98,6 +148,11 @@ class FakeRecognizer:
                     self.checked.set()
                 if time.monotonic() > deadline:
                     break
+        end = time.monotonic() + self.seconds(len(batch))
+        while (left := end - time.monotonic()) > 0:
+            if should_stop is not None and should_stop():
+                raise Interrupted("stopped")
+            time.sleep(min(STEP, left))
         if self.fail_on is not None and self.fail_on in sizes:
             raise RuntimeError(f"fake failure on n={self.fail_on}")
         results = [self._result(u) for u in batch]
@@ -118,3 +173,6 @@ class FakeRecognizer:
             no_speech_prob=0.0,
             language_probability=probability,
         )
+
+
+_TYPED: type[Recognizer] = FakeRecognizer  # mypy checks it against the protocol
