@@ -155,10 +155,10 @@ class FakeRecognizer:
             time.sleep(min(STEP, left))
         if self.fail_on is not None and self.fail_on in sizes:
             raise RuntimeError(f"fake failure on n={self.fail_on}")
-        results = [self._result(u) for u in batch]
+        results = [self.result(u) for u in batch]
         return results[:-1] if self.wrong_length else results
 
-    def _result(self, utterance: Utterance) -> Transcription:
+    def result(self, utterance: Utterance) -> Transcription:
         text = "" if len(utterance.audio) == self.empty_on else f"n={len(utterance.audio)}"
         if len(self._languages) == 1:
             language, probability = next(iter(self._languages)), None

@@ -111,6 +111,7 @@ class ServerProcess:
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
         """Until /readyz says 200; raises at once if the process exits or its model fails."""
         deadline = time.monotonic() + timeout
+        delay = 0.05  # growing to 0.5 s: a loading server's /readyz answers cost it CPU
         while True:
             if not self.alive:
                 raise RuntimeError(
@@ -127,7 +128,8 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 tail = self.log()[-4000:]
                 raise TimeoutError(f"{self.name} not ready after {timeout} s:\n{tail}")
-            time.sleep(0.1)
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
         """Spawn and wait until ready; a start that fails leaves no process behind."""

@@ -470,7 +470,7 @@ async def test_busy_history_stays_bounded_without_readers_of_utilization() -> No
         for i in range(300):
             await asyncio.wait_for(await scheduler.submit(request(f"s{i}", 10)), TIMEOUT)
         assert scheduler.stats.batches == 300
-        spans = scheduler._busy.spans
+        spans = scheduler.busy.spans
         assert len(spans) <= 10, len(spans)  # 2 s window, ~0.5 s a batch
 
 

@@ -134,7 +134,7 @@ def test_a_replacement_that_cannot_load_in_time_is_killed_and_retried(
     pool = ProcessRecognizer(ModelConfig(cache=model_cache), processes=1, threads=1)
     try:
         victim = pool.health().pids[0]
-        pool._load_timeout = 0.2  # shorter than any model load: every replacement is late
+        pool.load_timeout = 0.2  # shorter than any model load: every replacement is late
         os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + SETTLE
         seen: set[int] = set()
@@ -145,7 +145,7 @@ def test_a_replacement_that_cannot_load_in_time_is_killed_and_retried(
         assert late.alive == 0 and late.restarts["died"] == 1
         given_up = seen - {victim, *late.pids}
         assert given_up and not any(Path(f"/proc/{pid}").exists() for pid in given_up)
-        pool._load_timeout = 300.0
+        pool.load_timeout = 300.0
         while pool.health().alive < 1:
             assert time.monotonic() < deadline
             time.sleep(0.05)

@@ -39,12 +39,8 @@ def _held(state: AppState) -> list[str]:
     maps = {
         "registry": len(state.registry),
         "quota leases": bool(store.quotas),
-        "listener slots (total)": state.listener_slots.total._held,
-        "store locks": store._locks._locks,
-        "store write buffer": store._buffer._per_meeting,
-        "pub/sub channels": {c for c in store._events._channels if not c.endswith(b"takeovers")},
-        "pub/sub confirmations": store._events._confirm,
-        "pub/sub tasks (unsubscribes)": store._events._tasks,
+        "listener slots (total)": state.listener_slots.total.in_use,
+        **{f"store {name}": count for name, count in store.held().items()},
     }
     return [name for name, held in maps.items() if held]
 

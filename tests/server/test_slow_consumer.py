@@ -24,8 +24,8 @@ WORDY = " word" * 200_000  # 1 MB per final: the sockets' buffers (4 MB) fill af
 
 
 class WordyRecognizer(FakeRecognizer):
-    def _result(self, utterance: Utterance) -> Transcription:
-        result = super()._result(utterance)
+    def result(self, utterance: Utterance) -> Transcription:
+        result = super().result(utterance)
         return dataclasses.replace(result, text=result.text + WORDY)
 
 

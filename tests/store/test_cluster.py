@@ -98,7 +98,7 @@ def _redis_nodes(make_store: StoreFactory, request: pytest.FixtureRequest) -> li
 
 def _stop_heartbeat(node: RedisStore) -> None:
     """The node hangs or dies: it renews nothing from now on."""
-    beat = node.quotas._beat
+    beat = node.quotas.heartbeat
     assert beat is not None
     beat.cancel()
 
