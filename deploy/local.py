@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from deploy.haproxy import HAProxy, config
-from deploy.processes import ServerProcess, free_port, http_get
+from deploy.processes import START_TIMEOUT_S, ServerProcess, free_port, http_get
 from deploy.sentinel import Sentineled
 
 DRAIN_GRACE_S = 20.0  # PARLEY_DRAIN_GRACE_S of each node (the k8s preStop waits as long)
@@ -74,14 +74,15 @@ class Deployment:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
-        """Start everything; return once each node is ready and HAProxy sees them up."""
+    def start(self, ready_timeout: float = START_TIMEOUT_S) -> None:
+        """Start everything; return once each node is ready (within `ready_timeout` s) and
+        HAProxy sees them up."""
         try:
             self.redis.start()
             for node in self.nodes:  # models load side by side
                 node.spawn()
             for node in self.nodes:
-                node.wait_ready()
+                node.wait_ready(ready_timeout)
             self.haproxy.start()
             self.wait_balanced()
         except BaseException:

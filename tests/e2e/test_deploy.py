@@ -21,6 +21,7 @@ from deploy.local import Deployment, Node
 from loadgen.wer import error_rate
 from tests.support.corpus import clip
 from tests.support.servers import DRAIN_GRACE_S
+from tests.support.timeouts import START_TIMEOUT
 from tests.support.wsclient import ResumableStream
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         workdir, nodes=3, env={"PARLEY_UPLOAD_SANDBOX": "none"}, drain_grace_s=DRAIN_GRACE_S
     )
     try:
-        deployed.start()
+        deployed.start(START_TIMEOUT)
         yield deployed
     finally:
         deployed.stop()

@@ -26,7 +26,7 @@ from tests.support.corpus import clip
 from tests.support.httpclient import HttpResponse, multipart, request
 from tests.support.redis_support import delete_keys
 from tests.support.servers import ServerProcess, start_server
-from tests.support.timeouts import S
+from tests.support.timeouts import START_TIMEOUT, S
 from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,7 @@ class Nodes:
         nodes = [start_server(env, wait=False) for _ in range(count)]
         self.started += nodes
         for node in nodes:
-            node.wait_ready()
+            node.wait_ready(START_TIMEOUT)
         return nodes
 
 
