@@ -15,7 +15,7 @@ or both: `--interim`), or as a search for the most rooms within the SLO. Every r
 one row:
 
 - rooms, partials on/off, pass/fail against the SLO (P95, lost finals, growing lag);
-- final latency P50/P95/P99 (client-side, DESIGN.md's definition), WER, lost finals;
+- final latency P50/P95/P99 (client-side: docs/protocol.md#server--client), WER, lost finals;
 - partial cadence: median time to an utterance's first partial, and partials per 2 s of
   speech (the worst room, and the median room);
 - the finals' queue wait P50/P95 (the server's own `timing.queue`), where the rest of a
@@ -66,6 +66,8 @@ from loadgen.run import (
     run_load,
     write_report,
 )
+from server.engine_plan import describe_plan, plan_engine
+from server.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -449,6 +451,8 @@ def main() -> int:
     try:
         wait_ready(url, server)
         print("settings:", " ".join(args.settings) or "(defaults)", flush=True)
+        # what the server logs when its model is ready, from the same settings
+        print(describe_plan(plan_engine(Settings.from_env(env))), flush=True)
         print(markdown([]), flush=True)
         rows = asyncio.run(measure(args, url, ServerProbe(url, server.pid)))
         (report_dir / "capacity.json").write_bytes(

@@ -30,12 +30,12 @@ import torch
 
 from bench.quality import MODELS, SETS, Track
 from bench.segments import Segment, segments
-from engine import context
 from engine.api import SAMPLE_RATE, LeftContext, Utterance
-from engine.int8 import int8_available
-from engine.weights import resolve_model
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
-from engine.whisper_config import Quantize
+from engine.choices import Quantize
+from engine.whisper import context
+from engine.whisper.int8 import int8_available
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.weights import resolve_model
 from session.said_before import LEFT_UTTERANCES, MAX_GAP
 from session.segmenter import SegmenterConfig
 from session.vad import SileroVad

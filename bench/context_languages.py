@@ -23,8 +23,8 @@ from bench.corpus import clips
 from bench.quality import MODELS
 from bench.segments import segments
 from engine.api import SAMPLE_RATE, AudioArray, Utterance
-from engine.weights import resolve_model
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.weights import resolve_model
 from loadgen.wer import CHARACTER_LANGUAGES, ErrorCounts, error_counts
 from session.said_before import SaidBefore
 from session.segmenter import SegmenterConfig

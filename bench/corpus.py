@@ -1,4 +1,4 @@
-"""The shared speech corpus (`../shared/corpus` beside the checkout): manifest and audio.
+"""The speech corpus (`shared/corpus` beside the checkout's folder): manifest and audio.
 
 Set `PARLEY_CORPUS` to read it from elsewhere. The corpus is read-only.
 """

@@ -40,11 +40,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.corpus import Clip, clips
-from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer, set_torch_threads
-from engine.scheduler import BatchScheduler
-from engine.whisper import Quantize, WhisperRecognizerConfig
-from engine.whisper_config import QUANTIZE_SCOPES, DType
+from engine.choices import QUANTIZE_SCOPES, DType
+from engine.loading import load_recognizer, set_torch_threads
+from engine.scheduling.scheduler import BatchScheduler
+from engine.whisper.recognizer import Quantize, WhisperRecognizerConfig
 from loadgen.wer import ErrorCounts, error_counts, normalize
+from server.engine_plan import scheduler_config_with
+from server.settings import ModelSettings
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import offline_services
 from store.memory import MemoryStore
@@ -76,7 +78,7 @@ async def transcribe_clips(
     recognizer.warmup()
     scheduler = BatchScheduler(
         recognizer,
-        workers=args.workers,
+        scheduler_config_with(workers=args.workers),
         worker_init=lambda: set_torch_threads(args.threads),
     )
     scheduler.start()
@@ -118,11 +120,11 @@ def differences(reference: str, hypothesis: str) -> list[tuple[str, str]]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.file_wer", description=__doc__)
-    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--model", default=ModelSettings().model)
     parser.add_argument(
         "--model-cache",
         type=Path,
-        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or DEFAULT_CACHE),
+        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or Path(ModelSettings().model_cache)),
     )
     parser.add_argument(
         "--quantize",

@@ -27,13 +27,13 @@ What `run` does:
 1. **Recognizer throughput.** For each architecture (tiny.en, base, large-v3-turbo,
    large-v3: their published dimensions; random weights, since only tiny.en's real ones
    fit in what travels) it writes a checkpoint folder and loads it through the production
-   recognizer (`engine.whisper.WhisperRecognizer`: window buckets, the lean greedy
+   recognizer (`engine.whisper.recognizer.WhisperRecognizer`: window buckets, the lean greedy
    decoder). Every row decodes a fixed token budget (8 + `--tokens-per-second` per second
    of audio: the end token is suppressed, so random weights cannot stop early or run
    long), with no loop retry. 5 s utterances, batch 1-64, in each dtype; the figure is
    the median wall time per batch and the audio seconds transcribed per wall second.
    With `--graphs both` (the default on CUDA) each dtype runs twice: decoder steps
-   eagerly and replayed from CUDA graphs (`PARLEY_DECODER_GRAPHS`, engine/step_graphs.py).
+   eagerly and replayed from CUDA graphs (`PARLEY_DECODER_GRAPHS`, engine/whisper/step_graphs.py).
    Every architecture uses tiny.en's English vocabulary and special tokens (51,864
    entries; the multilingual models have 51,865-51,866: the same cost) and its own
    mel bins (128 for large-v3 and turbo).
@@ -121,8 +121,8 @@ CLIP_MARGIN = 2**20  # left free: untracked files travel too
 
 def prepare(out: Path) -> None:
     """Fill `out` with what the GPU machine lacks: wheels, tiny.en's tokenizer, clips."""
-    from engine.loading import DEFAULT_CACHE
-    from engine.weights import resolve_model  # here only: it may convert tiny.en once
+    from engine.whisper.weights import resolve_model  # here only: it may convert tiny.en once
+    from server.settings import ModelSettings
 
     wheels = out / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
@@ -134,7 +134,7 @@ def prepare(out: Path) -> None:
     subprocess.run([*command, "-d", str(wheels), *WHEELS], check=True)
     tokenizer = out / "tokenizer"
     tokenizer.mkdir(exist_ok=True)
-    source = resolve_model("tiny.en", DEFAULT_CACHE)
+    source = resolve_model("tiny.en", Path(ModelSettings().model_cache))
     for name in TOKENIZER_FILES:
         shutil.copy2(source / name, tokenizer / name)
     pack_weights(source, out / REAL)
@@ -321,8 +321,8 @@ def throughput(
     import torch
 
     from engine.api import Utterance
-    from engine.decoding import token_budget
-    from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+    from engine.whisper.decoding import token_budget
+    from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 
     if device == "cpu":
         torch.set_flush_denormal(True)  # random weights make denormals; slow on the CPU
@@ -409,7 +409,7 @@ def serve(model: Path, port: int, tokens_per_second: float, weights: str) -> Non
     as the throughput part builds them, every text kept."""
     import uvicorn
 
-    from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+    from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
     from server.app import create_app
     from server.settings import Settings
 
@@ -425,8 +425,7 @@ def serve(model: Path, port: int, tokens_per_second: float, weights: str) -> Non
         def factory(settings: Settings) -> Any:
             config = WhisperRecognizerConfig(
                 device=settings.model.device,
-                dtype=None if settings.model.dtype == "auto" else settings.model.dtype,  # type: ignore[arg-type]
-                max_batch_size=settings.scheduler.max_batch_size,
+                dtype=None if settings.model.dtype == "auto" else settings.model.dtype,
                 max_tokens_per_second=tokens_per_second,
                 retry_loops_on_full_window=False,
             )

@@ -15,7 +15,7 @@ ones: WER against their references, and the words the terms added. Cost: the mea
 time per final with and without keyterms.
 
 Mechanisms: `prompt` (the terms in Whisper's previous-text prompt), `boost` (logit
-bonuses along the terms' token prefix tree, `engine.keyterms`), `both`.
+bonuses along the terms' token prefix tree, `engine.whisper.keyterms`), `both`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from pathlib import Path
 from bench.corpus import clips, read_wav
 from engine.api import AudioArray, Utterance
 from engine.loading import load_recognizer
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import error_counts, normalize
+from server.settings import ModelSettings
 
 TUNING: list[tuple[str, tuple[str, ...]]] = [
     (
@@ -117,7 +118,8 @@ def recognizer(mode: str, start: float, go_on: float) -> WhisperRecognizer:
         keyterm_start=start if boost else 0.0,
         keyterm_continue=go_on if boost else 0.0,
     )
-    return load_recognizer(config=config)
+    model = ModelSettings()
+    return load_recognizer(model.model, config, cache=Path(model.model_cache))
 
 
 def run(rec: WhisperRecognizer, audio: AudioArray, terms: Sequence[str]) -> tuple[str, float]:
@@ -179,7 +181,7 @@ def main() -> None:
     parser.add_argument("--show", action="store_true", help="print every transcript")
     parser.add_argument("--voices", nargs="+", default=list(VOICES), help="espeak-ng voices")
     args = parser.parse_args()
-    from engine import keyterms
+    from engine.whisper import keyterms
 
     start = keyterms.START if args.start is None else args.start  # the boost modes' bonuses
     go_on = keyterms.CONTINUE if args.go_on is None else args.go_on

@@ -1,6 +1,6 @@
 """Meeting-like mixes built at run time: real corpus speakers and espeak-ng voices in turns.
 
-- corpus mixes of 1–4 corpus speakers (../shared/corpus): each speaker's clips, cut into
+- corpus mixes of 1–4 corpus speakers (bench/corpus.py): each speaker's clips, cut into
   turns of 1–15 s at quiet points, in a random order with no speaker twice in a row,
   joined by gaps of 0.2–1 s;
 - synthetic dialogue of 1–4 espeak-ng voices (`apt-get install espeak-ng sox`), built the

@@ -48,8 +48,8 @@ import torch
 from bench.capacity import scrape
 from bench.corpus import clips
 from engine.api import SAMPLE_RATE, AudioArray, LeftContext, Utterance
-from engine.weights import resolve_model
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.weights import resolve_model
 from loadgen.wer import ErrorCounts, error_counts
 from tests.support import audiofiles
 from tests.support.httpclient import get, upload

@@ -20,7 +20,7 @@ the set, `loadgen.wer`). Variants:
   `MAX_GAP`, or `+real`: the audio as it was) if together at most SECONDS (10); with N,
   up to N previous utterances; `+prompt`: the text before them as the prompt;
   `~W` (`~own`): the context cut at a word of its text to fit a W s window (the window
-  the utterance has alone), as `engine.context.filled` cuts it; `~ownX`: the same,
+  the utterance has alone), as `engine.whisper.context.filled` cuts it; `~ownX`: the same,
   leaving X s of the window after the utterance (the margin, 1 s, by default).
 - `left`: (the first try, no guard) the previous utterance's audio and the gap before
   it in the window, its final's text forced after <|notimestamps|>, the rest decoded
@@ -43,11 +43,11 @@ import numpy as np
 import torch
 
 from bench.quality import MODELS, SETS, Offline, Track
-from engine import context
 from engine.api import SAMPLE_RATE, AudioArray, LeftContext, Utterance, WordTiming
-from engine.decoding import read_row, token_budget
-from engine.weights import resolve_model
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper import context
+from engine.whisper.decoding import read_row, token_budget
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.weights import resolve_model
 from loadgen.wer import ErrorCounts, error_counts
 from session.audio import FrameDecoder
 from session.pipeline import AudioPipeline

@@ -18,8 +18,8 @@ file-backed rest is library and model pages, touched lazily as code paths first 
 which rises in steps bounded by the files); the tasks, descriptors and keys while idle
 before the load and idle after expiry, with the store's Redis connections counted apart
 (its pools keep what the busiest moment opened: bounded by peak concurrency, not time);
-and the load generator's lost and duplicated finals. Targets (issue 16): RSS slope
-≤ 0.1 %/h, no growth in tasks, descriptors or keys. docs/performance.md has the figures.
+and the load generator's lost and duplicated finals. Targets: RSS slope ≤ 0.1 %/h, no
+growth in tasks, descriptors or keys (docs/performance.md#long-runs-memory).
 """
 
 from __future__ import annotations

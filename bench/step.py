@@ -1,13 +1,13 @@
 """What one decoder step and one encoder pass cost, by int8 scope, and whether a row's
 result depends on its batch.
 
-Five parts, one model load per `--quantize` scope (engine/whisper.py `Quantize`):
+Five parts, one model load per `--quantize` scope (engine/whisper/recognizer.py `Quantize`):
 
 - **projection**: the vocabulary projection alone (tiny.en's 51,864 × 384) through each
   kernel there is: float32, fbgemm int8 with one activation scale per call (the kernel
-  as is), int8 with scales per row (`engine.int8.Int8Linear`), fbgemm's float16 weights,
+  as is), int8 with scales per row (`engine.whisper.int8.Int8Linear`), fbgemm's float16 weights,
   `aten._weight_int8pack_mm` (int8 weights, bfloat16 activations), and the int8 shortlist
-  rescored in float32 (`engine.vocabulary.ShortlistHead`, to its greedy choice, which is
+  rescored in float32 (`engine.whisper.vocabulary.ShortlistHead`, to its greedy choice, which is
   all a step needs), on decoder states of real speech. "same alone" says whether row 0's
   output is bit for bit the same alone and in a batch of 8.
 - **step**: one decoder step (one new token per row, 24 tokens cached, the projection
@@ -49,13 +49,14 @@ from torch.nn import functional
 
 from bench.corpus import clips
 from engine.api import Utterance
-from engine.greedy import GreedyDecoder
-from engine.int8 import Int8Linear
-from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer
-from engine.vocabulary import Choice, ShortlistHead
-from engine.whisper import Quantize, WhisperRecognizer, WhisperRecognizerConfig
-from engine.whisper_config import QUANTIZE_SCOPES
+from engine.choices import QUANTIZE_SCOPES
+from engine.loading import load_recognizer
+from engine.whisper.greedy import GreedyDecoder
+from engine.whisper.int8 import Int8Linear
+from engine.whisper.recognizer import Quantize, WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.vocabulary import Choice, ShortlistHead
 from loadgen.wer import ErrorCounts, error_counts
+from server.settings import ModelSettings
 
 logger = logging.getLogger("bench.step")
 
@@ -80,11 +81,11 @@ class Settings:
 
 def parse_args(argv: Sequence[str] | None) -> Settings:
     parser = argparse.ArgumentParser(prog="python -m bench.step", description=__doc__)
-    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--model", default=ModelSettings().model)
     parser.add_argument(
         "--model-cache",
         type=Path,
-        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or DEFAULT_CACHE),
+        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or Path(ModelSettings().model_cache)),
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--quantize", nargs="+", choices=SCOPES, default=list(SCOPES))

@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from store.api import Store
 from store.memory import MemoryStore
 from store.records import NewFinal, SourceState
-from store.redis_store import RedisStore
+from store.redis.store import RedisStore
 
 
 async def timed(n: int, call: Callable[[int], Awaitable[object]]) -> list[float]:

@@ -25,9 +25,10 @@ import torch
 
 from bench.corpus import Clip, clips
 from engine.api import Utterance
-from engine.int8 import int8_available
-from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.loading import load_recognizer
+from engine.whisper.int8 import int8_available
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
+from server.settings import ModelSettings
 
 logger = logging.getLogger("bench.throughput")
 
@@ -61,13 +62,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         description="Audio seconds per wall second of the Whisper recognizer, "
         "30 s padding vs window buckets, at several batch sizes.",
     )
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="model spec (default: tiny.en)")
+    parser.add_argument("--model", default=ModelSettings().model, help="model spec")
     parser.add_argument(
         "--model-cache",
         type=Path,
-        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or DEFAULT_CACHE),
+        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or Path(ModelSettings().model_cache)),
         help="where packaged models are converted to (default: $PARLEY_MODEL_CACHE or "
-        f"{DEFAULT_CACHE})",
+        f"{Path(ModelSettings().model_cache)})",
     )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")

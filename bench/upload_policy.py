@@ -1,8 +1,8 @@
 """How an upload's scheduling policy affects live finals, with a simulated model.
 
-On a shared 2-core box the real model's speed swings with whatever else runs, which
+On a shared machine the real model's speed swings with whatever else runs, which
 drowns the effect being measured. Here the recognizer *sleeps* for what a batch would
-cost (the cost model follows DESIGN.md's CPU figures: a fixed part plus a part per
+cost (a CPU's cost model: a fixed part plus a part per
 utterance, scaled by the encoder window the batch's longest utterance needs), so model
 time is deterministic and uses no CPU, while everything else is real: the server, the
 live rooms' WebSockets and VAD, the upload's decoder, VAD and scheduler traffic.

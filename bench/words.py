@@ -21,11 +21,12 @@ from typing import Any
 import torch
 
 from bench.corpus import clips
-from engine import alignment
 from engine.api import Utterance, WordTiming
-from engine.int8 import int8_available
-from engine.loading import DEFAULT_CACHE, DEFAULT_MODEL, load_recognizer
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.loading import load_recognizer
+from engine.whisper import alignment
+from engine.whisper.int8 import int8_available
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
+from server.settings import ModelSettings
 
 ENGLISH = ("en_ls_", "en_jfk", "en_lj_LJ0")
 
@@ -56,11 +57,11 @@ def one_pass(recognizer: WhisperRecognizer, audio: Sequence[Any], size: int, wor
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.words", description=__doc__)
-    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--model", default=ModelSettings().model)
     parser.add_argument(
         "--model-cache",
         type=Path,
-        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or DEFAULT_CACHE),
+        default=Path(os.environ.get("PARLEY_MODEL_CACHE") or Path(ModelSettings().model_cache)),
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)

@@ -22,13 +22,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import torch
 
 from bench.corpus import clips
 from engine.api import Utterance
-from engine.loading import DEFAULT_MODEL, load_recognizer
-from engine.whisper import WhisperRecognizer
+from engine.loading import load_recognizer
+from engine.whisper.recognizer import WhisperRecognizer
+from server.settings import ModelSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +69,7 @@ def _process_main(
     model: str, batch_size: int, offset: int, start: float, seconds: float, out: Connection
 ) -> None:
     torch.set_num_threads(1)
-    recognizer = load_recognizer(model)
+    recognizer = load_recognizer(model, cache=Path(ModelSettings().model_cache))
     recognizer.warmup()
     pool = drafted(recognizer, utterances())
     batch = [pool[(offset + i) % len(pool)] for i in range(batch_size)]
@@ -125,13 +127,14 @@ def line(label: str, batch_size: int, results: Sequence[Result], seconds: float)
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--model", default=ModelSettings().model)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--seconds", type=float, default=30.0, help="per configuration")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.workers)
-    recognizers = [load_recognizer(args.model) for _ in range(args.workers)]
+    cache = Path(ModelSettings().model_cache)
+    recognizers = [load_recognizer(args.model, cache=cache) for _ in range(args.workers)]
     for recognizer in recognizers:
         recognizer.warmup()
     pool = drafted(recognizers[0], utterances())

@@ -48,7 +48,7 @@ class LeftContext:
     text: str
     shorter: LeftContext | None = None
     # The text's words, times in seconds from the start of `audio` (empty: not known):
-    # where a recognizer may cut the context short at a word (`engine.context.filled`).
+    # where a recognizer may cut the context short at a word (`engine.whisper.context.filled`).
     words: tuple[WordTiming, ...] = ()
     # The utterance goes on from this audio without a pause (a client cut the speech
     # there): alone it would start inside a word, so a scheduler under load keeps it.
@@ -81,7 +81,7 @@ class Utterance:
     window, a smaller token budget) and, where a final would be decoded again (a loop),
     keep what it read before it looped, or give it empty text.
     `keyterms` are words the source expects (names, products, jargon), as they should be
-    written: a recognizer favours them where the audio allows (`engine.keyterms`), and
+    written: a recognizer favours them where the audio allows (`engine.whisper.keyterms`), and
     never writes one that was not said. Empty: none.
     """
 

@@ -12,27 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from engine.choices import DType, DTypeChoice, PartialQuantizeChoice, Quantize, QuantizeChoice
 from engine.cpus import available_cpus
 from engine.recognizer import Recognizer
 
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
-
-DEFAULT_MODEL = "tiny.en"
-DEFAULT_CACHE = Path("~/.cache/parley/models")
-
-DType = Literal["auto", "float32", "float16", "bfloat16"]
-# What runs in int8 (engine/whisper_config.py `Quantize`, repeated here so that importing
-# this module does not import torch); `auto`: `int8-shortlist` where the model runs on the
-# CPU in float32 and the int8 kernels exist, else none.
-Quantize = Literal["auto", "none", "int8-shortlist", "int8-decoder", "int8"]
+    from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """Which model to load and how to run it.
+    """Which model to load and how to run it. No defaults: the server's settings are the
+    one source of them (`server.engine_plan.model_config`), for benches and tests too.
 
     `model` is a packaged name (`tiny.en`, `base`), a Hugging Face Whisper folder, or a
     hub id already in the local hub cache. Packaged models are converted once into
@@ -44,22 +37,21 @@ class ModelConfig:
     each with `torch_threads` threads (0: those CPUs shared out among the workers).
     """
 
-    model: str = DEFAULT_MODEL
-    cache: Path = DEFAULT_CACHE
-    device: str = "auto"  # or "cpu", "cuda", "cuda:1"
-    dtype: DType = "auto"
-    encoder_dtype: DType = "auto"
-    quantize: Quantize = "auto"
-    partial_quantize: Literal["auto", "same", "int8-decoder"] = "auto"
-    drafts: bool = True
-    prompt_tokens: int = 0  # previous text kept as each utterance's prompt; 0: none
-    context_window: float = 20.0  # longest window a left context may fill (seconds)
-    context_own_window: bool = False  # a left context only fills the utterance's own window
-    word_timings: bool = True
-    decoder_graphs: bool = False  # CUDA graphs for decoder steps (`engine.step_graphs`)
-    workers: int = 0
-    torch_threads: int = 0
-    max_batch_size: int = 16
+    model: str
+    cache: Path
+    device: str  # "auto", "cpu", "cuda", "cuda:1"
+    dtype: DTypeChoice
+    encoder_dtype: DTypeChoice
+    quantize: QuantizeChoice
+    partial_quantize: PartialQuantizeChoice
+    drafts: bool
+    prompt_tokens: int  # previous text kept as each utterance's prompt; 0: none
+    context_window: float  # longest window a left context may fill (seconds)
+    context_own_window: bool  # a left context only fills the utterance's own window
+    word_timings: bool
+    decoder_graphs: bool  # CUDA graphs for decoder steps (`engine.whisper.step_graphs`)
+    workers: int
+    torch_threads: int
 
 
 def resolve_device(config: ModelConfig) -> str:
@@ -71,15 +63,13 @@ def resolve_device(config: ModelConfig) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def resolve_quantize(
-    config: ModelConfig, device: str
-) -> Literal["none", "int8-shortlist", "int8-decoder", "int8"]:
+def resolve_quantize(config: ModelConfig, device: str) -> Quantize:
     """The int8 scope: the configured one, or for `auto` on the CPU in float32 the int8
-    shortlist of the vocabulary projection (float32's tokens, decoder steps about twice as
-    fast: docs/performance.md), nothing elsewhere."""
+    shortlist of the vocabulary projection (float32's tokens from faster decoder steps:
+    docs/performance.md#the-models-arithmetic), nothing elsewhere."""
     if config.quantize != "auto":
         return config.quantize
-    from engine.int8 import int8_available
+    from engine.whisper.int8 import int8_available
 
     cpu_float32 = device == "cpu" and config.dtype in ("auto", "float32")
     return "int8-shortlist" if cpu_float32 and int8_available() else "none"
@@ -87,8 +77,8 @@ def resolve_quantize(
 
 def resolve_partial_quantize(config: ModelConfig, device: str) -> Literal["int8-decoder"] | None:
     """The int8 scope partials decode with (None: the finals'): the configured one, or for
-    `auto` `int8-decoder` where finals use `int8-shortlist` (partials ~15 % cheaper: a
-    step reads a quarter of the layers' bytes: docs/performance.md, "Partials in int8")."""
+    `auto` `int8-decoder` where finals use `int8-shortlist` (cheaper partials: a step reads
+    a quarter of the layers' bytes: docs/performance.md#the-models-arithmetic)."""
     if config.partial_quantize == "same":
         return None
     if config.partial_quantize == "int8-decoder":
@@ -96,12 +86,10 @@ def resolve_partial_quantize(config: ModelConfig, device: str) -> Literal["int8-
     return "int8-decoder" if resolve_quantize(config, device) == "int8-shortlist" else None
 
 
-def resolve_encoder_dtype(
-    config: ModelConfig, device: str
-) -> Literal["float32", "float16", "bfloat16"] | None:
+def resolve_encoder_dtype(config: ModelConfig, device: str) -> DType | None:
     """The encoder's dtype (None: the model's): the configured one, or for `auto` bfloat16
     on a CPU that multiplies bfloat16 natively, where it runs a float32 model's encoder
-    ~1.5-1.8x faster (docs/performance.md, "The encoder in bfloat16"), the model's
+    faster at the same WER (docs/performance.md#the-models-arithmetic), the model's
     elsewhere and under `int8` (which quantizes the encoder)."""
     if config.encoder_dtype != "auto":
         return config.encoder_dtype
@@ -126,7 +114,8 @@ def worker_plan(config: ModelConfig) -> tuple[int, int]:
     """(model workers, torch threads for each). On the CPU one worker per CPU this process
     may use (`engine.cpus`: affinity and cgroup quota, not the host's count) with one
     thread each: a decoder step is ~150 small operations that a second thread hardly
-    speeds up, while a second worker runs a second batch (docs/performance.md). On cuda
+    speeds up, while a second worker runs a second batch
+    (docs/performance.md#workers-and-batches). On cuda
     one worker: the GPU batches rows; more workers would only contend for it."""
     cores = available_cpus()
     workers = config.workers or (cores if resolve_device(config) == "cpu" else 1)
@@ -145,7 +134,7 @@ def load_whisper(config: ModelConfig) -> Recognizer:
     """The default recognizer: Whisper through torch + transformers."""
     import torch
 
-    from engine.whisper import WhisperRecognizerConfig
+    from engine.whisper.recognizer import WhisperRecognizerConfig
 
     # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
     # This is the loading thread's count; each model worker sets its own (`worker_plan`).
@@ -155,7 +144,6 @@ def load_whisper(config: ModelConfig) -> Recognizer:
         device=device,
         dtype=None if config.dtype == "auto" else config.dtype,
         encoder_dtype=resolve_encoder_dtype(config, device),
-        max_batch_size=config.max_batch_size,
         quantize=resolve_quantize(config, device),
         partial_quantize=resolve_partial_quantize(config, device),
         drafts=config.drafts,
@@ -171,13 +159,10 @@ def load_whisper(config: ModelConfig) -> Recognizer:
 
 
 def load_recognizer(
-    spec: str = DEFAULT_MODEL,
-    config: WhisperRecognizerConfig | None = None,
-    *,
-    cache: Path = DEFAULT_CACHE,
+    spec: str, config: WhisperRecognizerConfig | None = None, *, cache: Path
 ) -> WhisperRecognizer:
     """`resolve_model(spec, cache)` (converting a packaged model once), as a recognizer."""
-    from engine.weights import resolve_model
-    from engine.whisper import WhisperRecognizer
+    from engine.whisper.recognizer import WhisperRecognizer
+    from engine.whisper.weights import resolve_model
 
     return WhisperRecognizer(resolve_model(spec, cache), config, name=spec)

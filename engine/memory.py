@@ -3,7 +3,7 @@
 The model's activations are large, short-lived buffers that glibc keeps once freed, so a
 process that runs the model holds the high-water mark of its busiest moment unless it
 trims now and then (server/memory_trim.py has the measurements). The server's process
-trims on a timer; a model worker process (`engine.worker_processes`) trims between
+trims on a timer; a model worker process (`engine.workers.processes`) trims between
 batches.
 """
 

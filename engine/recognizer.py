@@ -28,11 +28,6 @@ class Recognizer(Protocol):
         ...
 
     @property
-    def max_batch_size(self) -> int:
-        """The largest batch this recognizer should be given."""
-        ...
-
-    @property
     def languages(self) -> frozenset[str]:
         """The ISO 639-1 codes it transcribes: `{'en'}` for an English-only model."""
         ...

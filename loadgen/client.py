@@ -3,10 +3,10 @@
 `stream_source` connects one `…/stream` socket, waits for `session.started`, sends the
 track in fixed-size binary frames paced at `speed` x real time (or as fast as the socket
 takes them), then `finalize` and `stop`, and reads until `session.ended`. It records the
-wall time at which every frame left (`SendClock`), so that each partial and final gets
-its latency as DESIGN.md defines it: receive time - time the audio at its `end` was sent.
-It never raises for anything the server or the network does: the outcome lands in the
-`SourceLog` (`failure` is None for a clean session).
+wall time at which every frame left (`SendClock`), so that each partial and final gets its
+latency as docs/protocol.md#server--client defines it: receive time - time the audio at
+its `end` was sent. It never raises for anything the server or the network does: the
+outcome lands in the `SourceLog` (`failure` is None for a clean session).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ CORPUS_ENV = "PARLEY_CORPUS"
 
 
 def default_corpus_dir() -> Path:
-    """$PARLEY_CORPUS, else `../shared/corpus` beside the repository root."""
+    """$PARLEY_CORPUS, else the folder `shared/corpus` beside the checkout's own folder."""
     if env := os.environ.get(CORPUS_ENV):
         return Path(env)
     return Path(__file__).resolve().parents[1].parent / "shared" / "corpus"

@@ -59,7 +59,7 @@ def default_participants(files: Sequence[Path]) -> list[str]:
 def transcript(meeting_id: str, finals: Sequence[TranscriptFinal], fmt: TranscriptFormat) -> str:
     """The transcript rendered as the server's `GET .../transcript` renders it.
 
-    Ordered by audio time, as DESIGN.md defines a meeting's transcript: `render` puts
+    Ordered by audio time (docs/protocol.md#one-meeting-timeline): `render` puts
     finals that carry `wall_time` in meeting time (wire/timeline.py); finals without it
     (an older server) by `start`, then `seq`. With several tracks, `seq` order is the
     order finals were ready.

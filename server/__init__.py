@@ -5,6 +5,7 @@ import os
 # One BLAS thread per calling thread, set before numpy loads OpenBLAS. Otherwise every
 # numpy matrix product (speaker embeddings' mel spectra, re-clustering) starts a thread
 # per core that spins beside the model workers, which already use every core: embedding
-# 120 s of audio took 2.43 s of the process's CPU with OpenBLAS's default threads, 1.01 s
-# with one (docs/performance.md, "Diarization"). An operator's own setting wins.
+# took over twice the process's CPU with OpenBLAS's default threads
+# (docs/history/2026-12-01-diarization.md#diarization-speaker-labels). An operator's own
+# setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

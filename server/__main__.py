@@ -21,12 +21,12 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from server.access import trusted_proxies
 from server.app import RecognizerFactory, create_app, drain, whisper_recognizer
+from server.auth.access import trusted_proxies
 from server.logs import configure
-from server.sandbox import SandboxUnavailable
 from server.settings import Settings
 from server.state import AppState
+from server.uploads.sandbox import SandboxUnavailable
 
 # uvicorn's sans-I/O implementation over the websockets library: what `--ws auto` picks,
 # and what `--ws websockets` will point at (the legacy implementation is deprecated). It
@@ -49,7 +49,7 @@ def uvicorn_config(app: Starlette, settings: Settings, **overrides: Any) -> uvic
         "ws_ping_interval": settings.streams.ws_ping_interval_s,
         "ws_ping_timeout": settings.streams.ws_ping_timeout_s,
         # The client address protected mode and uploads judge: X-Forwarded-For counts only
-        # from these peers (uvicorn's proxy-headers middleware; server/access.py).
+        # from these peers (uvicorn's proxy-headers middleware; server/auth/access.py).
         "proxy_headers": True,
         "forwarded_allow_ips": trusted_proxies(settings.auth.trusted_proxies),
         "lifespan": "on",

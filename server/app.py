@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.resources
 import logging
 from collections.abc import AsyncIterator, Callable
 from functools import partial
@@ -19,31 +20,29 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from engine.loading import (
-    ModelConfig,
-    load_whisper,
-    resolve_device,
-    set_torch_threads,
-    worker_plan,
-)
+from engine.loading import load_whisper, set_torch_threads
 from engine.recognizer import Recognizer
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
-from engine.worker_processes import ProcessRecognizer, in_processes
-from server import rest, speakers_api, stream, uploads
-from server.access import start_line
-from server.auth import build_authenticator
+from engine.workers.processes import ProcessRecognizer, in_processes
+from server.auth.access import start_line
+from server.auth.keys import build_authenticator
+from server.auth.tokens import open_tokens
 from server.compat import routes as compat_routes
-from server.jobs import JobRegistry
+from server.engine_plan import describe_plan, plan_engine
+from server.http import rest
+from server.http import speakers as speakers_api
 from server.limits import CapacityMonitor, ListenerQuota, Slots
 from server.memory_trim import trim_memory_forever
 from server.metrics import Metrics
 from server.registry import SessionRegistry
-from server.sandbox import SandboxMode, open_sandbox
 from server.settings import SettingError, Settings
+from server.sockets import listeners, stream
+from server.sockets.takeovers import watch_takeovers
 from server.state import AppState, ModelState
-from server.takeovers import watch_takeovers
-from server.tokens import open_tokens
+from server.uploads import routes as uploads
+from server.uploads.jobs import JobRegistry
+from server.uploads.sandbox import SandboxMode, open_sandbox
 from session.actor import CLOSE_TIMEOUT
 from session.diarizer import DiarizerConfig
 from session.segmenter import SegmenterConfig
@@ -57,50 +56,19 @@ logger = logging.getLogger(__name__)
 RecognizerFactory = Callable[[Settings], Recognizer]
 
 
-def model_config(settings: Settings) -> ModelConfig:
-    model, context = settings.model, settings.context
-    return ModelConfig(
-        model=model.model,
-        cache=Path(model.model_cache),
-        device=model.device,
-        dtype=model.dtype,  # type: ignore[arg-type]  # ModelSettings checked the value
-        encoder_dtype=model.encoder_dtype,  # type: ignore[arg-type]  # checked too
-        quantize=model.quantize,  # type: ignore[arg-type]  # checked too
-        partial_quantize=model.partial_quantize,  # type: ignore[arg-type]  # checked too
-        drafts=model.drafts,
-        prompt_tokens=context.prompt_tokens,
-        context_window=context.context_window_s,
-        context_own_window=context.context_own_window,
-        word_timings=model.word_timings,
-        decoder_graphs=model.decoder_graphs,
-        workers=model.model_workers,
-        torch_threads=model.torch_threads,
-        max_batch_size=settings.scheduler.max_batch_size,
-    )
-
-
 def whisper_recognizer(settings: Settings) -> Recognizer:
     """The default recognizer (blocking): Whisper, as the settings say, in worker
     processes (`PARLEY_MODEL_PROCESSES`) or in this one."""
-    config = model_config(settings)
-    if in_processes(settings.model.model_processes, config):  # type: ignore[arg-type]  # checked
-        workers, threads = worker_plan(config)
+    plan = plan_engine(settings)
+    if in_processes(settings.model.model_processes, plan.model):
         return ProcessRecognizer(
-            config,
-            workers,
-            threads,
+            plan.model,
+            plan.workers,
+            plan.threads,
             settings.server.malloc_trim_interval_s,
             hang_after=settings.model.worker_hang_s,
         )
-    return load_whisper(config)
-
-
-def flat_batches(settings: Settings) -> bool:
-    """Whether a batch costs about what one row does (`PARLEY_BATCH_COST`; auto: on CUDA)."""
-    cost = settings.scheduler.batch_cost
-    if cost == "auto":
-        return resolve_device(model_config(settings)) == "cuda"
-    return cost == "flat"
+    return load_whisper(plan.model)
 
 
 def segmenter_config(settings: Settings) -> SegmenterConfig:
@@ -154,21 +122,10 @@ async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
         else DirectScorer(vad_model)
     )
     state.file_vad = DirectScorer(vad_model)  # uploads score runs of windows, unbatched
-    workers, threads = worker_plan(model_config(settings))
-    batching, context = settings.scheduler, settings.context
+    plan = plan_engine(settings)
+    context = settings.context
     scheduler = BatchScheduler(
-        recognizer,
-        workers=workers,
-        max_batch_size=batching.max_batch_size,
-        max_partial_batch=batching.max_partial_batch,
-        max_wait=batching.batch_wait_ms / 1000,
-        max_queue=batching.max_queue,
-        partial_share=batching.partial_share,
-        partial_wait=batching.partial_wait_ms / 1000,
-        context_below=context.context_gate,
-        context_budget=context.context_budget,
-        flat_batches=flat_batches(settings),
-        worker_init=partial(set_torch_threads, threads),
+        recognizer, plan.scheduler, worker_init=partial(set_torch_threads, plan.threads)
     )
     services = SessionServices(
         scheduler=scheduler,
@@ -196,11 +153,10 @@ async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
     state.services = services
     state.model_state = ModelState.READY
     logger.info(
-        "model %s ready: %d workers (%s), %d torch threads each",
+        "model %s ready in %s; %s",
         recognizer.name,
-        workers,
         "processes" if isinstance(recognizer, ProcessRecognizer) else "threads",
-        threads,
+        describe_plan(plan),
     )
 
 
@@ -319,7 +275,7 @@ def create_app(
 
     routes: list[BaseRoute] = [
         WebSocketRoute("/v1/meetings/{meeting_id}/stream", stream.stream_endpoint),
-        WebSocketRoute("/v1/meetings/{meeting_id}/events", stream.events_endpoint),
+        WebSocketRoute("/v1/meetings/{meeting_id}/events", listeners.events_endpoint),
         WebSocketRoute("/v1/listen", compat_routes.listen_endpoint),  # Deepgram live
         WebSocketRoute("/v1/realtime", compat_routes.realtime_endpoint),  # OpenAI realtime
         Route("/v1/meetings/{meeting_id}/transcript", rest.transcript, methods=["GET"]),
@@ -341,15 +297,18 @@ def create_app(
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-SOURCE_TREE = Path(__file__).resolve().parent.parent  # the folder that holds server/
+# The installed `server` package: its `static/` is the browser client that ships with it
+# (package data in the wheel, the folder itself in a checkout or an editable install).
+PACKAGE = Path(str(importlib.resources.files("server")))
 
 
 def browser_client_dir(setting: str) -> Path | None:
     """The folder `PARLEY_STATIC_DIR` names: as given, or, when relative and not found
-    under the working directory, under the source tree (`make run` from another folder
-    still serves the page); None, with a warning, where neither exists."""
+    under the working directory, inside the installed `server` package (the default,
+    `static`, is the page shipped with it, served from any working directory); None, with
+    a warning, where neither exists."""
     given = Path(setting)
-    candidates = [given] if given.is_absolute() else [given, SOURCE_TREE / given]
+    candidates = [given] if given.is_absolute() else [given, PACKAGE / given]
     for folder in candidates:
         if folder.is_dir():
             return folder

@@ -8,7 +8,7 @@
   to authenticate (1013), listeners in all (1013). `StreamSlot` (streams per tenant,
   4429) and `ListenerQuota` (listeners per meeting and per tenant, 4429) hold leases in
   the store's quotas: with Redis they count across every node, and a dead node's
-  expire with its lease (store/redis_leases.py).
+  expire with its lease (store/redis/leases.py).
 - `CapacityMonitor` watches the scheduler: when finals have recently waited too long for
   the model, or a full batch of finals is queued, new streams are refused with 1013.
   Partials are not a signal: they fill whatever the model has spare and thin out first.
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.stream_state import Connection
 from store.api import Lease, QuotaClaim, Quotas
 from store.errors import QuotaFull, StoreError

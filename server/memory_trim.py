@@ -1,20 +1,9 @@
-"""Give freed heap memory back to the OS now and then (glibc `malloc_trim`).
+"""Give freed heap memory back to the OS every `interval` seconds (glibc `malloc_trim`).
 
-The model's activations are large, short-lived buffers of many sizes (an encoder pass
-on a 10 s window allocates attention scores of ~6 MB; a decoder step a few hundred KB of
-logits). glibc serves them from its arenas once its dynamic mmap threshold has risen
-past their size, and keeps the freed pages: a server's RSS climbs for minutes in steps
-and then stays at the high-water mark of its busiest moment, although nothing is live.
-On the corpus through the file path (docs/performance.md, "Long runs"), the RSS rose from
-~870 to 1,018 MiB in five passes and stayed there; with a `malloc_trim(0)` after each
-pass it stayed at ~757 MiB, and with a fixed mmap threshold of 128 KiB at ~740 MiB but
-each pass took ~30 % longer (every large buffer mmapped, page-faulted and unmapped).
-
-`trim_memory_forever` calls `malloc_trim(0)` every `interval` seconds in a worker thread
-(ctypes releases the GIL for the call; it takes a few milliseconds and never blocks the
-event loop). On a C library without `malloc_trim` (musl, macOS) it does nothing. Model
-workers that run as processes (`engine.worker_processes`) trim their own heaps, where
-the activations live, on the same interval.
+glibc keeps the pages of the model's large, short-lived buffers, so without it the RSS
+stays at its busiest moment's peak (docs/performance.md#long-runs-memory). The call runs
+in a thread (a few ms, the GIL released); without `malloc_trim` (musl, macOS) it does
+nothing. Worker processes trim their own heaps (`engine.workers.processes`).
 """
 
 from __future__ import annotations

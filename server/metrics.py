@@ -21,8 +21,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult
-from engine.scheduler import BatchScheduler
-from engine.worker_processes import RESTART_REASONS, WorkerHealth
+from engine.scheduling.scheduler import BatchScheduler
+from engine.workers.processes import RESTART_REASONS, WorkerHealth
 from session.vad import VadScorer
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

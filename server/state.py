@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from starlette.requests import HTTPConnection
 
 from engine.recognizer import Recognizer
-from engine.scheduler import BatchScheduler
-from engine.worker_processes import ProcessRecognizer, WorkerHealth
-from server.auth import Authenticator
-from server.jobs import JobRegistry
+from engine.scheduling.scheduler import BatchScheduler
+from engine.workers.processes import ProcessRecognizer, WorkerHealth
+from server.auth.keys import Authenticator
 from server.limits import CapacityMonitor, ListenerQuota, Slots
 from server.metrics import Metrics
 from server.registry import SessionRegistry
 from server.settings import Settings
+from server.uploads.jobs import JobRegistry
 from session.services import SessionServices
 from session.vad import VadScorer
 from store.api import Store

@@ -9,12 +9,12 @@ during a file batch waits for that small batch only; and while rooms are open th
 takes only `model_share()` of the model's time, pausing after each result, so a live
 final often finds the model idle. Results are committed in utterance order.
 
-VAD runs on the event loop in slices of SLICE_WINDOWS windows with a yield between
-them. bench/upload_vad.py on the 2-core box (quiet): ~0.6 ms a slice, ~230x real time,
-event-loop lag p99 ~1.6 ms; in a thread the GIL's 5 ms switch interval gave p99
-~3.3 ms at the same throughput. It scores through its own DirectScorer, not the live
-rooms' VadBatcher: a file's many windows would lengthen every batched turn (with the
-batcher's first, 10 ms-tick version a file crawled at 11-51x real time).
+VAD runs on the event loop in slices of SLICE_WINDOWS windows with a yield between them
+(bench/upload_vad.py measures a slice, the throughput and the event loop's lag); in a
+thread the GIL's 5 ms switch interval doubled the lag at the same throughput. It scores
+through its own DirectScorer, not the live rooms' VadBatcher: a file's many windows would
+lengthen every batched turn (with the batcher's first, 10 ms-tick version a file crawled
+at 11-51x real time).
 
 The file goes through the live path's steps (session/pipeline.py: decode → VAD →
 segmenter; session/committer.py: requests, results, language, log): a file without a

@@ -1,7 +1,7 @@
 """Per-source language detection for `language=auto`: decide once, then pin (sans-I/O).
 
 The recognizer detects the language of every utterance that does not pin one, at no
-extra model cost (see `engine.whisper`). A source's first utterances are therefore each
+extra model cost (see `engine.whisper.recognizer`). A source's first utterances are therefore each
 detected on their own; `LanguageDetector` takes their results in utterance order and
 says when to pin: at the first utterance detected with at least `confidence`, or else
 after `max_utterances` utterances, the language with the largest summed probability. A

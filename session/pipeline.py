@@ -31,7 +31,7 @@ from session.vad import WINDOW, VadScorer, VadState, VadStream
 FloatArray = npt.NDArray[np.float32]
 
 ENDED_KEPT = 16  # utterances whose end's VAD state waits to be taken
-SLICE_SAMPLES = 16 * WINDOW  # VAD windows scored between two yields (~3 ms on this box)
+SLICE_SAMPLES = 16 * WINDOW  # VAD windows scored between two yields (a few ms)
 
 
 def seconds(sample: int) -> float:

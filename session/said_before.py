@@ -1,16 +1,16 @@
-"""What a source said just before an utterance: its left context (`engine.context`).
+"""What a source said just before an utterance: its left context (`engine.whisper.context`).
 
 Each final may carry its source's previous utterances' audio and final text
 (`Utterance.left`), so the model hears them in the same window ahead of the utterance: on
-a synthetic dialogue per-utterance decoding lost 6 WER points to long-form decoding for
-want of it (docs/performance.md). `SaidBefore` keeps the last `LEFT_UTTERANCES` committed
+a synthetic dialogue per-utterance decoding lost to long-form decoding for want of it
+(docs/performance.md#left-context). `SaidBefore` keeps the last `LEFT_UTTERANCES` committed
 utterances with text and gives the context of the next: those of them just before it (no
 utterance between them left out), as many as fit the limit, each followed by the gap
 after it. The gaps are silence to the VAD and go in as zeros, at most `MAX_GAP` each (the
 model needs no more to hear a pause; it keeps the window short). The context of two
 utterances carries that of the last one alone (`LeftContext.shorter`), for a recognizer
 that has room for one only. The context's words carry the finals' word timings moved
-onto its audio, so a recognizer may keep only its last words (`engine.context.filled`).
+onto its audio, so a recognizer may keep only its last words (`engine.whisper.context.filled`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from engine.api import SAMPLE_RATE, LeftContext, WordTiming
 
 FloatArray = npt.NDArray[np.float32]
 
-LEFT_UTTERANCES = 2  # more did no better on the dialogue (docs/performance.md)
+LEFT_UTTERANCES = 2  # more did no better on the dialogue (docs/performance.md#left-context)
 MAX_GAP = 1.5  # seconds of silence kept after each utterance of the context
 
 

@@ -140,16 +140,16 @@ class VadBatcher:
 
     Requests made during one turn of the loop (every reader woken by the same poll of
     the sockets) are scored together at the start of the next turn, or once
-    `max_streams` have come. With `max_delay` > 0 a batch waits up to that long for
-    more streams' frames instead (real-time streams send a frame every 20-100 ms, so a
-    turn rarely holds more than one: 1.1 windows per call at 16 rooms, 3.5 with 10 ms,
-    docs/performance.md), except when a request's stream was in the last batch: it is
-    back before any other stream was scored (a replay faster than real time, a burst
-    after a stall, a lone stream), and waiting would only cap it at one frame per
-    `max_delay`, so the batch goes at the next turn. Step t of a batch scores the t-th
-    window of every request that has one, so each stream's recurrent state still
-    advances in order. Runs on the event loop: one batched call costs far less than
-    one call per stream (0.21 ms for one window, 0.35 ms for four, 1.0 ms for sixteen).
+    `max_streams` have come. With `max_delay` > 0 a batch waits up to that long for more
+    streams' frames instead (real-time streams send a frame every 20-100 ms, so a turn
+    rarely holds more than one; docs/performance.md#endpoint-and-vad), except when a
+    request's stream was in the last batch: it is back before any other stream was
+    scored (a replay faster than real time, a burst after a stall, a lone stream), and
+    waiting would only cap it at one frame per `max_delay`, so the batch goes at the
+    next turn. Step t of a batch scores the t-th window of every request that has one,
+    so each stream's recurrent state still advances in order. Runs on the event loop:
+    one batched call costs far less than one call per stream (0.21 ms for one window,
+    0.35 ms for four, 1.0 ms for sixteen).
     """
 
     def __init__(self, model: SileroVad, *, max_delay: float = 0.0, max_streams: int = 64) -> None:

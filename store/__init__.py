@@ -10,7 +10,7 @@ and faults.
 - `store.listener`       one listener's bounded event queue
 - `store.memory`         `MemoryStore`: the embedded single-node default (its quotas,
                          jobs and takeovers in `memory_cluster`: this node's only)
-- `store.redis_store`    `RedisStore`: the same semantics across processes, built from
+- `store.redis.store`    `RedisStore`: the same semantics across processes, built from
                          `redis_scripts` (keys, Lua), `redis_buffer` (writes held while
                          Redis is away), `redis_events` (pub/sub, takeovers), `redis_link`
                          (is Redis there), `redis_speakers` (relabelled speakers),

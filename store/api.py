@@ -1,5 +1,5 @@
 """`Store`: the interface the sessions and routes use. `MemoryStore` (store/memory.py) is
-the embedded single-node default; `RedisStore` (store/redis_store.py) keeps the same
+the embedded single-node default; `RedisStore` (store/redis/store.py) keeps the same
 semantics across processes; `open_store()` (store/factory.py) picks one. Errors are in
 store/errors.py."""
 

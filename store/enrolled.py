@@ -3,9 +3,9 @@
 `EnrolledSpeaker` is one record; `SpeakerBook` is what the store offers for them (the
 Store's `speakers` attribute): add (bounded per tenant, names unique per tenant), list,
 get, delete. `MemorySpeakerBook` keeps them in process; the Redis one is in
-store/redis_enrolled.py. Enrolled speakers have no TTL: they stay until deleted.
+store/redis/enrolled.py. Enrolled speakers have no TTL: they stay until deleted.
 
-A tenant is a name (server/auth.py) or None while authentication is off; None has its
+A tenant is a name (server/auth/keys.py) or None while authentication is off; None has its
 own book, like any tenant. One tenant never sees another's speakers.
 """
 

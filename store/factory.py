@@ -6,7 +6,7 @@ import random
 
 from store.api import DEFAULT_BUFFER_LIMIT, DEFAULT_NODE_LEASE_S, DEFAULT_PREFIX, Store
 from store.memory import MemoryStore
-from store.redis_store import RedisStore
+from store.redis.store import RedisStore
 from store.ttl import Clock, TTLSettings, system_clock
 
 

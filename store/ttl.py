@@ -11,7 +11,7 @@
   transcript buys it a lease that shrinks the longer the meeting has been quiet.
 - `u` is drawn uniformly from [-1, 1] so keys written together do not expire together.
 
-The same arithmetic runs inside the Redis Lua scripts (store/redis_scripts.py); it is kept
+The same arithmetic runs inside the Redis Lua scripts (store/redis/scripts.py); it is kept
 in this order, in doubles, so both give the same millisecond. docs/store.md has the
 constants and why.
 """

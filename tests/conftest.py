@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from engine.weights import resolve_model
+from engine.whisper.weights import resolve_model
 from store.api import Store
 from store.memory import MemoryStore
-from store.redis_store import RedisStore
+from store.redis.store import RedisStore
 from tests.support.redis_support import (
     ManualClock,
     RedisServer,

@@ -20,6 +20,9 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 ENGINE_API = "engine.api"  # the one module of the engine that session/ sees
 MAX_MODULE_LINES = 450  # one concept per module (docs/architecture.md)
+# A module may pass MAX_MODULE_LINES when it says why, on a line of its own near the top:
+# `# One concept, N lines: <why it does not split>`. The size is a guide, not a wall.
+SIZE_REASON = "# One concept, "
 
 
 def module_name(path: Path) -> str:
@@ -118,15 +121,26 @@ def test_no_import_cycle() -> None:
     assert not cycles, f"import cycles: {cycles}"
 
 
+def size_reason(path: Path) -> str | None:
+    """The module's stated reason for its size, among its first 40 lines (None: none)."""
+    head = path.read_text().splitlines()[:40]
+    return next((line for line in head if line.startswith(SIZE_REASON)), None)
+
+
 def test_every_module_stays_small() -> None:
-    """Every module of the parts is at most MAX_MODULE_LINES lines: one that grows past it
+    """Every module of the parts is at most MAX_MODULE_LINES lines, or says in a line of
+    its own why it is one concept all the same: one that grows past it without a reason
     holds more than one concept and is split along them."""
     long = [
         f"{path.relative_to(REPO)}: {lines} lines"
         for _, path in sorted(MODULES.items())
         if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+        and size_reason(path) is None
     ]
-    assert not long, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(long)
+    assert not long, (
+        f"modules over {MAX_MODULE_LINES} lines with no `{SIZE_REASON}...` line:\n"
+        + "\n".join(long)
+    )
 
 
 def test_the_walk_sees_every_import_form() -> None:

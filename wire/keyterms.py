@@ -5,7 +5,7 @@ Deepgram's `keyterm`/`keywords`), in the OpenAI session's transcription `prompt`
 mid-stream in a `configure` message (v1) or a `Configure` message (Deepgram), which
 replaces the list. The list is bounded: at most MAX_KEYTERMS terms, each at most
 MAX_KEYTERM_CHARS characters, MAX_KEYTERMS_CHARS in all (the engine reads at most
-`engine.keyterms.MAX_TOKENS` tokens of them). More is refused with `too_many_keyterms`
+`engine.whisper.keyterms.MAX_TOKENS` tokens of them). More is refused with `too_many_keyterms`
 (close 4400 on a socket, HTTP 400 on a request); an empty or blank term with
 `bad_config`.
 """

@@ -6,7 +6,7 @@ An adapter is a `Codec`: sans-I/O, it turns each client frame into protocol v1 f
 for the actor (audio bytes, `finalize`/`stop`/`keepalive` controls) plus any replies the
 vendor's protocol owes at once, and each protocol v1 server message into the vendor's
 messages. Everything else (VAD, the model, the store, listeners, limits, auth, metrics)
-is the one session pipeline behind `server.stream.serve_source`.
+is the one session pipeline behind `server.sockets.stream.serve_source`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import orjson
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.access import client_host
-from server.auth import ANONYMOUS, Authenticator, Principal, Scope, forbidden, unauthorized
-from server.gate import Handshake, close_reason
+from server.auth.access import client_host
+from server.auth.keys import ANONYMOUS, Authenticator, Principal, Scope, forbidden, unauthorized
 from server.logs import note_denial
+from server.sockets.gate import Handshake, close_reason
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 

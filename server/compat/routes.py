@@ -26,8 +26,9 @@ from server.compat.bridge import (
 )
 from server.limits import overloaded
 from server.registry import AdmissionRefused
+from server.sockets.gate import refuse
+from server.sockets.stream import bind_participant, serve_source
 from server.state import AppState, app_state
-from server.stream import bind_participant, refuse, serve_source
 from wire.codes import CloseCode, ErrorCode
 from wire.errors import ProtocolError
 from wire.query import validate_id

@@ -12,7 +12,7 @@ import math
 import types
 from collections.abc import Collection
 from dataclasses import field
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 ENV_PREFIX = "PARLEY_"
 
@@ -68,6 +68,8 @@ def parse(name: str, raw: str, kind: Any) -> Any:
         if raw == "":
             return None
         kind = next(a for a in get_args(kind) if a is not type(None))
+    if get_origin(kind) is Literal:  # a choice: the group's check names the allowed values
+        return raw
     if kind is bool:
         if raw.lower() in {"1", "true", "yes", "on"}:
             return True

@@ -4,13 +4,20 @@ detection and segmenting, and speaker labels. Each group checks its own fields."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, get_args
 
+from engine.choices import (
+    INT8_SCOPES,
+    BatchCost,
+    DeviceChoice,
+    DTypeChoice,
+    PartialQuantizeChoice,
+    ProcessMode,
+    QuantizeChoice,
+)
 from server.settings.base import SettingError, at_least, one_of, positive, setting, within
 from wire.query import is_language
 
-DTYPES = ("auto", "float32", "float16", "bfloat16")
-INT8_SCOPES = ("int8-shortlist", "int8-decoder", "int8")
 # session/segmenter.py's SegmenterConfig: the hysteresis under the threshold, the length
 # past which a pause ends an utterance, the longest utterance (tests/server/test_settings.py
 # checks that the bounds below are the ones SegmenterConfig accepts).
@@ -35,33 +42,35 @@ class ModelSettings:
     model_cache: str = setting(
         "~/.cache/parley/models", "Folder where bundled weights are converted to once."
     )
-    device: str = setting("auto", "`auto`, `cpu` or `cuda` (`auto` picks cuda when present).")
-    dtype: str = setting(
+    device: DeviceChoice = setting(
+        "auto", "`auto`, `cpu` or `cuda` (`auto` picks cuda when present)."
+    )
+    dtype: DTypeChoice = setting(
         "auto", "`auto`, `float32`, `float16` or `bfloat16` (`auto`: fp32 on CPU, fp16 on CUDA)."
     )
-    encoder_dtype: str = setting(
+    encoder_dtype: DTypeChoice = setting(
         "auto",
         "The encoder's dtype: `auto`, `float32`, `float16` or `bfloat16` (`auto`: bfloat16 "
         "on a CPU with native bfloat16 dot products, AVX-512 BF16 or AMX, for a float32 "
-        "model: encoder passes ~1.5-1.8x faster; else the model's dtype). "
-        "docs/performance.md has the figures.",
+        "model: faster encoder passes at the same WER; else the model's dtype; "
+        "docs/performance.md#the-models-arithmetic).",
     )
-    quantize: str = setting(
+    quantize: QuantizeChoice = setting(
         "auto",
         "Int8 on the CPU in float32, activations quantized per row: `int8-shortlist` (each "
         "decoder step's candidate tokens from an int8 vocabulary projection, rescored in "
-        "float32: float32's transcripts, steps ~2x faster), `int8-decoder` (the decoder's "
+        "float32: float32's transcripts from faster steps), `int8-decoder` (the decoder's "
         "linear layers too: a little faster still, but worse on 8 kHz telephone audio), "
         "`int8` (the encoder's too), `none`, or `auto` (`int8-shortlist` on the CPU in "
-        "float32, else `none`). docs/performance.md has the figures.",
+        "float32, else `none`). docs/performance.md#the-models-arithmetic.",
     )
-    partial_quantize: str = setting(
+    partial_quantize: PartialQuantizeChoice = setting(
         "auto",
         "The weights partials decode through: `int8-decoder` (the decoder's layers and "
-        "vocabulary projection in int8, copies beside the finals': ~15 % less model time "
-        "per partial on the CPU; finals are unchanged), `same` (the finals' weights), or "
-        "`auto` (`int8-decoder` where `QUANTIZE` resolves to `int8-shortlist`, else "
-        "`same`). docs/performance.md has the figures.",
+        "vocabulary projection in int8, copies beside the finals': cheaper partials on the "
+        "CPU; finals are unchanged), `same` (the finals' weights), or `auto` "
+        "(`int8-decoder` where `QUANTIZE` resolves to `int8-shortlist`, else `same`). "
+        "docs/performance.md#the-models-arithmetic.",
     )
     drafts: bool = setting(
         True,
@@ -71,7 +80,7 @@ class ModelSettings:
     word_timings: bool = setting(
         True,
         "Give every final its words with their times and probabilities (one more decoder "
-        "pass per final, a few per cent of its inference time: docs/performance.md).",
+        "pass per final: docs/performance.md#the-models-arithmetic).",
     )
     model_workers: int = setting(
         0,
@@ -81,13 +90,13 @@ class ModelSettings:
     torch_threads: int = setting(
         0, "Threads for each model worker's CPU kernels; 0 = the cores shared out among them."
     )
-    model_processes: str = setting(
+    model_processes: ProcessMode = setting(
         "auto",
         "Where the model workers run: `on`, each in a child process of its own with a GIL of "
         "its own (the event loop and the other workers do not hold up its decoder steps; a "
         "copy of the model each); `off`, as threads of the server's process sharing one "
-        "model; `auto`, processes on the CPU, threads on CUDA. On the 2-core CPU two "
-        "processes ran ~1.3x the audio of two threads (docs/performance.md).",
+        "model; `auto`, processes on the CPU, where they carry more audio than threads "
+        "(docs/performance.md#workers-and-batches), threads on CUDA.",
     )
     worker_hang_s: float = setting(
         10.0,
@@ -99,19 +108,20 @@ class ModelSettings:
     decoder_graphs: bool = setting(
         False,
         "Replay each decoder step after the prompt from a CUDA graph captured per batch "
-        "shape (engine/step_graphs.py): one launch instead of one per kernel, where a small "
-        "model's step is bound by launches (~3 ms on an H200). CUDA only; not measured yet.",
+        "shape (engine/whisper/step_graphs.py): one launch instead of one per kernel, "
+        "where a small model's step is bound by kernel launches. CUDA only "
+        "(docs/performance.md#a-gpu-node).",
     )
 
     def __post_init__(self) -> None:
         if not self.model:
             raise SettingError("model", self.model, "must name a model or a folder")
-        one_of(self, "device", ("auto", "cpu", "cuda"))
-        one_of(self, "dtype", DTYPES)
-        one_of(self, "encoder_dtype", DTYPES)
-        one_of(self, "quantize", ("auto", "none", *INT8_SCOPES))
-        one_of(self, "partial_quantize", ("auto", "same", "int8-decoder"))
-        one_of(self, "model_processes", ("auto", "on", "off"))
+        one_of(self, "device", get_args(DeviceChoice))
+        one_of(self, "dtype", get_args(DTypeChoice))
+        one_of(self, "encoder_dtype", get_args(DTypeChoice))
+        one_of(self, "quantize", get_args(QuantizeChoice))
+        one_of(self, "partial_quantize", get_args(PartialQuantizeChoice))
+        one_of(self, "model_processes", get_args(ProcessMode))
         at_least(self, "model_workers", 0, " (0: automatic)")
         at_least(self, "torch_threads", 0, " (0: automatic)")
         positive(self, "worker_hang_s")
@@ -147,12 +157,12 @@ class ContextSettings:
         "Decode each final behind its source's previous utterances (up to two: their audio "
         "and final text, at most this many seconds), so the model hears what led up to it; "
         "0 = off: each utterance on its own. It closes the gap to offline decoding on "
-        "English dialogue (shorter caps did not), for ~1.6-1.9x a final's inference on the "
-        "CPU (the window it fills, CONTEXT_WINDOW_S). Files always get it (uploads 2-3x "
-        "slower: one utterance at a time); live finals only while the model has room for "
-        "it (CONTEXT_BELOW_UTILIZATION) and the final stays on time (CONTEXT_BUDGET_MS): "
-        "a machine whose finals alone take ~0.4 s or more sheds it at any load "
-        "(docs/performance.md).",
+        "English dialogue (shorter caps did not), for a longer encoder window per final "
+        "(CONTEXT_WINDOW_S). Files always get it (uploads slower: one utterance at a "
+        "time); live finals only while the model has room for it "
+        "(CONTEXT_BELOW_UTILIZATION) and the final stays on time (CONTEXT_BUDGET_MS): a "
+        "CPU whose finals alone are slow sheds it at any load "
+        "(docs/performance.md#left-context).",
     )
     context_below_utilization: float = setting(
         0.3,
@@ -174,10 +184,10 @@ class ContextSettings:
     context_window_s: float = setting(
         20.0,
         "Longest encoder window a final's left context may fill (its oldest utterance is "
-        "dropped first, then the whole context): 20 lets the dialogue's finals hear both "
-        "previous turns (the only cap that met issue 17's target there); 10 keeps every "
-        'final short of 9 s in the window it has alone (docs/performance.md, "Cheaper left '
-        'context").',
+        "dropped first, then the whole context): 20 lets a dialogue's finals hear both "
+        "previous turns (shorter caps fell short of offline decoding's WER there); 10 "
+        "keeps every final short of 9 s in the window it has alone "
+        "(docs/performance.md#left-context).",
     )
     context_own_window: bool = setting(
         False,
@@ -185,15 +195,14 @@ class ContextSettings:
         "has alone: the context fills only the room the final leaves there (10 s window "
         "for finals up to 9 s), its last words that fit, cut at a word of its text "
         "(CONTEXT_WINDOW_S and CONTEXT_BELOW_UTILIZATION then do not apply). Off by "
-        "default: it still cost capacity (8 rooms' final P95 1.00 vs 0.66 s, loadgen WER "
-        "0.032 vs 0.037) and missed the dialogue target (docs/performance.md, section "
-        "Left context in the final's own window).",
+        "default: it still costs capacity, and falls short of the full context's WER on "
+        "dialogue (docs/performance.md#left-context).",
     )
     left_context_languages: str = setting(
         "en",
         "Languages (comma-separated codes, or `*` for all) whose sources get left context "
-        "(LEFT_CONTEXT_S). English only by default: measured there; on the few non-English "
-        "corpus clips it cuts into several utterances it helped one (ru) and hurt one (es).",
+        "(LEFT_CONTEXT_S). English only by default: measured there; in other languages it "
+        "helped some speech and hurt other (docs/performance.md#left-context).",
     )
     context_wait_ms: float = setting(
         1000.0,
@@ -205,8 +214,8 @@ class ContextSettings:
         0,
         "Decode each utterance after its source's previous finals, their last this many "
         "tokens (Whisper's previous-text prompt; 128 is a good bound, at most 220 for "
-        "tiny.en); 0 = off: each utterance on its own. Off by default: it raised corpus "
-        "WER in our runs (docs/performance.md).",
+        "tiny.en); 0 = off: each utterance on its own. Off by default: it carries text "
+        "into short utterances and raises the WER (docs/performance.md#the-models-arithmetic).",
     )
 
     @property
@@ -265,13 +274,14 @@ class SchedulerSettings:
         "batches are sized to fit it (by the measured model time per partial); 0: batches "
         "of MAX_PARTIAL_BATCH, always stopped.",
     )
-    batch_cost: str = setting(
+    batch_cost: BatchCost = setting(
         "auto",
         "How a batch's model time grows with its rows: `per-row` (the CPU: partial batches "
         "sized to fit PARTIAL_WAIT_MS by the measured cost of a row, finals shared out over "
-        "the workers), `flat` (a GPU, where a batch of 32 costs about one row: every ready "
-        "final in one batch, every queued partial up to MAX_PARTIAL_BATCH, engine/policy.py "
-        "rule 5), `auto`: flat on CUDA, per-row on the CPU.",
+        "the workers), `flat` (a GPU, where a batch costs about what one row does: every "
+        "ready final in one batch, every queued partial up to MAX_PARTIAL_BATCH, "
+        "engine/scheduling/policy.py rule 5), `auto`: flat on CUDA, per-row on the CPU "
+        "(docs/performance.md#workers-and-batches).",
     )
     batch_wait_ms: float = setting(
         20.0, "How long a batch may wait to fill after its oldest request arrived."
@@ -283,8 +293,8 @@ class SchedulerSettings:
         "take; finals go first on any free worker, waiting at most PARTIAL_WAIT_MS for a "
         "partial batch about to end, else stopping it. Under load partials slow down alike "
         "for every stream: an utterance's first partial first, then the stalest stream. "
-        "1.0 (default): partials use whatever finals leave, on every worker (16 rooms on "
-        "the 2-core CPU: more partials and cheaper finals than 0.5, docs/performance.md).",
+        "1.0 (default): partials use whatever finals leave, on every worker (more partials "
+        "and cheaper finals than 0.5: docs/performance.md#partials).",
     )
 
     def __post_init__(self) -> None:
@@ -292,7 +302,7 @@ class SchedulerSettings:
         at_least(self, "max_partial_batch", 1)
         at_least(self, "partial_wait_ms", 0)
         at_least(self, "batch_wait_ms", 0)
-        one_of(self, "batch_cost", ("auto", "per-row", "flat"))
+        one_of(self, "batch_cost", get_args(BatchCost))
         if not self.max_queue >= self.max_batch_size:
             raise SettingError(
                 "max_queue",
@@ -313,23 +323,23 @@ class SegmenterSettings:
     vad_batch_ms: float = setting(
         10.0,
         "How long the VAD batcher (VAD_BATCH) waits to gather more streams' windows into one "
-        "model call; 0 = until the event loop's next turn. Longer: fewer, larger calls (at 16 "
-        "rooms 10 ms took the event loop from 0.32 to 0.24 cores), each frame scored up to "
+        "model call; 0 = until the event loop's next turn. Longer: fewer, larger calls (less "
+        "event-loop CPU: docs/performance.md#endpoint-and-vad), each frame scored up to "
         "that much later. A stream sent faster than real time is not held back.",
     )
     min_silence_ms: float = setting(
         400.0,
         "Silence that ends an utterance (counted in 32 ms VAD windows: 400 is 12, 384 ms). "
-        "Shorter cuts read speech at its commas (300 split sentences on the corpus); "
-        "docs/performance.md: the endpoint silence.",
+        "Shorter cuts speech at its commas, longer delays every final "
+        "(docs/performance.md#endpoint-and-vad).",
     )
     speculate_after_ms: float = setting(
         0.0,
         "Silence after which an utterance's final is decoded speculatively, before "
         "MIN_SILENCE_MS confirms its end (at least the 100 ms post-roll; e.g. 160: it runs "
         "on model time no final or partial takes, and is dropped if speech resumes); "
-        "0 (default): off. docs/performance.md: faster finals at 4 rooms, fewer partials "
-        "and no better P95 at 8.",
+        "0 (default): off: faster finals at light load, but under load it takes the "
+        "partials' model time (docs/performance.md#workers-and-batches).",
     )
     pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")
     max_utterance_s: float = setting(

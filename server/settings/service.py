@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from server.settings.base import SettingError, at_least, one_of, positive, setting, within
-from store.redis_clients import SentinelURL, is_sentinel
-from store.redis_scripts import MAX_PREFIX
+from store.redis.clients import SentinelURL, is_sentinel
+from store.redis.scripts import MAX_PREFIX
 from wire.query import is_language
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -26,7 +26,8 @@ class ServerSettings:
     static_dir: str = setting(
         "static",
         "Folder of the browser client, served at `/`; a relative one not found in the "
-        "working directory is looked for beside the server's code.",
+        "working directory is looked for in the installed `server` package, whose "
+        "`static/` is the page Parley ships.",
     )
     drain_grace_s: float = setting(
         0.0,

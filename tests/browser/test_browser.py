@@ -1,4 +1,4 @@
-"""The browser client (static/) in real headless Chromium against a real server and model.
+"""The browser client (server/static/) in real headless Chromium against a real server and model.
 
 Chromium's fake capture device plays a corpus clip into getUserMedia, so the page's
 own microphone path (AudioWorklet, resampler, stream socket) carries real speech.

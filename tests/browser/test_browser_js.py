@@ -1,5 +1,5 @@
 """The browser client's pure JavaScript (resampler, exports, protocol helpers, models),
-tested by node's built-in runner: `node --test static/tests/`."""
+tested by node's built-in runner: `node --test server/static/tests/`."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from tests.support.corpus import REPO
 
 
 def test_static_js_unit_tests_pass() -> None:
-    """node --test static/tests/ passes (resampler anti-aliasing, SRT/VTT, reconnect rules)."""
+    """node --test server/static/tests/ passes (resampler anti-aliasing, SRT/VTT, reconnects)."""
     node = shutil.which("node") or shutil.which("nodejs")
     if node is None:
         pytest.skip("node is not installed (apt-get install -y nodejs)")
-    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "static" / "tests").glob("*.test.js"))
-    assert files, "no static/tests/*.test.js"
+    tests = REPO / "server" / "static" / "tests"
+    files = sorted(str(p.relative_to(REPO)) for p in tests.glob("*.test.js"))
+    assert files, "no server/static/tests/*.test.js"
     result = subprocess.run(
         [node, "--test", *files],
         cwd=REPO,

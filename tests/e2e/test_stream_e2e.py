@@ -171,7 +171,7 @@ async def test_listener_receives_both_participants_in_seq_order(
         await asyncio.sleep(0.5)  # room for a final too many, which would be a fault
         await listener.close()
         await receiver
-    # The replay comes in meeting-time order (docs/protocol.md, "One meeting timeline"):
+    # The replay comes in meeting-time order (docs/protocol.md#one-meeting-timeline):
     # by each final's wall-clock start, then seq; the live finals above came in seq order.
     in_meeting_order = sorted(finals, key=lambda f: (f["wall_time"]["start"], f["seq"]))
     assert [f["text"] for f in late.finals] == [f["text"] for f in in_meeting_order]

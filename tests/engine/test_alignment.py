@@ -1,4 +1,4 @@
-"""Word timings (engine/alignment.py) on real speech, and the DTW against Whisper's."""
+"""Word timings (engine/whisper/alignment.py) on real speech, and the DTW against Whisper's."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from engine.alignment import dtw
 from engine.api import SAMPLE_RATE, Utterance
-from engine.whisper import WhisperRecognizer
+from engine.whisper.alignment import dtw
+from engine.whisper.recognizer import WhisperRecognizer
 from tests.support.corpus import clip
 
 CLIPS = ("en_jfk", "en_lj_LJ001-0004", "en_ls_61-70968-0000", "en_lj_LJ001-0008")

@@ -1,5 +1,5 @@
 """Left context: the pure helpers, then the real model on corpus speech behind the speech
-that came before it (engine/context.py)."""
+that came before it (engine/whisper/context.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from bench.corpus import clips
-from engine import context
 from engine.api import SAMPLE_RATE, LeftContext, Utterance, WordTiming
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper import context
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import error_rate
 
 # Consecutive sentences of one reader: the second continues the first.
@@ -261,8 +261,8 @@ def test_a_context_in_its_own_window_keeps_the_window_and_the_words(
     cut to the room the utterance leaves in the window it has alone, and the encoder runs
     that window only; the utterance says its own words. (This 1.9 s sentence behind 6.8 s
     of context, 1 s of the window after it, loops there: it is decoded again without its
-    context in the same window, not on the full one, docs/performance.md, "Left context
-    in the final's own window".)"""
+    context in the same window, not on the full one:
+    docs/history/2026-12-02-quality-and-left-context.md#left-context-in-the-finals-own-window-issue-17-against-issue-15-branch-ctx.)"""
     own = WhisperRecognizer(tiny_en, WhisperRecognizerConfig(context_own_window=True))
     first, second = clips((PAIRS[0][0],))[0], clips((PAIRS[0][1],))[0]
     said = own.transcribe([Utterance(first.audio(), word_timings=True)])[0]

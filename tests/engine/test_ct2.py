@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.ct2 import Ct2FormatError, read_model
-from engine.weights import PACKAGED_MODELS
+from engine.whisper.ct2 import Ct2FormatError, read_model
+from engine.whisper.weights import PACKAGED_MODELS
 from tests.support.ct2_writer import ct2_bytes, write_parts
 
 VARIABLES = {

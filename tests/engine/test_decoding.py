@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.decoding import BUDGET_FLOOR, read_row, token_budget
+from engine.whisper.decoding import BUDGET_FLOOR, read_row, token_budget
 
 END = 50256
 

@@ -10,9 +10,10 @@ import torch
 from bench.corpus import clips
 from engine import loading
 from engine.api import Utterance
-from engine.loading import ModelConfig, resolve_encoder_dtype
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.loading import resolve_encoder_dtype
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import ErrorCounts, error_counts
+from server.engine_plan import model_config_with
 
 # Four clips of one window (10 s) and JFK: read speech with exact references.
 CLIPS = ("en_lj_LJ001-0004", "en_ls_1221-135766-0002", "en_lj_LJ001-0008", "en_ls_61-", "en_jfk")
@@ -23,15 +24,15 @@ def test_auto_is_bfloat16_on_a_cpu_that_multiplies_it(monkeypatch: pytest.Monkey
     bfloat16 dot products; the model's dtype (None) without them, on cuda, in another
     dtype or under `int8` (which quantizes the encoder); an explicit choice is kept."""
     monkeypatch.setattr(loading, "native_bfloat16", lambda: True)
-    assert resolve_encoder_dtype(ModelConfig(), "cpu") == "bfloat16"
-    assert resolve_encoder_dtype(ModelConfig(dtype="float32"), "cpu") == "bfloat16"
-    assert resolve_encoder_dtype(ModelConfig(), "cuda") is None
-    assert resolve_encoder_dtype(ModelConfig(dtype="float16"), "cpu") is None
-    assert resolve_encoder_dtype(ModelConfig(quantize="int8"), "cpu") is None
-    assert resolve_encoder_dtype(ModelConfig(encoder_dtype="float32"), "cpu") == "float32"
+    assert resolve_encoder_dtype(model_config_with(), "cpu") == "bfloat16"
+    assert resolve_encoder_dtype(model_config_with(dtype="float32"), "cpu") == "bfloat16"
+    assert resolve_encoder_dtype(model_config_with(), "cuda") is None
+    assert resolve_encoder_dtype(model_config_with(dtype="float16"), "cpu") is None
+    assert resolve_encoder_dtype(model_config_with(quantize="int8"), "cpu") is None
+    assert resolve_encoder_dtype(model_config_with(encoder_dtype="float32"), "cpu") == "float32"
     monkeypatch.setattr(loading, "native_bfloat16", lambda: False)
-    assert resolve_encoder_dtype(ModelConfig(), "cpu") is None
-    assert resolve_encoder_dtype(ModelConfig(encoder_dtype="bfloat16"), "cpu") == "bfloat16"
+    assert resolve_encoder_dtype(model_config_with(), "cpu") is None
+    assert resolve_encoder_dtype(model_config_with(encoder_dtype="bfloat16"), "cpu") == "bfloat16"
 
 
 def test_int8_encoder_layers_cannot_run_in_bfloat16() -> None:

@@ -12,9 +12,9 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from bench.corpus import clips
 from engine.api import Utterance
-from engine.decoding import read_row
-from engine.greedy import Greedy, GreedyDecoder
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.decoding import read_row
+from engine.whisper.greedy import Greedy, GreedyDecoder
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.guard import GuardConfig, Verdict, compression_ratio, first_cycle, judge
+from engine.whisper.guard import GuardConfig, Verdict, compression_ratio, first_cycle, judge
 
 GUARD = GuardConfig()
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.int8 import Int8Linear, int8_available, quantize_linears
-from engine.loading import ModelConfig, resolve_quantize
+from engine.loading import resolve_quantize
+from engine.whisper.int8 import Int8Linear, int8_available, quantize_linears
+from server.engine_plan import model_config_with
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="no fbgemm/x86 int8 kernels")
 
@@ -96,10 +97,10 @@ def test_each_row_uses_the_whole_grid_unclipped(reduce_range: bool) -> None:
 def test_auto_shortlists_in_int8_on_the_cpu_in_float32_only() -> None:
     """`PARLEY_QUANTIZE=auto`: the int8 shortlist of the vocabulary projection on the CPU
     in float32; nothing on cuda or in another dtype; an explicit choice is kept."""
-    assert resolve_quantize(ModelConfig(), "cpu") == "int8-shortlist"
-    assert resolve_quantize(ModelConfig(dtype="float32"), "cpu") == "int8-shortlist"
-    assert resolve_quantize(ModelConfig(quantize="int8-decoder"), "cpu") == "int8-decoder"
-    assert resolve_quantize(ModelConfig(), "cuda") == "none"
-    assert resolve_quantize(ModelConfig(dtype="bfloat16"), "cpu") == "none"
-    assert resolve_quantize(ModelConfig(quantize="none"), "cpu") == "none"
-    assert resolve_quantize(ModelConfig(quantize="int8"), "cpu") == "int8"
+    assert resolve_quantize(model_config_with(), "cpu") == "int8-shortlist"
+    assert resolve_quantize(model_config_with(dtype="float32"), "cpu") == "int8-shortlist"
+    assert resolve_quantize(model_config_with(quantize="int8-decoder"), "cpu") == "int8-decoder"
+    assert resolve_quantize(model_config_with(), "cuda") == "none"
+    assert resolve_quantize(model_config_with(dtype="bfloat16"), "cpu") == "none"
+    assert resolve_quantize(model_config_with(quantize="none"), "cpu") == "none"
+    assert resolve_quantize(model_config_with(quantize="int8"), "cpu") == "int8"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.keyterms import Boost, TermTrie, boost_for
-from engine.vocabulary import FullHead
+from engine.whisper.keyterms import Boost, TermTrie, boost_for
+from engine.whisper.vocabulary import FullHead
 
 # Two terms sharing their first token (10), a third of one token (20).
 TERMS = [[10, 11, 12], [10, 13], [20]]

@@ -10,8 +10,8 @@ import pytest
 
 from bench.corpus import clips
 from engine.api import SAMPLE_RATE, Utterance
-from engine.int8 import Int8Linear
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.int8 import Int8Linear
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import ErrorCounts, error_counts
 
 pytestmark = pytest.mark.slow

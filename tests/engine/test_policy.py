@@ -6,25 +6,34 @@ from __future__ import annotations
 import pytest
 
 from engine.api import Priority
-from engine.policy import (
+from engine.scheduling.config import SchedulerConfig
+from engine.scheduling.policy import (
     CONTEXT_RATIO,
     ContextCost,
     PartialBudget,
     PartialCost,
-    PolicyConfig,
     Queued,
     Running,
     Start,
     plan,
 )
+from server.engine_plan import scheduler_config_with
 
 FINAL, FILE, PARTIAL = Priority.FINAL, Priority.FILE, Priority.PARTIAL
 
 
-def config(**overrides: float) -> PolicyConfig:
-    values: dict[str, float] = {"workers": 2, "max_batch_size": 4, "max_wait": 0.0}
+def config(**overrides: float) -> SchedulerConfig:
+    """The server's scheduler config, with what these cases were written against: two
+    workers, batches of 4, partials on half the model and in batches of up to 16."""
+    values: dict[str, float] = {
+        "workers": 2,
+        "max_batch_size": 4,
+        "max_wait": 0.0,
+        "partial_share": 0.5,
+        "max_partial_batch": 16,
+    }
     values.update(overrides)
-    return PolicyConfig(**values)  # type: ignore[arg-type]
+    return scheduler_config_with(**values)
 
 
 def test_finals_go_first_then_file_requests_and_partials_wait() -> None:
@@ -94,7 +103,7 @@ def test_finals_let_a_partial_batch_about_to_end_finish() -> None:
     budget = PartialBudget(cfg, 0.0)
     final = [Queued(7, FINAL, 2.0)]
 
-    def stops(other: Running, policy: PolicyConfig = cfg) -> list[int]:
+    def stops(other: Running, policy: SchedulerConfig = cfg) -> list[int]:
         running = [Running(0, partial=False), other]
         return plan(final, [], running, budget, policy, now=2.0).preempt
 
@@ -130,7 +139,7 @@ def test_partial_batches_are_sized_to_the_wait() -> None:
     budget = PartialBudget(cfg, 0.0)
     queued = [Queued(i, PARTIAL, float(i)) for i in range(6)]
 
-    def sizes(cost: float | None, policy: PolicyConfig = cfg) -> list[int]:
+    def sizes(cost: float | None, policy: SchedulerConfig = cfg) -> list[int]:
         starts = plan(queued, [0, 1], [], budget, policy, now=9.0, partial_cost=cost).starts
         return [len(start.keys) for start in starts]
 

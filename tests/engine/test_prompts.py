@@ -9,7 +9,7 @@ import pytest
 
 from bench.corpus import clips
 from engine.api import Utterance
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,8 @@ from engine.api import (
     SchedulerStopped,
     Utterance,
 )
-from engine.scheduler import BatchScheduler, SchedulerState
+from engine.scheduling.scheduler import BatchScheduler, SchedulerState
+from tests.support.scheduling import scheduler_config
 from tests.support.tasks import blocked
 from tests.support.timeouts import EVENT_TIMEOUT
 
@@ -74,7 +75,10 @@ async def gated() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
     for a batch about to end has a test of its own)."""
     fake = FakeRecognizer(max_batch_size=4, gated=True)
     async with started(
-        BatchScheduler(fake, max_batch_size=4, max_wait=0.0, max_queue=8, partial_wait=0.0)
+        BatchScheduler(
+            fake,
+            scheduler_config(max_batch_size=4, max_wait=0.0, max_queue=8, partial_wait=0.0),
+        )
     ) as scheduler:
         yield scheduler, fake
         fake.release(64)
@@ -83,7 +87,9 @@ async def gated() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
 async def test_requests_from_several_sessions_share_one_batch() -> None:
     """Requests of three sessions submitted together run as one batch."""
     fake = FakeRecognizer(max_batch_size=8)
-    async with started(BatchScheduler(fake, max_batch_size=8, max_wait=0.05)) as scheduler:
+    async with started(
+        BatchScheduler(fake, scheduler_config(max_batch_size=8, max_wait=0.05))
+    ) as scheduler:
         futures = [await scheduler.submit(request(f"s{i}", 100 + i)) for i in range(3)]
         results = await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
     assert [r.transcription.text for r in results] == ["n=100", "n=101", "n=102"]
@@ -95,7 +101,9 @@ async def test_requests_from_several_sessions_share_one_batch() -> None:
 async def test_batch_size_is_bounded() -> None:
     """Ten queued requests with max_batch_size 4 run as batches of 4, 4 and 2."""
     fake = FakeRecognizer(max_batch_size=4)
-    async with started(BatchScheduler(fake, max_batch_size=4, max_wait=0.05)) as scheduler:
+    async with started(
+        BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.05))
+    ) as scheduler:
         futures = [await scheduler.submit(request(f"s{i}", i + 1)) for i in range(10)]
         await asyncio.wait_for(asyncio.gather(*futures), TIMEOUT)
     assert [len(b) for b in fake.batches] == [4, 4, 2]
@@ -164,7 +172,9 @@ async def test_cancel_drops_a_sessions_queued_requests(
 async def test_recognizer_error_fails_exactly_its_batch() -> None:
     """A failing batch fails its own futures; the next batch succeeds."""
     fake = FakeRecognizer(max_batch_size=2)
-    async with started(BatchScheduler(fake, max_batch_size=2, max_wait=0.05)) as scheduler:
+    async with started(
+        BatchScheduler(fake, scheduler_config(max_batch_size=2, max_wait=0.05))
+    ) as scheduler:
         fake.fail_on = 13
         bad = [await scheduler.submit(request("a", 13)), await scheduler.submit(request("b", 14))]
         good = await scheduler.submit(request("c", 15))
@@ -180,7 +190,9 @@ async def test_length_mismatch_fails_the_batch() -> None:
     """A recognizer returning fewer results than inputs fails every future of the batch."""
     fake = FakeRecognizer(max_batch_size=4)
     fake.wrong_length = True
-    async with started(BatchScheduler(fake, max_batch_size=4, max_wait=0.05)) as scheduler:
+    async with started(
+        BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.05))
+    ) as scheduler:
         futures = [await scheduler.submit(request(f"s{i}", i + 1)) for i in range(3)]
         outcomes = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), TIMEOUT)
     assert all(isinstance(o, BatchFailed) for o in outcomes)
@@ -259,7 +271,9 @@ async def test_utilization_counts_recent_model_time_of_every_worker() -> None:
     fake = FakeRecognizer(max_batch_size=4, gated=True)
     async with started(
         BatchScheduler(
-            fake, workers=2, max_batch_size=4, max_wait=0.0, max_queue=8, clock=lambda: now[0]
+            fake,
+            scheduler_config(workers=2, max_batch_size=4, max_wait=0.0, max_queue=8),
+            clock=lambda: now[0],
         )
     ) as scheduler:
         assert scheduler.utilization == 0.0
@@ -307,7 +321,9 @@ async def test_a_final_waits_for_a_partial_batch_about_to_end() -> None:
     now = [0.0]
     fake = FakeRecognizer(max_batch_size=4, gated=True)
     scheduler = BatchScheduler(
-        fake, max_batch_size=4, max_wait=0.0, max_queue=8, partial_wait=0.25, clock=lambda: now[0]
+        fake,
+        scheduler_config(max_batch_size=4, max_wait=0.0, max_queue=8, partial_wait=0.25),
+        clock=lambda: now[0],
     )
     async with started(scheduler):
         first = await scheduler.submit(request("a", 10, Priority.PARTIAL))
@@ -347,11 +363,9 @@ async def test_flat_batches_take_every_queued_partial_and_a_final_waits_for_them
     fake = FakeRecognizer(max_batch_size=4, gated=True)
     scheduler = BatchScheduler(
         fake,
-        max_batch_size=4,
-        max_wait=0.0,
-        max_queue=8,
-        partial_wait=0.25,
-        flat_batches=True,
+        scheduler_config(
+            max_batch_size=4, max_wait=0.0, max_queue=8, partial_wait=0.25, flat_batches=True
+        ),
         clock=lambda: now[0],
     )
     async with started(scheduler):
@@ -400,7 +414,7 @@ async def test_with_two_workers_a_final_runs_beside_a_partial_batch() -> None:
     """Two workers: partials take one, a final takes the other at once; nothing is stopped."""
     fake = FakeRecognizer(max_batch_size=4, gated=True)
     async with started(
-        BatchScheduler(fake, workers=2, max_batch_size=4, max_wait=0.0)
+        BatchScheduler(fake, scheduler_config(workers=2, max_batch_size=4, max_wait=0.0))
     ) as scheduler:
         partial = await scheduler.submit(request("p", 10, Priority.PARTIAL))
         await wait_entered(fake)
@@ -415,7 +429,9 @@ async def test_partials_go_stalest_session_first() -> None:
     """Round robin: a session whose partial just ran waits behind the others, even when
     its next partial arrives before theirs run."""
     fake = FakeRecognizer(max_batch_size=1, gated=True)
-    async with started(BatchScheduler(fake, max_batch_size=1, max_wait=0.0)) as scheduler:
+    async with started(
+        BatchScheduler(fake, scheduler_config(max_batch_size=1, max_wait=0.0))
+    ) as scheduler:
         busy = await occupy(scheduler, fake)
         sessions = [("a", 10), ("b", 20), ("c", 30)]
         first = [await scheduler.submit(request(s, n, Priority.PARTIAL)) for s, n in sessions]
@@ -438,7 +454,9 @@ async def test_an_utterances_first_partial_goes_before_staler_later_ones() -> No
     sessions that waited longer; a session's next partial, queued while its first ran,
     is not a first one once that came back with text, though its draft is still empty."""
     fake = FakeRecognizer(max_batch_size=1, gated=True)
-    async with started(BatchScheduler(fake, max_batch_size=1, max_wait=0.0)) as scheduler:
+    async with started(
+        BatchScheduler(fake, scheduler_config(max_batch_size=1, max_wait=0.0))
+    ) as scheduler:
         busy = await occupy(scheduler, fake)
         later = [
             await scheduler.submit(partial("b", 20, draft="earlier")),
@@ -465,7 +483,9 @@ async def test_busy_history_stays_bounded_without_readers_of_utilization() -> No
 
     fake = FakeRecognizer(max_batch_size=1)
     async with started(
-        BatchScheduler(fake, max_batch_size=1, max_wait=0.0, max_queue=1, clock=clock)
+        BatchScheduler(
+            fake, scheduler_config(max_batch_size=1, max_wait=0.0, max_queue=1), clock=clock
+        )
     ) as scheduler:
         for i in range(300):
             await asyncio.wait_for(await scheduler.submit(request(f"s{i}", 10)), TIMEOUT)
@@ -564,7 +584,9 @@ def with_left(session: str, n: int, priority: Priority = Priority.FINAL) -> Reco
 async def test_without_a_load_gate_finals_keep_their_left_context() -> None:
     """context_below None: every final goes to the model with its context."""
     fake = FakeRecognizer(max_batch_size=1, gated=True)
-    async with started(BatchScheduler(fake, max_batch_size=1, max_wait=0.0)) as scheduler:
+    async with started(
+        BatchScheduler(fake, scheduler_config(max_batch_size=1, max_wait=0.0))
+    ) as scheduler:
         busy = await occupy(scheduler, fake)
         futures = [await scheduler.submit(with_left(f"s{i}", 100 + i)) for i in range(2)]
         fake.release(3)
@@ -577,7 +599,9 @@ async def test_a_final_with_another_queued_behind_it_sheds_its_left_context() ->
     """With the gate, the first of two queued finals (batches of one) goes while the second
     waits: without its context; the second, alone on an idle model, keeps its own."""
     fake = FakeRecognizer(max_batch_size=1, gated=True)
-    scheduler = BatchScheduler(fake, max_batch_size=1, max_wait=0.0, context_below=1.0)
+    scheduler = BatchScheduler(
+        fake, scheduler_config(max_batch_size=1, max_wait=0.0, context_below=1.0)
+    )
     async with started(scheduler):
         busy = await occupy(scheduler, fake)
         first = await scheduler.submit(with_left("a", 100))
@@ -596,7 +620,9 @@ async def test_a_busy_model_sheds_live_contexts_but_not_a_files() -> None:
     now = [0.0]
     fake = FakeRecognizer(max_batch_size=4, gated=True)
     scheduler = BatchScheduler(
-        fake, max_batch_size=4, max_wait=0.0, context_below=0.001, clock=lambda: now[0]
+        fake,
+        scheduler_config(max_batch_size=4, max_wait=0.0, context_below=0.001),
+        clock=lambda: now[0],
     )
     async with started(scheduler):
         busy = await occupy(scheduler, fake)
@@ -616,7 +642,9 @@ async def test_an_essential_left_context_is_never_shed() -> None:
     """A final that goes on from a client's cut in mid-speech keeps its left context on a
     busy model, where a final cut at a pause sheds its own."""
     fake = FakeRecognizer(max_batch_size=4, gated=True)
-    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0, context_below=0.001)
+    scheduler = BatchScheduler(
+        fake, scheduler_config(max_batch_size=4, max_wait=0.0, context_below=0.001)
+    )
     async with started(scheduler):
         busy = await occupy(scheduler, fake)
         await asyncio.sleep(0.05)  # the model is busy: utilization well above 0.1 %
@@ -641,11 +669,9 @@ async def test_partials_alone_leave_a_final_its_left_context() -> None:
     fake = FakeRecognizer(max_batch_size=1, gated=True)
     scheduler = BatchScheduler(
         fake,
-        workers=2,
-        max_batch_size=1,
-        max_wait=0.0,
-        partial_share=1.0,
-        context_below=0.001,
+        scheduler_config(
+            workers=2, max_batch_size=1, max_wait=0.0, partial_share=1.0, context_below=0.001
+        ),
         clock=lambda: now[0],
     )
     async with started(scheduler):
@@ -674,7 +700,9 @@ async def finals_alone_then_one_behind_context(
     now = [0.0]
     fake = FakeRecognizer(max_batch_size=1, gated=True)
     scheduler = BatchScheduler(
-        fake, max_batch_size=1, max_wait=0.0, context_budget=budget, clock=lambda: now[0]
+        fake,
+        scheduler_config(max_batch_size=1, max_wait=0.0, context_budget=budget),
+        clock=lambda: now[0],
     )
     async with started(scheduler):
         busy = await occupy(scheduler, fake)
@@ -701,7 +729,9 @@ async def test_the_budget_counts_from_the_finals_cut_not_its_submit() -> None:
     """A final cut 10 s ago (it waited for the one before it) is already late: it goes
     without its context under a 5 s budget, though it was submitted just now."""
     fake = FakeRecognizer(max_batch_size=1, gated=True)
-    scheduler = BatchScheduler(fake, max_batch_size=1, max_wait=0.0, context_budget=5.0)
+    scheduler = BatchScheduler(
+        fake, scheduler_config(max_batch_size=1, max_wait=0.0, context_budget=5.0)
+    )
     async with started(scheduler):
         busy = await occupy(scheduler, fake)
         fake.release()
@@ -714,6 +744,6 @@ async def test_the_budget_counts_from_the_finals_cut_not_its_submit() -> None:
 
 def test_the_load_gate_must_be_a_fraction() -> None:
     with pytest.raises(ValueError, match="context_below"):
-        BatchScheduler(FakeRecognizer(), context_below=0.0)
+        BatchScheduler(FakeRecognizer(), scheduler_config(context_below=0.0))
     with pytest.raises(ValueError, match="context_budget"):
-        BatchScheduler(FakeRecognizer(), context_budget=0.0)
+        BatchScheduler(FakeRecognizer(), scheduler_config(context_budget=0.0))

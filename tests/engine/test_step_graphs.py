@@ -1,4 +1,4 @@
-"""Decoder steps over fixed buffers (`engine.step_graphs`), on the CPU: the same tokens as
+"""Decoder steps over fixed buffers (`engine.whisper.step_graphs`), on the CPU: the same tokens as
 eager decoding. The CUDA graph capture itself needs a GPU (bench/gpu_check measures it)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 
 from bench.corpus import clips
 from engine.api import Utterance
-from engine.step_graphs import StepGraphs, bucket
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.step_graphs import StepGraphs, bucket
 from server.settings import SettingError, Settings
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ import torch
 
 from bench.corpus import clips
 from engine.api import Utterance
-from engine.int8 import int8_available
-from engine.vocabulary import MARGIN, FullHead, ShortlistHead, pick
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.int8 import int8_available
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.vocabulary import MARGIN, FullHead, ShortlistHead, pick
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="no fbgemm/x86 int8 kernels")
 

@@ -11,9 +11,9 @@ import torch
 from safetensors import safe_open
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-from engine import ct2_mapping, weights
-from engine.ct2 import Ct2Model, read_model
-from engine.weights import (
+from engine.whisper import ct2_mapping, weights
+from engine.whisper.ct2 import Ct2Model, read_model
+from engine.whisper.weights import (
     PACKAGED_MODELS,
     ModelNotFoundError,
     ModelSource,

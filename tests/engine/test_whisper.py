@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from bench.corpus import Clip, clips
-from engine import context
 from engine.api import SAMPLE_RATE, Transcription, Utterance
 from engine.recognizer import Recognizer
-from engine.whisper import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper import context
+from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from loadgen.wer import ErrorCounts, error_counts
 
 pytestmark = pytest.mark.slow
@@ -130,7 +130,7 @@ def test_large_batches_split_and_edge_cases(full_window: WhisperRecognizer) -> N
     empty = Utterance(np.zeros(0, dtype=np.float32))
     batch = [Utterance(clip.audio()) for clip in selected] + [empty]
     results = full_window.transcribe(batch)
-    assert len(results) == 5 > full_window.max_batch_size
+    assert len(results) == 5 > (full_window.config.max_batch_size or 0)
     assert all(isinstance(result, Transcription) for result in results)
     assert results[-1].text == ""
     assert all(result.text for result in results[:-1])
@@ -142,7 +142,7 @@ def test_warmup_and_protocol(bucketed: WhisperRecognizer, tiny_en: Path) -> None
     bucketed.warmup()
     recognizer: Recognizer = bucketed
     assert recognizer.name == tiny_en.name  # the folder's name unless one is given
-    assert recognizer.max_batch_size == 16
+    assert recognizer.languages == frozenset({"en"})
     assert bucketed.windows == (4.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0)
 
 

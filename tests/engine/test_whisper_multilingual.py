@@ -9,8 +9,8 @@ import pytest
 
 from bench.corpus import clips
 from engine.api import Utterance
-from engine.weights import resolve_model
-from engine.whisper import WhisperRecognizer
+from engine.whisper.recognizer import WhisperRecognizer
+from engine.whisper.weights import resolve_model
 from loadgen.wer import error_rate
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import torch
 from transformers import WhisperConfig
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-from engine.windows import WindowedEncoders
+from engine.whisper.windows import WindowedEncoders
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,15 @@ from bench.corpus import clips
 from engine.api import Utterance
 from engine.loading import ModelConfig, load_whisper
 from engine.recognizer import Interrupted
-from engine.worker_processes import ProcessRecognizer
+from engine.workers.processes import ProcessRecognizer
+from server.engine_plan import model_config_with
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def config(tiny_en: Path, model_cache: Path) -> ModelConfig:
-    return ModelConfig(cache=model_cache)
+    return model_config_with(cache=model_cache)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +119,7 @@ def test_a_dead_idle_child_is_replaced_in_the_background(
 def test_a_model_that_fails_to_load_fails_the_start(config: ModelConfig) -> None:
     """A configuration the child's model refuses: the constructor raises with the child's
     reason, and no child is left behind."""
-    bad = ModelConfig(cache=config.cache, dtype="float16", quantize="int8")
+    bad = model_config_with(cache=config.cache, dtype="float16", quantize="int8")
     before = set(multiprocessing.active_children())
     with pytest.raises(RuntimeError, match="int8 runs on the CPU in float32 only"):
         ProcessRecognizer(bad, processes=1, threads=1)

@@ -17,9 +17,10 @@ import pytest
 
 from bench.corpus import clips
 from engine.api import Priority, RecognitionRequest, Utterance
-from engine.loading import ModelConfig
-from engine.scheduler import BatchScheduler
-from engine.worker_processes import ProcessRecognizer, WorkerHealth
+from engine.scheduling.scheduler import BatchScheduler
+from engine.workers.processes import ProcessRecognizer, WorkerHealth
+from server.engine_plan import model_config_with
+from tests.support.scheduling import scheduler_config
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ SETTLE = 240.0  # generous: a replacement loads the model on a shared 2-core box
 @pytest.fixture(scope="module")
 def pool(tiny_en: Path, model_cache: Path) -> Iterator[ProcessRecognizer]:
     recognizer = ProcessRecognizer(
-        ModelConfig(cache=model_cache), processes=2, threads=1, hang_after=HANG_AFTER
+        model_config_with(cache=model_cache), processes=2, threads=1, hang_after=HANG_AFTER
     )
     yield recognizer
     recognizer.close()
@@ -43,7 +44,7 @@ def jfk() -> Utterance:
 
 @contextlib.asynccontextmanager
 async def scheduling(pool: ProcessRecognizer) -> AsyncIterator[BatchScheduler]:
-    scheduler = BatchScheduler(pool, workers=pool.processes, max_wait=0.0)
+    scheduler = BatchScheduler(pool, scheduler_config(workers=pool.processes, max_wait=0.0))
     scheduler.start()
     try:
         yield scheduler
@@ -112,7 +113,7 @@ async def test_stopping_the_scheduler_does_not_wait_on_a_hung_child(
     """A stop while every child is SIGSTOPped mid-batch: the batches are given up (the
     children killed as hung once they leave a stop unanswered) well before `hang_after`
     would have found them, and the pool restarts them."""
-    scheduler = BatchScheduler(pool, workers=pool.processes, max_wait=0.0)
+    scheduler = BatchScheduler(pool, scheduler_config(workers=pool.processes, max_wait=0.0))
     scheduler.start()
     futures = [
         await scheduler.submit(RecognitionRequest(f"s{i}", Priority.FINAL, jfk)) for i in range(2)
@@ -131,7 +132,7 @@ def test_a_replacement_that_cannot_load_in_time_is_killed_and_retried(
     """A replacement not ready within the load timeout is killed (its process gone),
     counted as `load_failed` and tried again after a backoff; with the timeout back to
     normal the next one comes up and serves."""
-    pool = ProcessRecognizer(ModelConfig(cache=model_cache), processes=1, threads=1)
+    pool = ProcessRecognizer(model_config_with(cache=model_cache), processes=1, threads=1)
     try:
         victim = pool.health().pids[0]
         pool.load_timeout = 0.2  # shorter than any model load: every replacement is late

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult, Transcription, Utterance
-from server.auth import (
+from server.auth.keys import (
     ANONYMOUS,
     Authenticator,
     OriginPolicy,
@@ -23,10 +23,10 @@ from server.auth import (
     owned_config,
     parse_api_keys,
 )
+from server.auth.tokens import MemoryTokens, RedisTokens, TokenGrant, TokenQuotaExceeded
 from server.limits import CapacityMonitor, LimitedConnection, RealtimeBudget, Slots
 from server.logs import RedactTokens
 from server.settings import Settings
-from server.tokens import MemoryTokens, RedisTokens, TokenGrant, TokenQuotaExceeded
 from store.errors import StoreOverloaded
 from store.memory import MemoryStore
 from wire.codes import CloseCode

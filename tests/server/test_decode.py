@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from server.decode import DecodeLimits, decode_file
-from server.decode_worker import Refusal
-from server.sandbox import SandboxMode, open_sandbox
+from server.uploads.decode import DecodeLimits, decode_file
+from server.uploads.decode_worker import Refusal
+from server.uploads.sandbox import SandboxMode, open_sandbox
 from tests.support import audiofiles
 from tests.support.corpus import clip
 

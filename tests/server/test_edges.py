@@ -16,9 +16,9 @@ from starlette.applications import Starlette
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from server.__main__ import WS_IMPLEMENTATION, uvicorn_config
-from server.gate import MAX_CLOSE_REASON, close_reason
 from server.limits import ALL
 from server.settings import Settings
+from server.sockets.gate import MAX_CLOSE_REASON, close_reason
 from store.errors import UnknownResumeToken
 from store.records import hash_token
 from tests.support.appserver import AppServer, serve_app

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from server.auth import OWNER_FIELD
+from server.auth.keys import OWNER_FIELD
 from store.records import SourceState
 from tests.support import audiofiles
 from tests.support.appserver import AppServer, serve_app

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from server.state import AppState
-from store.redis_store import RedisStore
+from store.redis.store import RedisStore
 from tests.support.appserver import AppServer, serve_app
 from tests.support.corpus import clip
 from tests.support.hardclient import STOP, exchange

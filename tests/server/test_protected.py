@@ -13,8 +13,8 @@ import pytest
 from starlette.routing import Route, WebSocketRoute
 
 from server.__main__ import uvicorn_config
-from server.access import Access, is_loopback, start_line
 from server.app import create_app
+from server.auth.access import Access, is_loopback, start_line
 from server.settings import Settings
 from tests.support.appserver import serve_app
 from tests.support.route_probe import (

@@ -54,7 +54,7 @@ class Server:
             **os.environ,
             "PATH": str(no_bwrap),
             "PARLEY_LOG_FORMAT": "text",
-            "PARLEY_STATIC_DIR": str(REPO / "static"),
+            "PARLEY_STATIC_DIR": str(REPO / "server" / "static"),
             "PARLEY_MODEL_PROCESSES": "off",  # one model load, in the server's process
             "PARLEY_DIARIZATION": "false",
             "PARLEY_ADMIT_MAX_QUEUE_WAIT_MS": "0",

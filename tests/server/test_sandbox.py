@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from server import decode
-from server.decode import DecodeLimits, decode_file
-from server.decode_worker import Refusal
-from server.sandbox import UNCONFINED, Sandbox, SandboxMode, open_sandbox
+from server.uploads import decode
+from server.uploads.decode import DecodeLimits, decode_file
+from server.uploads.decode_worker import Refusal
+from server.uploads.sandbox import UNCONFINED, Sandbox, SandboxMode, open_sandbox
 
 LIMITS = DecodeLimits(max_seconds=60, cpu_seconds=30, memory_bytes=512 << 20, wall_seconds=30)
 

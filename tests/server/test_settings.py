@@ -45,12 +45,12 @@ def test_bad_values_are_refused_with_the_variable_name() -> None:
 def test_model_workers_run_as_processes_on_the_cpu_unless_told_otherwise() -> None:
     """PARLEY_MODEL_PROCESSES: `auto` means processes on the CPU and threads on CUDA;
     `on` and `off` say so everywhere."""
-    from engine.worker_processes import in_processes
-    from server.app import model_config
+    from engine.workers.processes import in_processes
+    from server.engine_plan import model_config
 
     def decide(mode: str, device: str) -> bool:
         settings = Settings.from_env({"PARLEY_MODEL_PROCESSES": mode, "PARLEY_DEVICE": device})
-        return in_processes(settings.model.model_processes, model_config(settings))  # type: ignore[arg-type]
+        return in_processes(settings.model.model_processes, model_config(settings))
 
     assert Settings.from_env({}).model.model_processes == "auto"
     assert decide("auto", "cpu") and not decide("auto", "cuda")
@@ -58,12 +58,13 @@ def test_model_workers_run_as_processes_on_the_cpu_unless_told_otherwise() -> No
 
 
 def test_batches_are_flat_on_cuda_and_per_row_on_the_cpu_unless_told_otherwise() -> None:
-    """PARLEY_BATCH_COST: `auto` means flat batches (engine/policy.py rule 5) on CUDA and
+    """PARLEY_BATCH_COST: `auto` means flat batches (engine/scheduling/policy.py rule 5) on CUDA and
     per-row on the CPU; `flat` and `per-row` say so everywhere; anything else is refused."""
-    from server.app import flat_batches
+    from server.engine_plan import flat_batches, model_config
 
     def decide(cost: str, device: str) -> bool:
-        return flat_batches(Settings.from_env({"PARLEY_BATCH_COST": cost, "PARLEY_DEVICE": device}))
+        settings = Settings.from_env({"PARLEY_BATCH_COST": cost, "PARLEY_DEVICE": device})
+        return flat_batches(settings, model_config(settings))
 
     assert Settings.from_env({}).scheduler.batch_cost == "auto"
     assert decide("auto", "cuda") and not decide("auto", "cpu")
@@ -74,7 +75,7 @@ def test_batches_are_flat_on_cuda_and_per_row_on_the_cpu_unless_told_otherwise()
 
 def test_the_context_window_reaches_the_recognizer_config() -> None:
     """PARLEY_CONTEXT_WINDOW_S caps the window a left context may fill (`context_window`)."""
-    from server.app import model_config
+    from server.engine_plan import model_config
 
     settings = Settings.from_env({"PARLEY_CONTEXT_WINDOW_S": "15"})
     assert model_config(settings).context_window == 15.0
@@ -84,7 +85,7 @@ def test_the_context_window_reaches_the_recognizer_config() -> None:
 def test_a_context_in_its_own_window_reaches_the_recognizer_and_drops_the_gate() -> None:
     """PARLEY_CONTEXT_OWN_WINDOW reaches the recognizer config; such a context never
     widens a window, so the scheduler gets no load gate for it."""
-    from server.app import model_config
+    from server.engine_plan import model_config
 
     own = Settings.from_env({"PARLEY_CONTEXT_OWN_WINDOW": "true"})
     assert model_config(own).context_own_window is True
@@ -121,7 +122,7 @@ def test_partials_decode_in_int8_where_finals_use_the_shortlist() -> None:
     """PARLEY_PARTIAL_QUANTIZE: `auto` is `int8-decoder` where QUANTIZE resolves to
     `int8-shortlist` (the CPU in float32), the finals' weights elsewhere."""
     from engine.loading import resolve_partial_quantize
-    from server.app import model_config
+    from server.engine_plan import model_config
 
     def resolved(env: dict[str, str], device: str = "cpu") -> str | None:
         return resolve_partial_quantize(model_config(Settings.from_env(env)), device)
@@ -203,10 +204,11 @@ def test_the_groups_bounds_are_the_ones_the_components_accept() -> None:
     its edges (they used to refuse such values in the model loader's task, after the
     load), and what they refuse, the settings refuse first."""
     from bench.fake_recognizer import FakeRecognizer
-    from engine.scheduler import BatchScheduler
+    from engine.scheduling.scheduler import BatchScheduler
     from server.app import segmenter_config
     from session.diarizer import DiarizerConfig
     from session.segmenter import SegmenterConfig
+    from tests.support.scheduling import scheduler_config
 
     edges = Settings.from_env(
         {
@@ -222,7 +224,9 @@ def test_the_groups_bounds_are_the_ones_the_components_accept() -> None:
     assert segmenter_config(edges).max_utterance == 8
     assert Settings.from_env({"PARLEY_MAX_UTTERANCE_S": "30", "PARLEY_VAD_THRESHOLD": "0.99"})
     assert DiarizerConfig(max_speakers=edges.speakers.diarization_max_speakers)
-    BatchScheduler(FakeRecognizer(), max_wait=edges.scheduler.batch_wait_ms / 1000)
+    BatchScheduler(
+        FakeRecognizer(), scheduler_config(max_wait=edges.scheduler.batch_wait_ms / 1000)
+    )
     for field_name, value, variable in (
         ("threshold", 0.15, "PARLEY_VAD_THRESHOLD"),
         ("max_utterance", 7.9, "PARLEY_MAX_UTTERANCE_S"),
@@ -238,7 +242,7 @@ def test_the_groups_bounds_are_the_ones_the_components_accept() -> None:
         with pytest.raises(SettingError, match="PARLEY_DIARIZATION_MAX_SPEAKERS"):
             Settings.from_env({"PARLEY_DIARIZATION_MAX_SPEAKERS": str(speakers)})
     with pytest.raises(ValueError):
-        BatchScheduler(FakeRecognizer(), max_wait=-0.001)
+        BatchScheduler(FakeRecognizer(), scheduler_config(max_wait=-0.001))
 
 
 def test_overrides_go_to_their_group_and_an_unknown_name_is_an_error() -> None:
@@ -327,13 +331,17 @@ async def test_a_failure_after_the_load_is_logged_and_reported_by_readyz(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Whatever fails in the model loader's task, after the load as well (here the
-    scheduler refuses a recognizer that batches nothing), is logged with its traceback,
-    and /readyz answers 503 with the reason instead of "loading" for ever."""
+    recognizer's warm-up), is logged with its traceback, and /readyz answers 503 with the
+    reason instead of "loading" for ever."""
     from bench.fake_recognizer import FakeRecognizer
     from tests.support.appserver import serve_app
 
+    class ColdRecognizer(FakeRecognizer):
+        def warmup(self) -> None:
+            raise ValueError("the warm-up failed")
+
     caplog.set_level(logging.ERROR, logger="server.app")
-    async with serve_app(lambda settings: FakeRecognizer(max_batch_size=0)) as server:
+    async with serve_app(lambda settings: ColdRecognizer()) as server:
         status, _, body = await server.request("GET", "/readyz")
     ready = orjson.loads(body)
     assert status == 503 and ready["ready"] is False

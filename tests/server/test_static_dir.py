@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from server.app import SOURCE_TREE, browser_client_dir
+from server.app import PACKAGE, browser_client_dir
 from tests.support.servers import start_server
 
 
 def test_the_page_is_served_when_the_server_starts_in_another_folder(tmp_path: Path) -> None:
     """`make run`'s default (`static`, relative) from a folder with no `static/` in it: the
-    real server still serves the page, from beside its code."""
+    real server still serves the page, from the installed package."""
     assert not (tmp_path / "static").exists()
     server = start_server({"PARLEY_STATIC_DIR": "static"}, cwd=tmp_path)
     try:
@@ -21,7 +21,7 @@ def test_the_page_is_served_when_the_server_starts_in_another_folder(tmp_path: P
         assert status == 200
         assert b"<title>Parley" in body
         status, script = server.get("/protocol.js")
-        assert status == 200 and script == (SOURCE_TREE / "static" / "protocol.js").read_bytes()
+        assert status == 200 and script == (PACKAGE / "static" / "protocol.js").read_bytes()
     finally:
         server.stop()
 
@@ -39,4 +39,4 @@ def test_the_working_directory_comes_first_and_a_missing_folder_is_logged(
         assert browser_client_dir("nowhere") is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2 and all("PARLEY_STATIC_DIR" in w for w in warnings)
-    assert str(SOURCE_TREE / "nowhere") in warnings[1]
+    assert str(PACKAGE / "nowhere") in warnings[1]

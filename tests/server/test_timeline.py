@@ -15,7 +15,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from server.uploads import parse_started_at
+from server.uploads.routes import parse_started_at
 from tests.support.appserver import AppServer, serve_app
 from tests.support.corpus import clip
 from tests.support.wsclient import ResumableStream, StreamResult, receive_all, stream_url

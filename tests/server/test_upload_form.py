@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.decode_worker import Refusal
-from server.upload_form import FormReceiver
+from server.uploads.decode_worker import Refusal
+from server.uploads.form import FormReceiver
 from tests.support import audiofiles
 from tests.support.httpclient import multipart
 

@@ -40,7 +40,7 @@ async def serve(
     recognizer = fake or FakeRecognizer(max_batch_size=8)
     async with serve_app(
         lambda _: recognizer,
-        static_dir=str(REPO / "static"),
+        static_dir=str(REPO / "server" / "static"),
         upload_dir=str(tmp_path / "uploads"),
         max_batch_size=8,
         **overrides,

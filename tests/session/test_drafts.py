@@ -1,5 +1,6 @@
 """A session hands each request of an utterance the text of that utterance's latest partial
-as the recognizer's decoding draft (engine/greedy.py checks drafts; they never change text)."""
+as the recognizer's decoding draft (engine/whisper/greedy.py checks drafts; they never change
+text)."""
 
 from __future__ import annotations
 

@@ -12,13 +12,14 @@ import pytest
 
 from bench.fake_recognizer import FakeRecognizer
 from engine.api import RecognitionRequest, RecognitionResult
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.final_order import CONTEXT_CHARS
 from session.services import SessionServices, offline_services
 from store.memory import MemoryStore
 from tests.conftest import StoreFactory
 from tests.support.corpus import clip
+from tests.support.scheduling import scheduler_config
 
 
 class CountingScheduler(BatchScheduler):
@@ -40,7 +41,9 @@ class CountingScheduler(BatchScheduler):
 
 @pytest.fixture
 async def services() -> AsyncIterator[SessionServices]:
-    scheduler = CountingScheduler(FakeRecognizer(max_batch_size=8), max_batch_size=8)
+    scheduler = CountingScheduler(
+        FakeRecognizer(max_batch_size=8), scheduler_config(max_batch_size=8)
+    )
     scheduler.start()
     yield offline_services(scheduler, MemoryStore())
     await scheduler.stop()
@@ -124,7 +127,7 @@ async def test_auto_language_is_detected_then_pinned(tmp_path: Path) -> None:
     """With a multilingual model and no language, the first utterance is detected, and
     once the detector is sure the rest of the file is pinned to that language."""
     fake = FakeRecognizer(max_batch_size=8, languages=frozenset({"en", "de"}), detects=("de", 0.9))
-    scheduler = BatchScheduler(fake, max_batch_size=8)
+    scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=8))
     scheduler.start()
     services = offline_services(scheduler, MemoryStore(), fake.languages)
     path, total = speech_file(tmp_path, repeats=2)
@@ -146,7 +149,7 @@ async def test_attached_file_stores_its_sources_context_and_language(
     context (its latest text) and the language it detected with each final: what a resume
     of that source reads back."""
     fake = FakeRecognizer(max_batch_size=8, languages=frozenset({"en", "de"}), detects=("de", 0.9))
-    scheduler = BatchScheduler(fake, max_batch_size=8)
+    scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=8))
     scheduler.start()
     store = make_store()
     services = offline_services(scheduler, store, fake.languages)

@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from bench.fake_recognizer import FakeRecognizer
-from engine.weights import ModelNotInstalledError, resolve_model
+from engine.whisper.weights import ModelNotInstalledError, resolve_model
 from session.language import LanguageDetector, LanguagePinned
 from tests.support.appserver import serve_app
 from tests.support.corpus import clip

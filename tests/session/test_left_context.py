@@ -13,11 +13,12 @@ import pytest
 
 from bench.fake_recognizer import FakeRecognizer
 from engine.api import SAMPLE_RATE, WordTiming
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.final_order import PendingFinal
 from session.said_before import LEFT_UTTERANCES, MAX_GAP, SaidBefore
 from session.segmenter import UtteranceEnded
 from tests.session.test_prompts import committer
+from tests.support.scheduling import scheduler_config
 from tests.support.tasks import blocked
 
 
@@ -102,7 +103,7 @@ async def test_a_live_final_waits_for_the_one_before_it_at_most_context_wait() -
     after `context_wait` it goes without context, beside that one (not behind it). A
     third cut then waits for the second and hears the two before it."""
     recognizer = FakeRecognizer(gated=True)
-    scheduler = BatchScheduler(recognizer, max_batch_size=8)
+    scheduler = BatchScheduler(recognizer, scheduler_config(max_batch_size=8))
     scheduler.start()
     try:
         source = committer(scheduler, left_context=10.0, context_wait=0.5)
@@ -139,7 +140,7 @@ async def test_a_source_in_a_language_without_left_context_sends_its_finals_at_o
     are cut, without context; a source detected as Spanish sends the finals that waited
     for the detecting one all at once, in Spanish, without context."""
     recognizer = FakeRecognizer(languages=frozenset({"en", "es"}), detects=("es", 0.95))
-    scheduler = BatchScheduler(recognizer, max_batch_size=8)
+    scheduler = BatchScheduler(recognizer, scheduler_config(max_batch_size=8))
     scheduler.start()
     english = frozenset({"en"})
     try:

@@ -13,13 +13,14 @@ import numpy as np
 
 from bench.fake_recognizer import FakeRecognizer
 from engine.api import Priority
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.outbox import Outbox
 from session.partial_sender import PartialSender
 from session.segmenter import PartialDue
 from session.telemetry import NullTelemetry
 from store.memory import MemoryStore
 from tests.session.test_prompts import committer, utterance
+from tests.support.scheduling import scheduler_config
 
 
 class _Drops(NullTelemetry):
@@ -41,7 +42,7 @@ async def _settled(sender: PartialSender) -> None:
 
 async def test_a_queued_partial_withdrawn_at_its_utterance_end_is_cancelled_not_stale() -> None:
     recognizer = FakeRecognizer(gated=True)
-    scheduler = BatchScheduler(recognizer, max_batch_size=8, workers=1)
+    scheduler = BatchScheduler(recognizer, scheduler_config(max_batch_size=8, workers=1))
     scheduler.start()
     try:
         source = committer(scheduler)

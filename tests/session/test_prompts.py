@@ -12,7 +12,7 @@ import numpy as np
 
 from bench.fake_recognizer import FakeRecognizer
 from engine.api import Priority
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.committer import Committer, CommitterConfig
 from session.final_order import PendingFinal
 from session.segmenter import UtteranceEnded

@@ -12,11 +12,12 @@ import pytest
 
 from bench.fake_recognizer import FakeRecognizer
 from engine.api import LeftContext, Priority, RecognitionRequest, Utterance
-from engine.scheduler import BatchScheduler
+from engine.scheduling.scheduler import BatchScheduler
 from session.speculation import Speculator
 from session.telemetry import NullTelemetry
 from tests.support.appserver import serve_app, serving
 from tests.support.corpus import clip
+from tests.support.scheduling import scheduler_config
 from tests.support.timeouts import EVENT_TIMEOUT
 from tests.support.wsclient import stream_pcm
 
@@ -34,7 +35,7 @@ def final(n: int, draft: str = "", prompt: str = "") -> RecognitionRequest:
 @pytest.fixture
 async def engine() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
     fake = FakeRecognizer(max_batch_size=4)
-    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0)
+    scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.0))
     scheduler.start()
     yield scheduler, fake
     await scheduler.stop()
@@ -107,7 +108,7 @@ async def test_a_final_with_left_context_does_not_take_a_speculation_without(
 async def test_a_speculation_withdrawn_while_queued_costs_no_model_time() -> None:
     """Withdrawn before a worker took it, a speculation is cancelled, never run."""
     fake = FakeRecognizer(max_batch_size=4, gated=True)
-    scheduler = BatchScheduler(fake, max_batch_size=4, max_wait=0.0)
+    scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.0))
     scheduler.start()
     speculator = Speculator(scheduler, NullTelemetry())
     busy = await scheduler.submit(final(1))

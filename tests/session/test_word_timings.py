@@ -11,12 +11,13 @@ import numpy.typing as npt
 import pytest
 
 from engine.api import SAMPLE_RATE
-from engine.scheduler import BatchScheduler
-from engine.whisper import WhisperRecognizer
+from engine.scheduling.scheduler import BatchScheduler
+from engine.whisper.recognizer import WhisperRecognizer
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import offline_services
 from store.memory import MemoryStore
 from tests.support.corpus import clip
+from tests.support.scheduling import scheduler_config
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ async def test_words_of_two_clips_around_a_silence(
     samples = np.concatenate([first, silence, second])
     path = tmp_path / "pair.s16"
     path.write_bytes((samples * 32767).astype("<i2").tobytes())
-    scheduler = BatchScheduler(WhisperRecognizer(tiny_en), max_batch_size=8)
+    scheduler = BatchScheduler(WhisperRecognizer(tiny_en), scheduler_config(max_batch_size=8))
     scheduler.start()
     services = dataclasses.replace(
         offline_services(scheduler, MemoryStore()), left_context=left_context

@@ -11,7 +11,7 @@ import pytest
 
 from store.api import QuotaClaim, Store
 from store.errors import QuotaFull
-from store.redis_store import RedisStore
+from store.redis.store import RedisStore
 from tests.conftest import StoreFactory
 from tests.support.timeouts import S
 

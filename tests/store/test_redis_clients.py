@@ -6,7 +6,7 @@ import pytest
 
 from server.settings import Settings
 from server.settings.base import SettingError
-from store.redis_clients import SENTINEL_PORT, SentinelURL
+from store.redis.clients import SENTINEL_PORT, SentinelURL
 
 
 def test_sentinel_url_names_sentinels_service_db_and_passwords() -> None:

@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from store.errors import StoreOverloaded, StoreUnavailable, SubscriberLagged, SubscriptionLost
 from store.factory import open_store
 from store.records import FinalRecord, SourceState, hash_token
-from store.redis_store import RedisStore
+from store.redis.store import RedisStore
 from tests.store.test_store import emit, next_event
 from tests.support.redis_support import ManualClock, RedisServer, free_port
 from tests.support.timeouts import MS

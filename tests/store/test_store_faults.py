@@ -9,7 +9,7 @@ import contextlib
 import pytest
 
 from store.errors import SubscriptionLost
-from store.redis_store import RedisStore
+from store.redis.store import RedisStore
 from tests.store.test_store import next_event
 from tests.support.redis_support import free_port
 

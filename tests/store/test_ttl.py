@@ -14,8 +14,8 @@ from redis.asyncio import Redis
 
 from store.errors import UnknownResumeToken
 from store.memory import MemoryStore
-from store.redis_scripts import Keys
-from store.redis_store import RedisStore
+from store.redis.scripts import Keys
+from store.redis.store import RedisStore
 from store.ttl import MIN_TTL_MS, TTLSettings, draw_jitter, ttl_bounds_ms, ttl_ms
 from tests.store.test_store import emit
 from tests.support.redis_support import ManualClock

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from engine.ct2 import DTYPES
+from engine.whisper.ct2 import DTYPES
 
 
 def _string(text: str) -> bytes:

@@ -19,7 +19,7 @@ SERVER_LOGS: dict[str, Path] = {}
 # What every server under test runs with, unless the test says otherwise.
 TEST_ENV = {
     "PARLEY_LOG_FORMAT": "text",
-    "PARLEY_STATIC_DIR": str(REPO / "static"),
+    "PARLEY_STATIC_DIR": str(REPO / "server" / "static"),
     "PYTHONUNBUFFERED": "1",
     # Functional tests stream faster than real time on a shared machine: measured
     # admission control would refuse them. tests/server/test_overload.py turns it on.
