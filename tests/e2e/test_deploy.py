@@ -21,7 +21,7 @@ from deploy.local import Deployment, Node
 from loadgen.wer import error_rate
 from tests.support.corpus import clip
 from tests.support.servers import DRAIN_GRACE_S
-from tests.support.timeouts import START_TIMEOUT
+from tests.support.timeouts import START_TIMEOUT, S
 from tests.support.wsclient import ResumableStream
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def test_balancer_checks_readyz_and_forwards_the_client_address(deployment: Depl
 
 async def _serving(deployment: Deployment) -> Node:
     """The node with the open stream, once it has one."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60 * S
     while True:
         counts = await asyncio.gather(
             *(asyncio.to_thread(n.active_sessions) for n in deployment.nodes if n.alive)
