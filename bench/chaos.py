@@ -178,7 +178,7 @@ class Stream:
         self.sockets.append(sock)
         self.current = sock
         self._interrupt.clear()
-        receiver = asyncio.create_task(self._receive(sock))
+        receiver = asyncio.create_task(self.receive(sock))
         sock.reader = receiver
         try:
             started = await self._first(sock, receiver)
@@ -223,7 +223,7 @@ class Stream:
         self.token = self.token or started["resume_token"]
         return started
 
-    async def _receive(self, sock: Socket) -> None:
+    async def receive(self, sock: Socket) -> None:
         try:
             async for raw in sock.ws:
                 message = orjson.loads(raw)

@@ -148,11 +148,11 @@ def breakdown(
         alone = dataclasses.replace(u, left=None)
         own, wide = r.window([alone]), r.window([u])
         for key, window in zip(keys[:2], (own, wide), strict=True):
-            features = r._preprocess([alone], window)
-            parts[key].append(timed(partial(r._whisper.encoders.encode, window, features), repeats))
-        parts["alone"].append(timed(partial(r._forward, [alone], own), repeats))
-        parts["alone, context's window"].append(timed(partial(r._forward, [alone], wide), repeats))
-        parts["behind context"].append(timed(partial(r._forward, [u], wide), repeats))
+            features = r.preprocess([alone], window)
+            parts[key].append(timed(partial(r.whisper.encoders.encode, window, features), repeats))
+        parts["alone"].append(timed(partial(r.forward, [alone], own), repeats))
+        parts["alone, context's window"].append(timed(partial(r.forward, [alone], wide), repeats))
+        parts["behind context"].append(timed(partial(r.forward, [u], wide), repeats))
     print(f"  breakdown, {len(parts['alone'])} finals with a context (cap {cap:.0f} s):")
     for key, values in parts.items():
         print(f"    {key:26s} {statistics.mean(values) * 1000:5.0f} ms", flush=True)

@@ -1,5 +1,6 @@
 """The processes a fault or soak benchmark drives: a Parley server it can stop, kill and
-restart on the same port, and a redis-server of its own it can kill and restart."""
+restart on the same port (deploy/processes.py's, with what a soak reads of it), and a
+redis-server of its own it can kill and restart."""
 
 from __future__ import annotations
 
@@ -9,85 +10,19 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy.local import http_get as http_get  # one copy of each, for bench/ too
-from deploy.processes import end_process
-from deploy.processes import free_port as free_port
-
-REPO = Path(__file__).resolve().parent.parent
+from deploy import processes
+from deploy.processes import free_port as free_port  # one copy of each, for bench/ too
+from deploy.processes import http_get as http_get
 
 
-@dataclass
-class ServerProcess:
-    """`python -m <module> --port PORT` (module: `server`, or `bench.fake_server`)."""
-
-    module: str
-    env: dict[str, str]
-    log_path: Path
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def start(self, timeout: float = 300.0) -> None:
-        """Start and wait until /readyz says ready."""
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", self.module, "--port", str(self.port)],
-                cwd=REPO,
-                env={**os.environ, **self.env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.starts += 1
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}")
-            try:
-                if http_get(self.http_url + "/readyz", 2.0)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("server not ready in time")
-
-    def stop(self, timeout: float = 60.0) -> None:
-        self._signal(signal.SIGTERM, timeout)
-
-    def kill(self) -> None:
-        self._signal(signal.SIGKILL, 30.0)
-
-    def _signal(self, signum: int, timeout: float) -> None:
-        process, self.process = self.process, None
-        if process is not None:
-            end_process(process, signum, timeout)
-
-    def metrics(self) -> dict[str, float]:
-        """/metrics as {sample line's name and labels: value}."""
-        _, body = http_get(self.http_url + "/metrics")
-        samples: dict[str, float] = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
+class ServerProcess(processes.ServerProcess):
+    """deploy/processes.py's server under test (`python -m <module> --port PORT`: start,
+    stop, kill, restart on the same port, /metrics), and what a soak reads of its
+    process: memory and descriptors."""
 
     def rss_bytes(self) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():

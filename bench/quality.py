@@ -51,10 +51,10 @@ from engine.api import SAMPLE_RATE, AudioArray, LeftContext, Utterance
 from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 from engine.whisper.weights import resolve_model
 from loadgen.wer import ErrorCounts, error_counts
-from tests import audiofiles
-from tests.conftest import start_server
-from tests.httpclient import get, upload
-from tests.wsclient import stream_pcm
+from tests.support import audiofiles
+from tests.support.httpclient import get, upload
+from tests.support.servers import start_server
+from tests.support.wsclient import stream_pcm
 
 CACHE = Path.home() / ".cache" / "parley" / "bench-quality"
 MODELS = Path.home() / ".cache" / "parley" / "models"

@@ -239,22 +239,22 @@ class Variants:
         if window is None and not forced:
             return r.transcribe([Utterance(audio, prompt=prompt)])[0].text
         utterance = Utterance(audio, prompt=prompt)
-        window = window or r._whisper.encoders.for_duration(
+        window = window or r.whisper.encoders.for_duration(
             utterance.duration + r.config.window_margin
         )
-        features = r._preprocess([utterance], window)
-        hidden = r._whisper.encoders.encode(window, features)
+        features = r.preprocess([utterance], window)
+        hidden = r.whisper.encoders.encode(window, features)
         budget = token_budget(
-            utterance.duration, r.config.max_tokens_per_second, r._whisper.max_new_tokens_cap
+            utterance.duration, r.config.max_tokens_per_second, r.whisper.max_new_tokens_cap
         )
-        forced_ids = r._whisper.draft_tokens(forced)
-        started = r._whisper.greedy.start(hidden, None, [r._whisper.prefix(prompt)])
-        prompts = torch.tensor([[*r._whisper.prompt_tail, *forced_ids]], dtype=torch.long)
-        greedy = r._whisper.greedy.decode(started, prompts, [budget])
+        forced_ids = r.whisper.draft_tokens(forced)
+        started = r.whisper.greedy.start(hidden, None, [r.whisper.prefix(prompt)])
+        prompts = torch.tensor([[*r.whisper.prompt_tail, *forced_ids]], dtype=torch.long)
+        greedy = r.whisper.greedy.decode(started, prompts, [budget])
         row = read_row(
-            greedy.tokens[0].tolist(), greedy.logprobs[0], end_token=r._whisper.eot, budget=budget
+            greedy.tokens[0].tolist(), greedy.logprobs[0], end_token=r.whisper.eot, budget=budget
         )
-        return str(r._whisper.tokenizer.decode(row.tokens, skip_special_tokens=True)).strip()
+        return str(r.whisper.tokenizer.decode(row.tokens, skip_special_tokens=True)).strip()
 
 
 def moved(word: WordTiming, seconds: float) -> WordTiming:
@@ -303,16 +303,16 @@ async def main() -> None:
     )
     variants = Variants(recognizer, Offline(model_path))
     full_passes: list[int] = []  # rows decoded again on the full window (loops)
-    forward = recognizer._forward
+    forward = recognizer.forward
 
     def counted(
         batch: list[Utterance], window: float, should_stop: Callable[[], bool] | None = None
     ) -> list[Any]:
-        if window == recognizer._whisper.encoders.full_window:
+        if window == recognizer.whisper.encoders.full_window:
             full_passes.append(len(batch))
         return forward(batch, window, should_stop)
 
-    recognizer._forward = counted  # type: ignore[method-assign,assignment]
+    recognizer.forward = counted  # type: ignore[method-assign,assignment]
     table: dict[str, Decode] = {
         "base": variants.base, "prompt": variants.prompt, "pad30": variants.pad30,
         "ts": variants.ts, "nots": variants.nots, "left": variants.left,

@@ -168,22 +168,22 @@ def decoder_rows(recognizer: WhisperRecognizer, hidden: torch.Tensor, count: int
     of `hidden`'s rows from the second generated token on (a text's first token, often a
     near tie among many, is the choice the shortlist rescues most: the rows part counts
     every choice), in the order decoded."""
-    greedy = recognizer._whisper.greedy
+    greedy = recognizer.whisper.greedy
     seen: list[torch.Tensor] = []
-    choose = greedy._decoder.choose
+    choose = greedy.step.choose
 
     def capture(states: torch.Tensor, suppress: torch.Tensor) -> object:
         if suppress is greedy._suppress:  # not the first position's suppression
             seen.append(states)
         return choose(states, suppress)
 
-    greedy._decoder.choose = capture  # type: ignore[method-assign,assignment]
+    greedy.step.choose = capture  # type: ignore[method-assign,assignment]
     try:
         batch = hidden.shape[0]
-        prompts = torch.tensor([recognizer._whisper.prompt_tail] * batch)
+        prompts = torch.tensor([recognizer.whisper.prompt_tail] * batch)
         greedy.decode(greedy.start(hidden), prompts, [40] * batch)
     finally:
-        del greedy._decoder.choose
+        del greedy.step.choose
     rows = torch.cat(seen)
     if rows.shape[0] < count:
         raise RuntimeError(f"{rows.shape[0]} decoder states, {count} wanted")
@@ -193,11 +193,11 @@ def decoder_rows(recognizer: WhisperRecognizer, hidden: torch.Tensor, count: int
 def projection_table(
     recognizer: WhisperRecognizer, hidden: torch.Tensor, settings: Settings
 ) -> list[str]:
-    projection = recognizer._whisper.model.proj_out
+    projection = recognizer.whisper.model.proj_out
     if not isinstance(projection, torch.nn.Linear):
         raise SystemExit("the projection table needs the float32 model (--quantize none first)")
     count = max(8, *settings.batch_sizes)
-    rows = recognizer._whisper.model.model.decoder.layer_norm(
+    rows = recognizer.whisper.model.model.decoder.layer_norm(
         decoder_rows(recognizer, hidden, count)
     )
     lines = [
@@ -219,7 +219,7 @@ def encoder_states(recognizer: WhisperRecognizer, utterances: Sequence[Utterance
     window = recognizer.windows[-1]
     return torch.cat(
         [
-            recognizer._whisper.encoders.encode(window, recognizer._preprocess([u], window))
+            recognizer.whisper.encoders.encode(window, recognizer.preprocess([u], window))
             for u in utterances
         ]
     )
@@ -231,7 +231,7 @@ def step_cells(
     """One decoder step per batch size: the layers over a synthetic cache (their cost does
     not depend on the values), then the choice of each row's token on decoder states of
     real speech (the shortlist's does: a state it cannot vouch for is projected in full)."""
-    greedy = recognizer._whisper.greedy
+    greedy = recognizer.whisper.greedy
     real = decoder_rows(recognizer, hidden, max(settings.batch_sizes))
     cells = []
     for size in settings.batch_sizes:
@@ -241,8 +241,8 @@ def step_cells(
 
         def step(cache: object = cache, ids: torch.Tensor = ids, size: int = size) -> object:
             cache.lengths[:] = CACHED  # type: ignore[attr-defined]
-            greedy._decoder.feed(cache, ids)  # type: ignore[arg-type]
-            return greedy._decoder.choose(real[:size], greedy._suppress)
+            greedy.step.feed(cache, ids)  # type: ignore[arg-type]
+            return greedy.step.choose(real[:size], greedy._suppress)
 
         cells.append(f"{timed(step, settings.repeats):.2f} ms")
     return cells
@@ -250,11 +250,11 @@ def step_cells(
 
 def encoder_cells(recognizer: WhisperRecognizer, settings: Settings) -> list[str]:
     audio = Utterance(clips(("en_jfk",))[0].audio()[: 16_000 * 4])
-    encode = recognizer._whisper.encoders.encode
+    encode = recognizer.whisper.encoders.encode
     repeats = max(3, settings.repeats // 3)
     cells = []
     for window in settings.windows:
-        features = recognizer._preprocess([audio], window)
+        features = recognizer.preprocess([audio], window)
         ms = timed(partial(encode, window, features), repeats)
         cells.append(f"{ms:.1f} ms")
     return cells
@@ -263,10 +263,10 @@ def encoder_cells(recognizer: WhisperRecognizer, settings: Settings) -> list[str
 def rows_cell(recognizer: WhisperRecognizer, hidden: torch.Tensor) -> str:
     """Tokens and start logits of each row decoded alone against in the batch of all, and
     how many choices the int8 shortlist could not vouch for (projected again in full)."""
-    greedy = recognizer._whisper.greedy
-    prompt = recognizer._whisper.prompt_tail
+    greedy = recognizer.whisper.greedy
+    prompt = recognizer.whisper.prompt_tail
     choices = [0, 0]
-    choose = greedy._decoder.choose
+    choose = greedy.step.choose
 
     def counted(
         states: torch.Tensor, suppress: torch.Tensor, bias: torch.Tensor | None = None
@@ -276,13 +276,13 @@ def rows_cell(recognizer: WhisperRecognizer, hidden: torch.Tensor) -> str:
         choices[1] += int(choice.rescued.sum())
         return choice
 
-    greedy._decoder.choose = counted  # type: ignore[method-assign]
+    greedy.step.choose = counted  # type: ignore[method-assign]
     try:
         return rows_compared(greedy, prompt, hidden) + (
             f"; {choices[1]} of {choices[0]} choices rescued in full"
         )
     finally:
-        del greedy._decoder.choose
+        del greedy.step.choose
 
 
 def rows_compared(greedy: GreedyDecoder, prompt: list[int], hidden: torch.Tensor) -> str:

@@ -20,11 +20,11 @@ import statistics
 import time
 from typing import Any
 
-from tests import audiofiles
-from tests.conftest import start_server
-from tests.corpus import clip
-from tests.httpclient import get, upload
-from tests.wsclient import BYTES_PER_SECOND, stream_pcm
+from tests.support import audiofiles
+from tests.support.corpus import clip
+from tests.support.httpclient import get, upload
+from tests.support.servers import start_server
+from tests.support.wsclient import BYTES_PER_SECOND, stream_pcm
 
 ROOM_CLIPS = [  # two clips a room, ~25-30 s of speech each
     ("en_ls_1221-135766-0001", "en_jfk"),

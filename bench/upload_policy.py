@@ -24,11 +24,11 @@ import numpy as np
 
 from bench.upload_live import FILE_CLIP, ROOM_CLIPS, room, summary
 from engine.api import Transcription, Utterance
-from tests import audiofiles
-from tests.corpus import clip
-from tests.httpclient import get, upload
 from tests.server.test_uploads import serve
-from tests.wsclient import BYTES_PER_SECOND
+from tests.support import audiofiles
+from tests.support.corpus import clip
+from tests.support.httpclient import get, upload
+from tests.support.wsclient import BYTES_PER_SECOND
 
 WINDOWS = (10.0, 15.0, 20.0, 30.0)
 

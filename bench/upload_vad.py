@@ -33,7 +33,7 @@ from session.vad import (
     VadState,
     VadStream,
 )
-from tests.corpus import clips
+from tests.support.corpus import clips
 
 TICK = 0.001
 

@@ -14,86 +14,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import secrets
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.haproxy import HAProxy, config
-from deploy.processes import end_process, free_port
+from deploy.processes import START_TIMEOUT_S, ServerProcess, free_port, http_get
 from deploy.sentinel import Sentineled
 
-REPO = Path(__file__).resolve().parent.parent
 DRAIN_GRACE_S = 20.0  # PARLEY_DRAIN_GRACE_S of each node (the k8s preStop waits as long)
-
-
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-@dataclass
-class Node:
-    """One `python -m <module> --port PORT` (module: `server`, or `bench.fake_server`)."""
-
-    name: str
-    module: str
-    env: dict[str, str]
-    log_path: Path
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def spawn(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", self.module, "--port", str(self.port)],
-                cwd=REPO,
-                env={**os.environ, **self.env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process is None or self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited; see {self.log_path}")
-            with contextlib.suppress(OSError):
-                if http_get(self.http_url + "/readyz", 2.0)[0] == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} not ready in {timeout} s")
-            time.sleep(0.1)
-
-    def active_sessions(self) -> int:
-        """Open streams, from the node's /metrics."""
-        _, body = http_get(self.http_url + "/metrics")
-        for line in body.decode().splitlines():
-            if line.startswith("parley_active_sessions "):
-                return int(float(line.split()[1]))
-        return 0
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def end(self, signum: int = signal.SIGTERM, timeout: float = 60.0) -> None:
-        if self.process is not None:
-            end_process(self.process, signum, timeout)
+Node = ServerProcess  # one node: `python -m server` (or `bench.fake_server`) on its port
 
 
 class Deployment:
@@ -108,8 +41,12 @@ class Deployment:
         keys_file: Path | None = None,
         module: str = "server",
         env: dict[str, str] | None = None,
+        drain_grace_s: float = DRAIN_GRACE_S,
     ) -> None:
+        """`drain_grace_s`: each node's PARLEY_DRAIN_GRACE_S, what `stop` waits out (the
+        tests, whose teardown no balancer watches, set it short)."""
         self.workdir = workdir
+        self.drain_grace_s = drain_grace_s
         self.port = port or free_port()
         self.redis = Sentineled(workdir)
         self.key = ""
@@ -121,13 +58,11 @@ class Deployment:
             "PARLEY_REDIS_URL": self.redis.url,
             "PARLEY_API_KEYS_FILE": str(keys_file),
             "PARLEY_TRUSTED_PROXIES": "127.0.0.1",  # HAProxy's X-Forwarded-For
-            "PARLEY_DRAIN_GRACE_S": str(DRAIN_GRACE_S),
+            "PARLEY_DRAIN_GRACE_S": str(drain_grace_s),
             "PARLEY_LOG_FORMAT": "text",
             **(env or {}),
         }
-        self.nodes = [
-            Node(f"node{i}", module, node_env, workdir / f"node{i}.log") for i in range(nodes)
-        ]
+        self.nodes = [Node(module, node_env, workdir / f"node{i}.log") for i in range(nodes)]
         text = config("127.0.0.1", self.port, [("127.0.0.1", n.port) for n in self.nodes])
         self.haproxy = HAProxy(workdir, text, self.port)
 
@@ -139,14 +74,15 @@ class Deployment:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
-        """Start everything; return once each node is ready and HAProxy sees them up."""
+    def start(self, ready_timeout: float = START_TIMEOUT_S) -> None:
+        """Start everything; return once each node is ready (within `ready_timeout` s) and
+        HAProxy sees them up."""
         try:
             self.redis.start()
             for node in self.nodes:  # models load side by side
                 node.spawn()
             for node in self.nodes:
-                node.wait_ready()
+                node.wait_ready(ready_timeout)
             self.haproxy.start()
             self.wait_balanced()
         except BaseException:
@@ -170,10 +106,9 @@ class Deployment:
         self.haproxy.stop()
         for node in self.nodes:
             if node.alive:
-                assert node.process is not None
                 node.process.send_signal(signal.SIGTERM)
         for node in self.nodes:
-            node.end(timeout=DRAIN_GRACE_S + 30)
+            node.end(timeout=self.drain_grace_s + 30)
         self.redis.stop()
 
 

@@ -130,6 +130,11 @@ class Slots:
     def held(self, key: str) -> int:
         return self._held[key]
 
+    @property
+    def in_use(self) -> int:
+        """Slots held, over every key."""
+        return sum(self._held.values())
+
     def acquire(self, key: str) -> bool:
         if self._held[key] >= self.limit:
             return False

@@ -13,6 +13,10 @@ class KeyedLocks:
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
+    def __len__(self) -> int:
+        """Keys whose lock someone holds or waits for."""
+        return len(self._locks)
+
     @contextlib.asynccontextmanager
     async def __call__(self, key: str) -> AsyncIterator[None]:
         lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))

@@ -4,84 +4,24 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deploy.processes import end_process
 from engine.whisper.weights import resolve_model
 from store.api import Store
 from store.memory import MemoryStore
 from store.redis.store import RedisStore
-from tests.corpus import REPO
-from tests.redis_support import ManualClock, RedisServer, delete_keys, free_port, redis_answers
-
-START_TIMEOUT = 300.0  # first run converts the bundled weights
-
-
-@dataclass
-class ServerProcess:
-    """A `python -m server` subprocess on a free loopback port."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def get(self, path: str) -> tuple[int, bytes]:
-        try:
-            with urllib.request.urlopen(self.http_url + path, timeout=10) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
-
-    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        delay = 0.05
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                status, body = self.get("/readyz")
-                if status == 200:
-                    return
-                if b'"model":"failed"' in body:
-                    raise RuntimeError(f"model failed to load: {body!r}\n{self.log()}")
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
-
-    def stop(self, timeout: float = 30.0) -> int:
-        returncode = end_process(self.process, timeout=timeout)
-        assert returncode is not None  # reaped
-        return returncode
-
-
-# Where the servers' logs go: a folder under pytest's own temporary directory (which keeps
-# the last three runs' and deletes the older), set for the test session; outside one, /tmp.
-SERVER_LOGS: dict[str, Path] = {}
+from tests.support.redis_support import (
+    ManualClock,
+    RedisServer,
+    delete_keys,
+    redis_answers,
+)
+from tests.support.servers import SERVER_LOGS, ServerProcess, start_server
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -89,44 +29,6 @@ def server_log_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     SERVER_LOGS["folder"] = folder = tmp_path_factory.mktemp("server-logs")
     yield folder
     SERVER_LOGS.clear()
-
-
-def start_server(
-    env: dict[str, str] | None = None,
-    *,
-    wait: bool = True,
-    port: int | None = None,
-    cwd: Path = REPO,
-) -> ServerProcess:
-    port = port or free_port()
-    log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the server
-        prefix=f"parley-{port}-", suffix=".log", delete=False, dir=SERVER_LOGS.get("folder")
-    )
-    full_env = {
-        **os.environ,
-        "PARLEY_LOG_FORMAT": "text",
-        "PARLEY_STATIC_DIR": str(REPO / "server" / "static"),
-        "PYTHONUNBUFFERED": "1",
-        # Functional tests stream faster than real time on a shared 2-core box: measured
-        # admission control would refuse them. tests/server/test_overload.py turns it on.
-        "PARLEY_ADMIT_MAX_QUEUE_WAIT_MS": "0",
-        **(env or {}),
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "server", "--port", str(port)],
-        cwd=cwd,
-        env=full_env,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
-    server = ServerProcess(process, port, Path(log_file.name))
-    if wait:
-        try:
-            server.wait_ready()
-        except BaseException:
-            server.stop()
-            raise
-    return server
 
 
 @pytest.fixture(scope="session")

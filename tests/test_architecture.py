@@ -6,7 +6,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.corpus import REPO
+from tests.support.corpus import REPO
 
 PACKAGES = ("wire", "store", "engine", "session", "server", "loadgen")
 # What each package may import of the project (besides itself).

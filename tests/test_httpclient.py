@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from tests.httpclient import endless_file, post_form
+from tests.support.httpclient import endless_file, post_form
 
 REFUSAL = b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
 

@@ -11,7 +11,7 @@ import wave
 
 import pytest
 
-from tests.conftest import ServerProcess
+from tests.support.servers import ServerProcess
 from tests.test_docs_anchors import REPO, sources
 
 OUTSIDE = re.compile(r"\.\./shared|/work/shared|DESIGN\.md|STYLE\.md")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import start_server
-from tests.corpus import REPO
+from tests.support.corpus import REPO
+from tests.support.servers import start_server
 
 PAGE = ("index.html", "app.js", "protocol.js", "styles.css", "capture-worklet.js")
 

@@ -9,7 +9,7 @@ import orjson
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from tests.wsclient import BYTES_PER_SECOND, ResumableStream
+from tests.support.wsclient import BYTES_PER_SECOND, ResumableStream
 
 
 async def dies_after_started(ws: ServerConnection) -> None:

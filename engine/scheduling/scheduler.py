@@ -106,7 +106,7 @@ class BatchScheduler:
             for i in range(config.workers)
         ]
         self._task: asyncio.Task[None] | None = None
-        self._busy = BusyTime()  # recent (start, end) of batches
+        self.busy = BusyTime()  # recent (start, end) of batches
         self._observers: list[BatchObserver] = []
         self.state = SchedulerState.CREATED
         self.death: EngineDead | None = None  # why it died (state DEAD)
@@ -173,7 +173,7 @@ class BatchScheduler:
     def utilization(self) -> float:
         """Fraction of the last `BusyTime.window` seconds the workers spent on batches."""
         running = (w.started for w in self._workers if w.batch)
-        return self._busy.utilization(self._clock(), running, len(self._workers))
+        return self.busy.utilization(self._clock(), running, len(self._workers))
 
     @property
     def finals_utilization(self) -> float:
@@ -331,7 +331,7 @@ class BatchScheduler:
             self._die(f"the scheduler's loop died: {type(exc).__name__}: {exc}")
         finally:
             ended = self._clock()
-            self._busy.add(started, ended)
+            self.busy.add(started, ended)
             self._gate.batch_ended(worker, started, ended, ran=results is not None)
             kind = Priority.PARTIAL if worker.partial else min(e.request.priority for e in live)
             self.stats.model_seconds[kind] += ended - started

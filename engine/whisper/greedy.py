@@ -137,6 +137,16 @@ class GreedyDecoder:
         )
 
     @property
+    def step(self) -> DecoderStep:
+        """The decoder's one step (layers, head, caches) this decoding drives."""
+        return self._decoder
+
+    @property
+    def graphs(self) -> StepGraphs | None:
+        """The captured step graphs (None: eager steps)."""
+        return self._graphs
+
+    @property
     def max_positions(self) -> int:
         return self._max_positions
 

@@ -94,6 +94,12 @@ class WhisperRecognizer:
         return self._whisper.languages
 
     @property
+    def whisper(self) -> WhisperModel:
+        """The loaded model's parts (encoders, decoders, tokens), read-only: for tests and
+        benches that run one stage of a batch on its own."""
+        return self._whisper
+
+    @property
     def windows(self) -> tuple[float, ...]:
         """The encoder window buckets in use, in seconds (finals' and partials')."""
         return self._whisper.encoders.windows
@@ -103,7 +109,7 @@ class WhisperRecognizer:
         """Decode one second of silence in every window, so each path is initialised."""
         silence = Utterance(audio=np.zeros(SAMPLE_RATE, dtype=np.float32))
         for window in self.windows:
-            self._forward([silence], window)
+            self.forward([silence], window)
 
     def transcribe(
         self, batch: Sequence[Utterance], should_stop: StopCheck | None = None
@@ -165,7 +171,7 @@ class WhisperRecognizer:
     ) -> list[Decoded]:
         """Decode in `window`; rows that loop there again on the full window, but partials:
         a partial keeps the first cycle of what it repeats (`cut_repeats`)."""
-        decoded = self._forward(batch, window, should_stop)
+        decoded = self.forward(batch, window, should_stop)
         decoded = [
             self._policy.cut_repeats(item) if utterance.partial else item
             for utterance, item in zip(batch, decoded, strict=True)
@@ -176,19 +182,19 @@ class WhisperRecognizer:
                 "%d looped in the %.0f s window; retrying on the full one", len(retry), window
             )
             full = self._whisper.encoders.full_window
-            again = self._forward([batch[i] for i in retry], full, should_stop)
+            again = self.forward([batch[i] for i in retry], full, should_stop)
             for i, item in zip(retry, again, strict=True):
                 decoded[i] = item
         return decoded
 
-    def _forward(
+    def forward(
         self, batch: Sequence[Utterance], window: float, should_stop: StopCheck | None = None
     ) -> list[Decoded]:
         """Features, encoder and greedy decoding for one window; no guard."""
         whisper = self._whisper
         # A batch of partials only decodes through the partials' weights (`partial_quantize`).
         decoder = whisper.partial_greedy if all(u.partial for u in batch) else whisper.greedy
-        features = self._preprocess(batch, window)
+        features = self.preprocess(batch, window)
         hidden = self._encode(window, features, should_stop)
         budgets = [
             token_budget(u.duration, self._tokens_per_second(u), whisper.max_new_tokens_cap)
@@ -303,7 +309,7 @@ class WhisperRecognizer:
             rows.append(encoders.encode(window, row))
         return torch.cat(rows)
 
-    def _preprocess(self, batch: Sequence[Utterance], window: float) -> torch.Tensor:
+    def preprocess(self, batch: Sequence[Utterance], window: float) -> torch.Tensor:
         samples = round(window * SAMPLE_RATE)
         inputs = self._whisper.features(
             [context.window_audio(utterance) for utterance in batch],

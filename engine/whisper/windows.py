@@ -59,6 +59,10 @@ class WindowedEncoders:
         """Window lengths in seconds, ascending; the last is the model's full window."""
         return tuple(self._encoders)
 
+    def encoder(self, window: float) -> WhisperEncoder:
+        """The encoder of `window` s (a view of the full one's weights below the full window)."""
+        return self._encoders[window]
+
     def for_duration(self, seconds: float, among: Sequence[float] | None = None) -> float:
         """The smallest window holding `seconds` of audio (the full window if none does),
         of all windows or only those `among` (each one of them)."""

@@ -146,7 +146,7 @@ class ProcessRecognizer:
 
         resolve_model(config.model, config.cache)
         self._config, self._threads, self._trim_interval = config, threads, trim_interval
-        self._hang_after, self._load_timeout = hang_after, load_timeout
+        self._hang_after, self.load_timeout = hang_after, load_timeout
         self._cond = threading.Condition()
         self._closed = False
         self._slots = [_Slot(i) for i in range(processes)]
@@ -313,7 +313,7 @@ class ProcessRecognizer:
             else:
                 closing = False
                 slot.state, slot.child = SlotState.LOADING, child
-                slot.due = time.monotonic() + self._load_timeout
+                slot.due = time.monotonic() + self.load_timeout
         if closing:
             child.kill()
 
@@ -335,7 +335,7 @@ class ProcessRecognizer:
             if not start.waiting:
                 logger.warning("model worker process %d is up again", slot.index)
             return
-        error = loaded or f"not ready in {self._load_timeout:.0f} s"
+        error = loaded or f"not ready in {self.load_timeout:.0f} s"
         child.kill()
         with self._cond:
             if self._start.waiting:  # the first load: `__init__` raises it

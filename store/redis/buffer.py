@@ -112,6 +112,11 @@ class WriteBuffer:
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def meetings(self) -> int:
+        """Meetings with writes still waiting."""
+        return len(self._per_meeting)
+
     def count(self, meeting_id: str) -> int:
         """Writes of the meeting still waiting."""
         return self._per_meeting.get(meeting_id, 0)

@@ -218,6 +218,16 @@ class RedisEvents:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def held(self) -> dict[str, int]:
+        """What it holds now: subscribed channels (`takeovers` ones apart: a node's own,
+        for its life), subscriptions awaiting Redis's confirmation, unsubscribes running."""
+        channels = [c for c in self._channels if not c.endswith(b"takeovers")]
+        return {
+            "channels": len(channels),
+            "confirmations": len(self._confirm),
+            "tasks": len(self._tasks),
+        }
+
     async def close(self) -> None:
         """Drop every listener (SubscriptionLost) and close the subscription."""
         self._closed = True

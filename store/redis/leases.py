@@ -236,6 +236,11 @@ class RedisLeases:
             if claim.name == name and claim.key == key
         )
 
+    @property
+    def heartbeat(self) -> asyncio.Task[None] | None:
+        """The task renewing this node's lease, while one runs."""
+        return self._beat
+
     def __bool__(self) -> bool:
         return bool(self._held)
 

@@ -407,6 +407,11 @@ class RedisStore:
 
     # -- lifecycle
 
+    def held(self) -> dict[str, int]:
+        """Per-meeting state held now (all 0 once every meeting ended): a leak check's."""
+        held = {"locks": len(self._locks), "buffered meetings": self._buffer.meetings}
+        return held | {f"pub/sub {k}": n for k, n in self._events.held().items()}
+
     @property
     def failures(self) -> int:
         return self._link.failures

@@ -32,7 +32,7 @@ async def test_drain_reads_a_half_open_socket_whose_reader_is_in_recv() -> None:
         sock = Socket(ws, resumed=False)
         stream.sockets.append(sock)
         stream.current = sock
-        sock.reader = asyncio.create_task(stream._receive(sock))
+        sock.reader = asyncio.create_task(stream.receive(sock))
         async with asyncio.timeout(10):
             while not sock.messages:  # noqa: ASYNC110 - the reader has no event to wait on
                 await asyncio.sleep(0.01)

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess
-from tests.corpus import REPO, Clip, clip
+from tests.support.corpus import REPO, Clip, clip
+from tests.support.servers import ServerProcess
+from tests.support.timeouts import S
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +31,7 @@ ARTIFACTS = REPO / "artifacts" / "browser"
 MIC_CLIP = "en_jfk"  # 11 s, several utterances
 REPLAY_CLIP = "en_ls_1272-128104-0000"  # 5.9 s
 MAX_WER = 0.2
-S = 1.0  # every timeout below scales from this
-MS = 1000 * S
+MS = 1000 * S  # playwright counts its timeouts in milliseconds
 
 # Records when each transcript line first appears, before the page's own script runs.
 LINE_LOG = """

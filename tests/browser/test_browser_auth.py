@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
-from tests.redis_support import free_port
+from tests.support.corpus import clip
+from tests.support.redis_support import free_port
+from tests.support.servers import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.corpus import REPO
+from tests.support.corpus import REPO
 
 
 def test_static_js_unit_tests_pass() -> None:

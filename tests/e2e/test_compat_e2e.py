@@ -17,7 +17,7 @@ from websockets.asyncio.client import connect
 
 from loadgen.wer import error_rate
 from server.compat.deepgram_text import plain
-from tests.compat_clients import (
+from tests.support.compat_clients import (
     WEBSOCKETS_LEGACY,
     Received,
     b64,
@@ -29,15 +29,16 @@ from tests.compat_clients import (
     receive_openai,
     transcription_session,
 )
-from tests.conftest import ServerProcess
-from tests.corpus import clip
-from tests.wsclient import StreamResult, receive_all
+from tests.support.corpus import clip
+from tests.support.servers import ServerProcess
+from tests.support.timeouts import S
+from tests.support.wsclient import StreamResult, receive_all
 
 pytestmark = [pytest.mark.slow, WEBSOCKETS_LEGACY]
 
 SPEED = 2.0  # × real time
 FRAME_S = 0.1
-TIMEOUT = 120.0
+TIMEOUT = 120 * S
 
 
 async def paced(pcm: bytes, rate: int, send: Callable[[bytes], Awaitable[None]]) -> None:

@@ -19,8 +19,10 @@ from websockets.exceptions import ConnectionClosed
 
 from deploy.local import Deployment, Node
 from loadgen.wer import error_rate
-from tests.corpus import clip
-from tests.wsclient import ResumableStream
+from tests.support.corpus import clip
+from tests.support.servers import DRAIN_GRACE_S
+from tests.support.timeouts import START_TIMEOUT, S
+from tests.support.wsclient import ResumableStream
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +33,11 @@ CLIENT_IP = "127.0.0.2"  # a loopback address of its own, so the nodes can tell 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     workdir = tmp_path_factory.mktemp("deploy")
-    deployed = Deployment(workdir, nodes=3, env={"PARLEY_UPLOAD_SANDBOX": "none"})
+    deployed = Deployment(
+        workdir, nodes=3, env={"PARLEY_UPLOAD_SANDBOX": "none"}, drain_grace_s=DRAIN_GRACE_S
+    )
     try:
-        deployed.start()
+        deployed.start(START_TIMEOUT)
         yield deployed
     finally:
         deployed.stop()
@@ -61,7 +65,7 @@ def test_balancer_checks_readyz_and_forwards_the_client_address(deployment: Depl
 
 async def _serving(deployment: Deployment) -> Node:
     """The node with the open stream, once it has one."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60 * S
     while True:
         counts = await asyncio.gather(
             *(asyncio.to_thread(n.active_sessions) for n in deployment.nodes if n.alive)

@@ -18,9 +18,9 @@ from websockets.asyncio.client import connect
 from engine.speakers import SpeakerEmbedder
 from server.app import whisper_recognizer
 from session.diarizer import DiarizerConfig
-from tests.appserver import AppServer, serve_app
-from tests.corpus import clips
-from tests.wsclient import StreamResult, receive_all, stream_pcm
+from tests.support.appserver import AppServer, serve_app
+from tests.support.corpus import clips
+from tests.support.wsclient import StreamResult, receive_all, stream_pcm
 
 pytestmark = pytest.mark.slow
 

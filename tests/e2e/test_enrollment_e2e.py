@@ -15,14 +15,14 @@ import orjson
 import pytest
 
 from server.app import whisper_recognizer
-from tests.appserver import AppServer, serve_app
-from tests.audiofiles import wav_header
-from tests.corpus import clip
 from tests.e2e.test_diarization_e2e import TWO, mix, word_accuracy
-from tests.hardclient import STOP, bearer, exchange
-from tests.httpclient import multipart, request
-from tests.redis_support import delete_keys
-from tests.wsclient import StreamResult, stream_pcm
+from tests.support.appserver import AppServer, serve_app
+from tests.support.audiofiles import wav_header
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP, bearer, exchange
+from tests.support.httpclient import multipart, request
+from tests.support.redis_support import delete_keys
+from tests.support.wsclient import StreamResult, stream_pcm
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,9 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
-from tests.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
+from tests.support.corpus import clip
+from tests.support.servers import ServerProcess, start_server
+from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
 
 pytestmark = pytest.mark.slow
 

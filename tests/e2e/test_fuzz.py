@@ -24,11 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loadgen.wer import error_rate
-from tests.appserver import AppServer, serve_app
-from tests.conftest import ServerProcess
-from tests.corpus import clip
-from tests.hardclient import RawText, bearer, exchange
-from tests.wsclient import StreamResult, stream_pcm
+from tests.support.appserver import AppServer, serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import RawText, bearer, exchange
+from tests.support.servers import ServerProcess
+from tests.support.wsclient import StreamResult, stream_pcm
 from wire.messages import ServerMessage
 
 # The clients and servers beside the generator (a real-time room on another thread, the

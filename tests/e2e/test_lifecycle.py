@@ -5,44 +5,58 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Iterator
 
 import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
 from tests.e2e.test_stream_e2e import scrape
-from tests.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_pcm, stream_url
+from tests.support.corpus import clip
+from tests.support.servers import ServerProcess, start_server
+from tests.support.timeouts import START_TIMEOUT, S
+from tests.support.wsclient import (
+    BYTES_PER_SECOND,
+    StreamResult,
+    receive_all,
+    stream_pcm,
+    stream_url,
+)
 
 pytestmark = pytest.mark.slow
 
 
-def test_readyz_is_not_ready_before_warmup_and_ready_after() -> None:
+@pytest.fixture(scope="module")
+def fresh_server() -> Iterator[ServerProcess]:
+    """A server just spawned, its model still loading: the readiness test (first in this
+    file) watches it come up, the Ctrl-C test then stops it. One model load for both."""
+    server = start_server(wait=False)
+    yield server
+    server.stop()
+
+
+def test_readyz_is_not_ready_before_warmup_and_ready_after(fresh_server: ServerProcess) -> None:
     """/readyz answers 503 with a reason while the model loads, then 200; /healthz is 200
     throughout; a stream opened before ready is refused with 1013."""
-    server = start_server(wait=False)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                status, body = server.get("/readyz")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, server.log()
-                time.sleep(0.05)
-        assert status == 503, body
-        payload = orjson.loads(body)
-        assert payload["ready"] is False and payload["status"] == "not_ready"
-        assert "model is loading" in payload["reasons"]
-        assert server.get("/healthz")[0] == 200
-        early = asyncio.run(_open_and_wait(stream_url(server.ws_url, "early")))
-        assert early.close_code == 1013 and early.of_type("error")[0]["code"] == "overloaded"
-        server.wait_ready()
-        status, body = server.get("/readyz")
-        assert status == 200 and orjson.loads(body)["checks"]["model"] == "ready"
-    finally:
-        assert server.stop() == 0
+    server = fresh_server
+    deadline = time.monotonic() + 30 * S
+    while True:
+        try:
+            status, body = server.get("/readyz")
+            break
+        except OSError:
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.05)
+    assert status == 503, body
+    payload = orjson.loads(body)
+    assert payload["ready"] is False and payload["status"] == "not_ready"
+    assert "model is loading" in payload["reasons"]
+    assert server.get("/healthz")[0] == 200
+    early = asyncio.run(_open_and_wait(stream_url(server.ws_url, "early")))
+    assert early.close_code == 1013 and early.of_type("error")[0]["code"] == "overloaded"
+    server.wait_ready(START_TIMEOUT)
+    status, body = server.get("/readyz")
+    assert status == 200 and orjson.loads(body)["checks"]["model"] == "ready"
 
 
 async def _open_and_wait(url: str) -> StreamResult:
@@ -85,12 +99,13 @@ async def test_sigterm_flushes_the_utterance_in_progress() -> None:
     assert exit_code == 0, server.log()
 
 
-def test_ctrl_c_is_an_orderly_shutdown() -> None:
+def test_ctrl_c_is_an_orderly_shutdown(fresh_server: ServerProcess) -> None:
     """SIGINT (Ctrl-C under `make run`) drains like SIGTERM: exit 0, no traceback."""
-    server = start_server()
+    server = fresh_server
+    server.wait_ready(START_TIMEOUT)
     try:
         server.process.send_signal(signal.SIGINT)
-        exit_code = server.process.wait(30)
+        exit_code = server.process.wait(30 * S)
     finally:
         server.stop()
     log = server.log()

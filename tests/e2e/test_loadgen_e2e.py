@@ -10,13 +10,14 @@ import orjson
 import pytest
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess
-from tests.corpus import clip
-from tests.loadgen_checks import assert_summary_matches, parse_srt, run_module
+from tests.support.corpus import clip
+from tests.support.loadgen_checks import assert_summary_matches, parse_srt, run_module
+from tests.support.servers import ServerProcess
+from tests.support.timeouts import S
 
 pytestmark = pytest.mark.slow
 
-RUN_TIMEOUT = 300.0
+RUN_TIMEOUT = 300 * S
 
 
 def fetch(url: str) -> bytes:

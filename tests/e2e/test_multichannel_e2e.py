@@ -17,11 +17,16 @@ import pytest
 from websockets.asyncio.client import connect
 
 from loadgen.wer import error_rate, normalize
-from tests.compat_clients import WEBSOCKETS_LEGACY, Received, deepgram_client, receive_deepgram
-from tests.conftest import ServerProcess
-from tests.corpus import Clip, clip
-from tests.httpclient import upload
-from tests.wsclient import StreamResult, receive_all, stream_url
+from tests.support.compat_clients import (
+    WEBSOCKETS_LEGACY,
+    Received,
+    deepgram_client,
+    receive_deepgram,
+)
+from tests.support.corpus import Clip, clip
+from tests.support.httpclient import upload
+from tests.support.servers import ServerProcess
+from tests.support.wsclient import StreamResult, receive_all, stream_url
 
 pytestmark = [pytest.mark.slow, WEBSOCKETS_LEGACY]
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from loadgen.wer import CHARACTER_LANGUAGES, ErrorCounts, error_counts
-from tests.conftest import ServerProcess, start_server
-from tests.corpus import Clip, clip, clips
-from tests.wsclient import StreamResult, stream_pcm
+from tests.support.corpus import Clip, clip, clips
+from tests.support.servers import ServerProcess, start_server
+from tests.support.wsclient import StreamResult, stream_pcm
 
 pytestmark = pytest.mark.slow
 

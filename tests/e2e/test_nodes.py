@@ -21,19 +21,20 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from loadgen.wer import error_rate
-from tests.audiofiles import wav_header
-from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
-from tests.httpclient import HttpResponse, multipart, request
-from tests.redis_support import delete_keys
-from tests.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
+from tests.support.audiofiles import wav_header
+from tests.support.corpus import clip
+from tests.support.httpclient import HttpResponse, multipart, request
+from tests.support.redis_support import delete_keys
+from tests.support.servers import ServerProcess, start_server
+from tests.support.timeouts import START_TIMEOUT, S
+from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
 
 pytestmark = pytest.mark.slow
 
 KEY = "key-of-tenant-n-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LEASE_S = 2.0  # PARLEY_NODE_LEASE_S: a dead node's slots and jobs settle this fast
-SETTLE_S = 60.0  # what a test waits at most for something the nodes do by themselves
+SETTLE_S = 60 * S  # what a test waits at most for something the nodes do by themselves
 JFK = clip("en_jfk")
 
 
@@ -62,7 +63,7 @@ class Nodes:
         nodes = [start_server(env, wait=False) for _ in range(count)]
         self.started += nodes
         for node in nodes:
-            node.wait_ready()
+            node.wait_ready(START_TIMEOUT)
         return nodes
 
 

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import random
 import time
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -16,10 +16,17 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess, start_server
-from tests.corpus import Clip, clip
-from tests.redis_support import RedisServer
-from tests.wsclient import ResumableStream, StreamResult, receive_all, stream_pcm, stream_url
+from tests.support.corpus import Clip, clip
+from tests.support.redis_support import RedisServer
+from tests.support.servers import ServerProcess, start_server
+from tests.support.timeouts import START_TIMEOUT
+from tests.support.wsclient import (
+    ResumableStream,
+    StreamResult,
+    receive_all,
+    stream_pcm,
+    stream_url,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -154,45 +161,56 @@ async def test_a_resend_from_1e308_closes_1007(parley_server: ServerProcess) -> 
     assert [e["code"] for e in result.of_type("error")] == ["invalid_message"]
 
 
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Any:
-    server = RedisServer(tmp_path, persistent=True)
+@pytest.fixture(scope="module")
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"), persistent=True)
     server.start()
     yield server
     server.stop()
 
 
-async def test_server_killed_mid_meeting_resumes_on_another(own_redis: RedisServer) -> None:
+@pytest.fixture(scope="module")
+def on_own_redis(own_redis: RedisServer) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """Two servers on `own_redis`, their models loading side by side: the first is killed
+    in one test, the second serves on in the next (one model load fewer than a server of
+    its own)."""
+    env = {"PARLEY_REDIS_URL": own_redis.url}
+    servers = [start_server(env, wait=False) for _ in range(2)]
+    try:
+        for server in servers:
+            server.wait_ready(START_TIMEOUT)
+        yield servers[0], servers[1]
+    finally:
+        for server in servers:
+            server.stop()
+
+
+async def test_server_killed_mid_meeting_resumes_on_another(
+    on_own_redis: tuple[ServerProcess, ServerProcess],
+) -> None:
     """SIGKILL the server mid-meeting; the client resumes on a second server sharing the
     Redis; no acknowledged final is lost, and both servers serve the whole transcript."""
-    env = {"PARLEY_REDIS_URL": own_redis.url}
-    first, second = await asyncio.gather(
-        asyncio.to_thread(start_server, env), asyncio.to_thread(start_server, env)
-    )
-    try:
-        speech = clip(LONG)
-        base = await baseline(second, speech, 3.0)
-        stream = ResumableStream(first.ws_url, "killed", speech.pcm16(), speed=3.0)
-        # After the first final: the clip gives 2-3 finals, and waiting for the second
-        # raced the end of the stream once the model got faster (the kill came after 1000).
-        killer = asyncio.create_task(_kill_after_finals(first, stream, 1))
-        with contextlib.suppress(ConnectionClosed):  # sending may or may not notice first
-            await stream.run()
-        await killer
-        assert stream.connections[0].close_code == 1006  # died, no close handshake
-        assert not stream.connections[0].of_type("session.ended")
-        stream.base = second.ws_url
-        await stream.run(resume=True)
-        assert_same_transcript(stream.finals, base, speech)
-        acknowledged = stream.connections[0].finals
-        logged = orjson.loads(second.get("/v1/meetings/killed/transcript")[1])["finals"]
-        assert [f["utterance_id"] for f in acknowledged] == [
-            f["utterance_id"] for f in logged[: len(acknowledged)]
-        ]
-        assert [f["seq"] for f in logged] == list(range(1, len(logged) + 1))
-    finally:
-        first.stop()
-        second.stop()
+    first, second = on_own_redis
+    speech = clip(LONG)
+    base = await baseline(second, speech, 3.0)
+    stream = ResumableStream(first.ws_url, "killed", speech.pcm16(), speed=3.0)
+    # After the first final: the clip gives 2-3 finals, and waiting for the second
+    # raced the end of the stream once the model got faster (the kill came after 1000).
+    killer = asyncio.create_task(_kill_after_finals(first, stream, 1))
+    with contextlib.suppress(ConnectionClosed):  # sending may or may not notice first
+        await stream.run()
+    await killer
+    assert stream.connections[0].close_code == 1006  # died, no close handshake
+    assert not stream.connections[0].of_type("session.ended")
+    stream.base = second.ws_url
+    await stream.run(resume=True)
+    assert_same_transcript(stream.finals, base, speech)
+    acknowledged = stream.connections[0].finals
+    logged = orjson.loads(second.get("/v1/meetings/killed/transcript")[1])["finals"]
+    assert [f["utterance_id"] for f in acknowledged] == [
+        f["utterance_id"] for f in logged[: len(acknowledged)]
+    ]
+    assert [f["seq"] for f in logged] == list(range(1, len(logged) + 1))
 
 
 async def _kill_after_finals(server: ServerProcess, stream: ResumableStream, n: int) -> None:
@@ -201,30 +219,29 @@ async def _kill_after_finals(server: ServerProcess, stream: ResumableStream, n: 
     server.process.kill()
 
 
-async def test_redis_restart_mid_meeting(own_redis: RedisServer) -> None:
+async def test_redis_restart_mid_meeting(
+    own_redis: RedisServer, on_own_redis: tuple[ServerProcess, ServerProcess]
+) -> None:
     """Restart Redis while a meeting streams: no final lost, the meeting finishes, /readyz
     goes degraded and comes back."""
-    server = await asyncio.to_thread(start_server, {"PARLEY_REDIS_URL": own_redis.url})
-    try:
-        speech = clip(LONG)
-        base = await baseline(server, speech, 1.0)
-        task = asyncio.create_task(
-            stream_pcm(server.ws_url, "redis-restart", speech.pcm16(), speed=1.0)
-        )
-        await asyncio.sleep(4.0)
-        own_redis.kill()
-        degraded = await _wait_readyz(server, lambda body: body["checks"]["store"] == "degraded")
-        await asyncio.sleep(3.0)
-        own_redis.start()
-        recovered = await _wait_readyz(server, lambda body: body["status"] == "ready")
-        result = await task
-        assert degraded and recovered
-        assert result.messages[-1]["type"] == "session.ended"
-        assert_same_transcript(result.finals, base, speech)
-        logged = orjson.loads(server.get("/v1/meetings/redis-restart/transcript")[1])["finals"]
-        assert [f["utterance_id"] for f in logged] == [f["utterance_id"] for f in result.finals]
-    finally:
-        server.stop()
+    _, server = on_own_redis  # the survivor of the test above, or a fresh one
+    speech = clip(LONG)
+    base = await baseline(server, speech, 1.0)
+    task = asyncio.create_task(
+        stream_pcm(server.ws_url, "redis-restart", speech.pcm16(), speed=1.0)
+    )
+    await asyncio.sleep(4.0)
+    own_redis.kill()
+    degraded = await _wait_readyz(server, lambda body: body["checks"]["store"] == "degraded")
+    await asyncio.sleep(3.0)
+    own_redis.start()
+    recovered = await _wait_readyz(server, lambda body: body["status"] == "ready")
+    result = await task
+    assert degraded and recovered
+    assert result.messages[-1]["type"] == "session.ended"
+    assert_same_transcript(result.finals, base, speech)
+    logged = orjson.loads(server.get("/v1/meetings/redis-restart/transcript")[1])["finals"]
+    assert [f["utterance_id"] for f in logged] == [f["utterance_id"] for f in result.finals]
 
 
 async def _wait_readyz(server: ServerProcess, check: Any, timeout: float = 20.0) -> bool:

@@ -15,8 +15,14 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench.chaos import speech
-from tests.conftest import ServerProcess, start_server
-from tests.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_pcm, stream_url
+from tests.support.servers import ServerProcess, start_server
+from tests.support.wsclient import (
+    BYTES_PER_SECOND,
+    StreamResult,
+    receive_all,
+    stream_pcm,
+    stream_url,
+)
 
 pytestmark = pytest.mark.slow
 

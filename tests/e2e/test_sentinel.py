@@ -16,9 +16,9 @@ import pytest
 
 from deploy.sentinel import Sentineled
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
-from tests.wsclient import stream_pcm
+from tests.support.corpus import clip
+from tests.support.servers import ServerProcess, start_server
+from tests.support.wsclient import stream_pcm
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
-from tests.wsclient import stream_pcm
+from tests.support.corpus import clip
+from tests.support.servers import ServerProcess, start_server
+from tests.support.wsclient import stream_pcm
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from loadgen.wer import error_counts, error_rate
-from tests.conftest import ServerProcess
-from tests.corpus import clip
-from tests.wsclient import StreamResult, receive_all, stream_pcm, stream_url
+from tests.support.corpus import clip
+from tests.support.servers import ServerProcess
+from tests.support.wsclient import StreamResult, receive_all, stream_pcm, stream_url
 
 pytestmark = pytest.mark.slow
 

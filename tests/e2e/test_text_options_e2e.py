@@ -20,12 +20,17 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.audiofiles import wav_header
-from tests.compat_clients import WEBSOCKETS_LEGACY, Received, deepgram_client, receive_deepgram
-from tests.conftest import ServerProcess
 from tests.e2e.test_compat_e2e import TIMEOUT, paced
-from tests.httpclient import upload
-from tests.wsclient import StreamResult, receive_all, stream_pcm
+from tests.support.audiofiles import wav_header
+from tests.support.compat_clients import (
+    WEBSOCKETS_LEGACY,
+    Received,
+    deepgram_client,
+    receive_deepgram,
+)
+from tests.support.httpclient import upload
+from tests.support.servers import ServerProcess
+from tests.support.wsclient import StreamResult, receive_all, stream_pcm
 
 pytestmark = [
     pytest.mark.slow,

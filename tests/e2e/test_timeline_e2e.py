@@ -15,10 +15,10 @@ import pytest
 from websockets.asyncio.client import connect
 
 from loadgen.wer import error_rate
-from tests.conftest import ServerProcess
-from tests.corpus import clip
-from tests.httpclient import get, upload
-from tests.wsclient import StreamResult, receive_all
+from tests.support.corpus import clip
+from tests.support.httpclient import get, upload
+from tests.support.servers import ServerProcess
+from tests.support.wsclient import StreamResult, receive_all
 
 pytestmark = pytest.mark.slow
 

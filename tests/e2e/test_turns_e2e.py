@@ -15,7 +15,7 @@ import pytest
 
 from bench.meetings import Voice
 from bench.turns import longest_pause, speak
-from tests.compat_clients import (
+from tests.support.compat_clients import (
     WEBSOCKETS_LEGACY,
     Received,
     b64,
@@ -26,9 +26,9 @@ from tests.compat_clients import (
     receive_openai,
     transcription_session,
 )
-from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
-from tests.wsclient import stream_pcm
+from tests.support.corpus import clip
+from tests.support.servers import ServerProcess, start_server
+from tests.support.wsclient import stream_pcm
 
 pytestmark = pytest.mark.slow
 

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from loadgen.wer import error_rate
-from tests import audiofiles
-from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
 from tests.e2e.test_stream_e2e import parse_srt
-from tests.httpclient import endless_file, get, post_form, upload
-from tests.wsclient import BYTES_PER_SECOND, stream_pcm
+from tests.support import audiofiles
+from tests.support.corpus import clip
+from tests.support.httpclient import endless_file, get, post_form, upload
+from tests.support.servers import ServerProcess, start_server
+from tests.support.wsclient import BYTES_PER_SECOND, stream_pcm
 
 pytestmark = pytest.mark.slow
 

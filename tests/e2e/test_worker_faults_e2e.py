@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from bench.workers_faults import SERVER_ENV, FaultRun, run_fault, worker_pids
-from tests.conftest import start_server
+from tests.support.servers import start_server
 
 pytestmark = pytest.mark.slow
 

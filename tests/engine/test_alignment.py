@@ -12,7 +12,7 @@ import pytest
 from engine.api import SAMPLE_RATE, Utterance
 from engine.whisper.alignment import dtw
 from engine.whisper.recognizer import WhisperRecognizer
-from tests.corpus import clip
+from tests.support.corpus import clip
 
 CLIPS = ("en_jfk", "en_lj_LJ001-0004", "en_ls_61-70968-0000", "en_lj_LJ001-0008")
 

@@ -113,13 +113,13 @@ def recognizer(tiny_en: Path) -> WhisperRecognizer:
 def _record_windows(recognizer: WhisperRecognizer, monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The encoder windows `recognizer` runs from now on, in order (the encoder still runs)."""
     windows: list[float] = []
-    encode = recognizer._whisper.encoders.encode
+    encode = recognizer.whisper.encoders.encode
 
     def recorded(window: float, features: torch.Tensor) -> torch.Tensor:
         windows.append(window)
         return encode(window, features)
 
-    monkeypatch.setattr(recognizer._whisper.encoders, "encode", recorded)
+    monkeypatch.setattr(recognizer.whisper.encoders, "encode", recorded)
     return windows
 
 

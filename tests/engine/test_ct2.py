@@ -9,7 +9,7 @@ import torch
 
 from engine.whisper.ct2 import Ct2FormatError, read_model
 from engine.whisper.weights import PACKAGED_MODELS
-from tests.ct2_writer import ct2_bytes, write_parts
+from tests.support.ct2_writer import ct2_bytes, write_parts
 
 VARIABLES = {
     "decoder/embeddings/weight": torch.arange(12, dtype=torch.float16).reshape(4, 3),

@@ -53,12 +53,12 @@ def test_a_bfloat16_encoder_transcribes_as_float32_does(tiny_en: Path) -> None:
         config = WhisperRecognizerConfig(quantize="int8-shortlist", encoder_dtype=dtype)
         recognizer = WhisperRecognizer(tiny_en, config)
         results[dtype] = recognizer.transcribe(utterances)
-        encoder = recognizer._whisper.model.model.encoder
+        encoder = recognizer.whisper.model.model.encoder
         assert encoder.conv1.weight.dtype == getattr(torch, dtype)
-        assert recognizer._whisper.model.model.decoder.embed_tokens.weight.dtype == torch.float32
+        assert recognizer.whisper.model.model.decoder.embed_tokens.weight.dtype == torch.float32
         # CPU flash attention is slower in bfloat16 than plain products: eager there.
         attention = {"float32": "sdpa", "bfloat16": "eager"}[dtype]
-        assert recognizer._whisper.model.config._attn_implementation == attention
+        assert recognizer.whisper.model.config._attn_implementation == attention
     errors = {
         dtype: sum(
             (error_counts(clip.reference, r.text) for clip, r in zip(selected, rs, strict=True)),

@@ -28,7 +28,7 @@ def recognizer(tiny_en: Path) -> WhisperRecognizer:
 def decoder_passes(greedy: GreedyDecoder) -> Iterator[list[int]]:
     """Counts the decoder passes `greedy` runs inside the block (the list's one item)."""
     passes = [0]
-    decoder = greedy._decoder
+    decoder = greedy.step
     feed = decoder.feed
 
     def counted(*args: object) -> torch.Tensor:
@@ -48,13 +48,13 @@ def test_greedy_tokens_equal_generate_on_a_mixed_batch(recognizer: WhisperRecogn
     selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:8]
     batch = [Utterance(clip.audio()) for clip in selected]
     window = recognizer.windows[-1]
-    model = recognizer._whisper.model
+    model = recognizer.whisper.model
     with torch.inference_mode():
-        features = recognizer._preprocess(batch, window)
-        hidden = recognizer._whisper.encoders.encode(window, features)
-        started = recognizer._whisper.greedy.start(hidden)
-        prompts = torch.tensor([recognizer._whisper.prompt_tail] * len(batch))
-        greedy = recognizer._whisper.greedy.decode(started, prompts, [100] * len(batch))
+        features = recognizer.preprocess(batch, window)
+        hidden = recognizer.whisper.encoders.encode(window, features)
+        started = recognizer.whisper.greedy.start(hidden)
+        prompts = torch.tensor([recognizer.whisper.prompt_tail] * len(batch))
+        greedy = recognizer.whisper.greedy.decode(started, prompts, [100] * len(batch))
         reference = model.generate(
             encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
             max_length=100,
@@ -83,11 +83,11 @@ def test_drafts_change_nothing_but_the_work(recognizer: WhisperRecognizer) -> No
     decoder steps instead of one per token."""
     selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:5]
     batch = [Utterance(clip.audio()) for clip in selected]
-    greedy = recognizer._whisper.greedy
-    prompts = torch.tensor([recognizer._whisper.prompt_tail] * len(batch))
+    greedy = recognizer.whisper.greedy
+    prompts = torch.tensor([recognizer.whisper.prompt_tail] * len(batch))
     budgets = [60] * len(batch)
     with torch.inference_mode():
-        hidden = recognizer._whisper.encoders.encode(30.0, recognizer._preprocess(batch, 30.0))
+        hidden = recognizer.whisper.encoders.encode(30.0, recognizer.preprocess(batch, 30.0))
         plain = greedy.decode(greedy.start(hidden), prompts, budgets)
         truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
         drafts = [
@@ -115,14 +115,14 @@ def test_drafts_change_nothing_but_the_work(recognizer: WhisperRecognizer) -> No
 
 def test_a_started_batch_decodes_once(recognizer: WhisperRecognizer) -> None:
     with torch.inference_mode():
-        hidden = recognizer._whisper.encoders.encode(
-            10.0, recognizer._preprocess([Utterance(clips(("en_jfk",))[0].audio())], 10.0)
+        hidden = recognizer.whisper.encoders.encode(
+            10.0, recognizer.preprocess([Utterance(clips(("en_jfk",))[0].audio())], 10.0)
         )
-        started = recognizer._whisper.greedy.start(hidden)
-        prompts = torch.tensor([recognizer._whisper.prompt_tail])
-        recognizer._whisper.greedy.decode(started, prompts, [5])
+        started = recognizer.whisper.greedy.start(hidden)
+        prompts = torch.tensor([recognizer.whisper.prompt_tail])
+        recognizer.whisper.greedy.decode(started, prompts, [5])
         with pytest.raises(RuntimeError, match="decoded already"):
-            recognizer._whisper.greedy.decode(started, prompts, [5])
+            recognizer.whisper.greedy.decode(started, prompts, [5])
 
 
 def test_a_partials_text_as_draft_leaves_the_final_as_it_was(
@@ -151,12 +151,12 @@ def test_a_long_kept_draft_beside_a_long_decoding_fits_a_tight_cache(
     row 1 finishes."""
     selected = clips(("en_jfk", "en_ls_1221-135766-0001"))
     batch = [Utterance(clip.audio()) for clip in selected]
-    greedy = recognizer._whisper.greedy
-    prompts = torch.tensor([recognizer._whisper.prompt_tail] * 2)
+    greedy = recognizer.whisper.greedy
+    prompts = torch.tensor([recognizer.whisper.prompt_tail] * 2)
     budgets = [60, 60]  # row 1 needs 55 tokens; row 0 keeps 24 at once
     positions = 1 + prompts.shape[1] + max(budgets)
     with torch.inference_mode():
-        hidden = recognizer._whisper.encoders.encode(30.0, recognizer._preprocess(batch, 30.0))
+        hidden = recognizer.whisper.encoders.encode(30.0, recognizer.preprocess(batch, 30.0))
         plain = greedy.decode(greedy.start(hidden, positions), prompts, budgets)
         truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
         drafted = greedy.decode(greedy.start(hidden, positions), prompts, budgets, [truth[0], []])
@@ -168,7 +168,7 @@ def test_a_new_cache_holds_zeros_not_garbage(recognizer: WhisperRecognizer) -> N
     poisons attention (0 x NaN): seen once in CI as 'min should be less than or equal to
     max' from the int8 kernel. So the slots start at zero."""
     with torch.inference_mode():
-        started = recognizer._whisper.greedy.start(torch.zeros(2, 500, 384), 40)
+        started = recognizer.whisper.greedy.start(torch.zeros(2, 500, 384), 40)
     cache = started.take_cache()
     assert bool((cache.keys[:, :, :, 1:] == 0).all()) and bool(
         (cache.values[:, :, :, 1:] == 0).all()
@@ -189,12 +189,12 @@ def test_an_int8_rows_result_does_not_depend_on_its_batch(
     row's start logits are bit for bit the same, and so are its tokens (activations are
     quantized per row, not per call)."""
     selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:8]
-    greedy = int8_decoder._whisper.greedy
-    prompt = int8_decoder._whisper.prompt_tail
+    greedy = int8_decoder.whisper.greedy
+    prompt = int8_decoder.whisper.prompt_tail
     with torch.inference_mode():
         hidden = torch.cat(
             [
-                int8_decoder._whisper.encoders.encode(30.0, int8_decoder._preprocess([u], 30.0))
+                int8_decoder.whisper.encoders.encode(30.0, int8_decoder.preprocess([u], 30.0))
                 for u in (Utterance(clip.audio()) for clip in selected)
             ]
         )
@@ -214,12 +214,12 @@ def test_int8_drafts_change_nothing_but_the_work(int8_decoder: WhisperRecognizer
     draft (per-call scales once made a many-token draft check round differently)."""
     selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:6]
     audio = [clip.audio() for clip in selected]
-    greedy = int8_decoder._whisper.greedy
-    prompts = torch.tensor([int8_decoder._whisper.prompt_tail] * len(audio))
+    greedy = int8_decoder.whisper.greedy
+    prompts = torch.tensor([int8_decoder.whisper.prompt_tail] * len(audio))
     budgets = [60] * len(audio)
     with torch.inference_mode():
-        hidden = int8_decoder._whisper.encoders.encode(
-            30.0, int8_decoder._preprocess([Utterance(a) for a in audio], 30.0)
+        hidden = int8_decoder.whisper.encoders.encode(
+            30.0, int8_decoder.preprocess([Utterance(a) for a in audio], 30.0)
         )
         plain = greedy.decode(greedy.start(hidden), prompts, budgets)
         truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
@@ -244,21 +244,21 @@ def test_one_pass_start_decodes_as_start_then_decode(recognizer: WhisperRecogniz
     <|startoftranscript|>, and a right draft takes two passes (this one and the step after
     the kept prefix) instead of four."""
     selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:5]
-    greedy = recognizer._whisper.greedy
-    tail = recognizer._whisper.prompt_tail
-    words = recognizer._whisper.draft_tokens
+    greedy = recognizer.whisper.greedy
+    tail = recognizer.whisper.prompt_tail
+    words = recognizer.whisper.draft_tokens
     prefixes = [
         [],
-        [recognizer._whisper.prev, *words("We met on Monday.")],
+        [recognizer.whisper.prev, *words("We met on Monday.")],
         [],
         [],
-        [recognizer._whisper.prev],
+        [recognizer.whisper.prev],
     ]
     prompts = [[*tail], [*tail], [*tail, *words("And then")], [*tail], [*tail, *words("So")]]
     budgets = [60] * len(selected)
     with torch.inference_mode():
-        hidden = recognizer._whisper.encoders.encode(
-            30.0, recognizer._preprocess([Utterance(c.audio()) for c in selected], 30.0)
+        hidden = recognizer.whisper.encoders.encode(
+            30.0, recognizer.preprocess([Utterance(c.audio()) for c in selected], 30.0)
         )
 
         def three_passes(drafts: list[list[int]] | None) -> tuple[torch.Tensor, Greedy]:

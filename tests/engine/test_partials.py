@@ -87,13 +87,13 @@ def test_a_looping_partial_is_not_decoded_again(
         WhisperRecognizerConfig(max_tokens_per_second=0.5, partial_tokens_per_second=0.5),
     )
     windows: list[float] = []
-    forward: Callable[..., object] = tight._forward
+    forward: Callable[..., object] = tight.forward
 
     def spy(batch: list[Utterance], window: float, *args: object) -> object:
         windows.append(window)
         return forward(batch, window, *args)
 
-    monkeypatch.setattr(tight, "_forward", spy)
+    monkeypatch.setattr(tight, "forward", spy)
     partial = tight.transcribe([Utterance(jfk(8.0).audio, partial=True)])[0]
     assert partial.text == "" and windows == [10.0]
     windows.clear()
@@ -121,7 +121,7 @@ def test_int8_partials_leave_finals_as_they_were(
     assert [r.text for r in int8_partials.transcribe(finals)] == [r.text for r in want]
     mixed = int8_partials.transcribe([Utterance(jfk(3.2).audio, partial=True), finals[1]])
     assert mixed[1].text == want[1].text and mixed[1].words == want[1].words
-    decoder = int8_partials._whisper.model.model.decoder
+    decoder = int8_partials.whisper.model.model.decoder
     assert not any(isinstance(module, Int8Linear) for module in decoder.modules())
 
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import (
     BatchFailed,
     EngineDead,
@@ -24,10 +25,11 @@ from engine.api import (
     Utterance,
 )
 from engine.scheduling.scheduler import BatchScheduler, SchedulerState
-from tests.fakes import FakeRecognizer, scheduler_config
-from tests.tasks import blocked
+from tests.support.scheduling import scheduler_config
+from tests.support.tasks import blocked
+from tests.support.timeouts import EVENT_TIMEOUT
 
-TIMEOUT = 5.0
+TIMEOUT = EVENT_TIMEOUT
 
 
 def request(session: str, n: int, priority: Priority = Priority.FINAL) -> RecognitionRequest:
@@ -488,7 +490,7 @@ async def test_busy_history_stays_bounded_without_readers_of_utilization() -> No
         for i in range(300):
             await asyncio.wait_for(await scheduler.submit(request(f"s{i}", 10)), TIMEOUT)
         assert scheduler.stats.batches == 300
-        spans = scheduler._busy.spans
+        spans = scheduler.busy.spans
         assert len(spans) <= 10, len(spans)  # 2 s window, ~0.5 s a batch
 
 

@@ -16,7 +16,7 @@ from engine.speakers import (
     mel_frames,
     window_bounds,
 )
-from tests.corpus import clips
+from tests.support.corpus import clips
 
 
 @pytest.fixture(scope="module")

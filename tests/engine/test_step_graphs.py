@@ -29,7 +29,7 @@ def graphed(tiny_en: Path) -> WhisperRecognizer:
 
 
 def graphs_of(recognizer: WhisperRecognizer) -> StepGraphs:
-    graphs = recognizer._whisper.greedy._graphs
+    graphs = recognizer.whisper.greedy.graphs
     assert graphs is not None
     return graphs
 
@@ -48,14 +48,14 @@ def test_fixed_buffers_decode_the_tokens_eager_steps_do(
     log-probability is eager decoding's."""
     selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:5]
     batch = [Utterance(clip.audio()) for clip in selected]
-    prompts = torch.tensor([eager._whisper.prompt_tail] * len(batch))
+    prompts = torch.tensor([eager.whisper.prompt_tail] * len(batch))
     budgets = [60] * len(batch)
     with torch.inference_mode():
-        hidden = eager._whisper.encoders.encode(30.0, eager._preprocess(batch, 30.0))
-        plain = eager._whisper.greedy.decode(eager._whisper.greedy.start(hidden), prompts, budgets)
+        hidden = eager.whisper.encoders.encode(30.0, eager.preprocess(batch, 30.0))
+        plain = eager.whisper.greedy.decode(eager.whisper.greedy.start(hidden), prompts, budgets)
         truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
         drafts = [truth[0][:3], [], truth[2][:8], [400, 401], truth[4]]
-        greedy = graphed._whisper.greedy
+        greedy = graphed.whisper.greedy
         fixed = greedy.decode(greedy.start(hidden), prompts, budgets, drafts)
     for i, clip in enumerate(selected):
         assert [t for t in fixed.tokens[i].tolist() if t < 50256] == truth[i], clip.id
@@ -99,13 +99,13 @@ def test_the_oldest_graphs_go_when_their_buffers_pass_the_budget(
 ) -> None:
     """Graphs are kept by shape (bucket, window, dtype; not positions: the buffers hold
     them all) while their buffers fit `max_bytes`, the newest always."""
-    step = eager._whisper.greedy._decoder
+    step = eager.whisper.greedy.step
     utterance = Utterance(clips(("en_jfk",))[0].audio())
     hiddens = []
     with torch.inference_mode():
         for window in (10.0, 30.0):
-            features = eager._preprocess([utterance], window)
-            hiddens.append(eager._whisper.encoders.encode(window, features))
+            features = eager.preprocess([utterance], window)
+            hiddens.append(eager.whisper.encoders.encode(window, features))
     roomy = StepGraphs(step, 50256, capture=False)
     tight = StepGraphs(step, 50256, capture=False, max_bytes=1)
     with torch.inference_mode():

@@ -134,10 +134,10 @@ def test_shortlist_tokens_equal_float32s_alone_and_batched(
         for start in range(0, len(selected), 8):
             group = selected[start : start + 8]
             utterances = [utterance for _, utterance in group]
-            want = float32._forward(utterances, 30.0)
-            batched = shortlist._forward(utterances, 30.0)
+            want = float32.forward(utterances, 30.0)
+            batched = shortlist.forward(utterances, 30.0)
             for (name, utterance), ref, got in zip(group, want, batched, strict=True):
-                (alone,) = shortlist._forward([utterance], 30.0)
+                (alone,) = shortlist.forward([utterance], 30.0)
                 assert got.tokens == ref.tokens == alone.tokens, name
                 errors = np.abs(np.subtract(got.logprobs, ref.logprobs))
                 assert errors.max(initial=0.0) < 0.1, name
@@ -149,12 +149,12 @@ def test_shortlist_tokens_equal_float32s_alone_and_batched(
 def test_shortlist_drafts_change_nothing_but_the_work(shortlist: WhisperRecognizer) -> None:
     """Right, half-right and wrong drafts decode to the tokens of no draft."""
     selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:4]
-    greedy = shortlist._whisper.greedy
-    prompts = torch.tensor([shortlist._whisper.prompt_tail] * len(selected))
+    greedy = shortlist.whisper.greedy
+    prompts = torch.tensor([shortlist.whisper.prompt_tail] * len(selected))
     budgets = [60] * len(selected)
     with torch.inference_mode():
         batch = [Utterance(clip.audio()) for clip in selected]
-        hidden = shortlist._whisper.encoders.encode(30.0, shortlist._preprocess(batch, 30.0))
+        hidden = shortlist.whisper.encoders.encode(30.0, shortlist.preprocess(batch, 30.0))
         plain = greedy.decode(greedy.start(hidden), prompts, budgets)
         truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
         drafts = [truth[0], truth[1][: len(truth[1]) // 2], [400, 401], [*truth[3], 13, 13]]

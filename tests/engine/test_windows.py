@@ -30,7 +30,7 @@ def test_windows_share_the_full_encoders_storage(encoder: WhisperEncoder) -> Non
     """Every windowed parameter is the full encoder's memory; positions are a prefix view."""
     windows = WindowedEncoders(encoder, [10.0, 5.0])
     assert windows.windows == (5.0, 10.0, 30.0)
-    short = windows._encoders[5.0]
+    short = windows.encoder(5.0)
     full = dict(encoder.named_parameters())
     for name, parameter in short.named_parameters():
         assert parameter.data_ptr() == full[name].data_ptr(), name

@@ -23,7 +23,7 @@ from engine.scheduling.scheduler import BatchScheduler
 from engine.workers.child import ChildProcess, WorkerLost
 from engine.workers.processes import ProcessRecognizer, WorkerHealth
 from server.engine_plan import model_config_with
-from tests.fakes import scheduler_config
+from tests.support.scheduling import scheduler_config
 
 pytestmark = pytest.mark.slow
 
@@ -138,7 +138,7 @@ def test_a_replacement_that_cannot_load_in_time_is_killed_and_retried(
     pool = ProcessRecognizer(model_config_with(cache=model_cache), processes=1, threads=1)
     try:
         victim = pool.health().pids[0]
-        pool._load_timeout = 0.2  # shorter than any model load: every replacement is late
+        pool.load_timeout = 0.2  # shorter than any model load: every replacement is late
         os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + SETTLE
         seen: set[int] = set()
@@ -149,7 +149,7 @@ def test_a_replacement_that_cannot_load_in_time_is_killed_and_retried(
         assert late.alive == 0 and late.restarts["died"] == 1
         given_up = seen - {victim, *late.pids}
         assert given_up and not any(Path(f"/proc/{pid}").exists() for pid in given_up)
-        pool._load_timeout = 300.0
+        pool.load_timeout = 300.0
         while pool.health().alive < 1:
             assert time.monotonic() < deadline
             time.sleep(0.05)

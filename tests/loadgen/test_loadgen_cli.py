@@ -16,13 +16,14 @@ from loadgen.html_report import cdf_points, nice_ticks, render_html
 from loadgen.replay import default_participants, format_for, transcript
 from loadgen.report import Limits
 from loadgen.run import LoadSettings, SearchSettings, find_max_rooms, prepare_corpus, run_load
-from tests.corpus import clip
-from tests.loadgen_checks import assert_summary_matches, parse_srt, run_module, to_flac
-from tests.v1_stub import StubBehaviour, stub_server
+from tests.support.corpus import clip
+from tests.support.loadgen_checks import assert_summary_matches, parse_srt, run_module, to_flac
+from tests.support.timeouts import S
+from tests.support.v1_stub import StubBehaviour, stub_server
 from wire.messages import TranscriptFinal
 from wire.transcript import TranscriptFormat
 
-TIMEOUT = 60.0
+TIMEOUT = 60 * S
 
 
 def settings(url: str, **changes: Any) -> LoadSettings:

@@ -16,7 +16,7 @@ from loadgen.client import (
     stream_url,
     websocket_base,
 )
-from tests.v1_stub import StubBehaviour, stub_server
+from tests.support.v1_stub import StubBehaviour, stub_server
 
 SR = 16_000
 

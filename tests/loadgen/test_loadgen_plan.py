@@ -21,7 +21,7 @@ from loadgen.corpus import (
     select_clips,
 )
 from loadgen.search import RoomSearch
-from tests.loadgen_checks import to_flac
+from tests.support.loadgen_checks import to_flac
 
 SR = 16_000
 

@@ -14,11 +14,12 @@ import pytest
 from loadgen.client import StreamOptions
 from loadgen.report import Limits
 from loadgen.run import LoadSettings, run_load
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.loadgen_checks import parse_srt, run_module
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.loadgen_checks import parse_srt, run_module
+from tests.support.timeouts import S
 
-TIMEOUT = 120.0
+TIMEOUT = 120 * S
 
 
 @pytest.fixture(scope="module")

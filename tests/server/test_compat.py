@@ -17,9 +17,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import Transcription, Utterance
-from tests.appserver import AppServer, serve_app, serving
-from tests.compat_clients import (
+from tests.support.appserver import AppServer, serve_app, serving
+from tests.support.compat_clients import (
     WEBSOCKETS_LEGACY,
     ApiError,
     Received,
@@ -32,8 +33,7 @@ from tests.compat_clients import (
     receive_openai,
     transcription_session,
 )
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
+from tests.support.corpus import clip
 
 pytestmark = WEBSOCKETS_LEGACY
 

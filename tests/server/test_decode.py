@@ -11,8 +11,8 @@ import pytest
 from server.uploads.decode import DecodeLimits, decode_file
 from server.uploads.decode_worker import Refusal
 from server.uploads.sandbox import SandboxMode, open_sandbox
-from tests import audiofiles
-from tests.corpus import clip
+from tests.support import audiofiles
+from tests.support.corpus import clip
 
 LIMITS = DecodeLimits(max_seconds=3600, cpu_seconds=30, memory_bytes=512 << 20, wall_seconds=30)
 

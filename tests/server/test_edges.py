@@ -21,9 +21,9 @@ from server.settings import Settings
 from server.sockets.gate import MAX_CLOSE_REASON, close_reason
 from store.errors import UnknownResumeToken
 from store.records import hash_token
-from tests.appserver import AppServer, serve_app
-from tests.hardclient import STOP, error_of, exchange
-from tests.httpclient import multipart, post_form
+from tests.support.appserver import AppServer, serve_app
+from tests.support.hardclient import STOP, error_of, exchange
+from tests.support.httpclient import multipart, post_form
 
 
 @pytest.fixture(scope="module")

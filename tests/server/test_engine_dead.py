@@ -11,12 +11,13 @@ import orjson
 from websockets.asyncio.client import connect
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult, Utterance
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.hardclient import STOP, error_of, exchange
-from tests.wsclient import StreamResult, receive_all
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP, error_of, exchange
+from tests.support.timeouts import S
+from tests.support.wsclient import StreamResult, receive_all
 
-TIMEOUT = 10.0
+TIMEOUT = 10 * S
 
 
 def broken_observer(

@@ -13,8 +13,8 @@ from deploy.processes import end_process, free_port
 from engine.scheduling.config import SchedulerConfig
 from server.engine_plan import describe_plan, plan_engine, scheduler_config_with
 from server.settings import SchedulerSettings, Settings
-from tests.appserver import serve_app
-from tests.corpus import REPO
+from tests.support.appserver import serve_app
+from tests.support.corpus import REPO
 
 START_TIMEOUT = 120.0
 

@@ -16,13 +16,13 @@ import pytest
 
 from server.auth.ownership import OWNER_FIELD
 from store.records import SourceState
-from tests import audiofiles
-from tests.appserver import AppServer, serve_app
-from tests.corpus import clip
-from tests.hardclient import STOP, bearer, error_of, exchange
-from tests.httpclient import multipart, request
-from tests.redis_support import delete_keys
-from tests.wsclient import StreamResult
+from tests.support import audiofiles
+from tests.support.appserver import AppServer, serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP, bearer, error_of, exchange
+from tests.support.httpclient import multipart, request
+from tests.support.redis_support import delete_keys
+from tests.support.wsclient import StreamResult
 
 KEYS = {f"t{i}": f"key-of-tenant-{i}-0123456789abcdef" for i in range(3)}
 CLIPS = ["en_jfk", "en_ls_1089-134686-0001", "en_ls_1221-135766-0002"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.appserver import serve_app
-from tests.audiofiles import wav_header
-from tests.corpus import clip
-from tests.httpclient import request, upload
+from tests.support.appserver import serve_app
+from tests.support.audiofiles import wav_header
+from tests.support.corpus import clip
+from tests.support.httpclient import request, upload
 
 
 async def test_a_finished_job_deleted_through_b_is_gone_on_a(

@@ -11,14 +11,14 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
+from bench.fake_recognizer import FakeRecognizer
 from server.compat.deepgram import DeepgramCodec, parse_options
 from server.compat.openai_realtime import RealtimeCodec, Vad
 from server.settings import Settings
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
-from tests.hardclient import STOP
-from tests.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP
+from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
 from wire.codes import ErrorCode
 from wire.errors import ProtocolError
 from wire.keyterms import MAX_KEYTERMS, configure_keyterms, parse_keyterms, prompt_terms

@@ -8,10 +8,10 @@ import time
 
 from websockets.asyncio.client import connect
 
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.hardclient import STOP
-from tests.wsclient import StreamResult, receive_all, stream_url
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP
+from tests.support.wsclient import StreamResult, receive_all, stream_url
 
 MAX_STALL_S = 0.1  # one unsliced 1 MiB frame stalled the loop ~0.2-0.4 s on the 2-core box
 

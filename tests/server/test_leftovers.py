@@ -9,9 +9,9 @@ import asyncio
 
 from server.state import AppState
 from store.redis.store import RedisStore
-from tests.appserver import AppServer, serve_app
-from tests.corpus import clip
-from tests.hardclient import STOP, exchange
+from tests.support.appserver import AppServer, serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP, exchange
 
 MEETINGS_PER_ROUND = 3
 
@@ -39,12 +39,8 @@ def _held(state: AppState) -> list[str]:
     maps = {
         "registry": len(state.registry),
         "quota leases": bool(store.quotas),
-        "listener slots (total)": state.listener_slots.total._held,
-        "store locks": store._locks._locks,
-        "store write buffer": store._buffer._per_meeting,
-        "pub/sub channels": {c for c in store._events._channels if not c.endswith(b"takeovers")},
-        "pub/sub confirmations": store._events._confirm,
-        "pub/sub tasks (unsubscribes)": store._events._tasks,
+        "listener slots (total)": state.listener_slots.total.in_use,
+        **{f"store {name}": count for name, count in store.held().items()},
     }
     return [name for name, held in maps.items() if held]
 

@@ -13,10 +13,10 @@ import pytest
 from websockets.asyncio.client import connect
 
 from server.limits import ALL, Turns
-from tests.appserver import AppServer, serve_app
-from tests.corpus import clip
-from tests.hardclient import STOP, bearer, error_of, exchange
-from tests.wsclient import StreamResult, receive_all
+from tests.support.appserver import AppServer, serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP, bearer, error_of, exchange
+from tests.support.wsclient import StreamResult, receive_all
 from wire.codes import ErrorCode
 from wire.errors import ProtocolError
 

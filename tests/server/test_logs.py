@@ -10,8 +10,8 @@ import sys
 from collections.abc import Iterator
 
 from server.logs import ClientFaultsAsWarnings, note_denial
-from tests.appserver import serve_app
-from tests.hardclient import RawText, bearer, exchange
+from tests.support.appserver import serve_app
+from tests.support.hardclient import RawText, bearer, exchange
 
 
 def _record(message: str, *, exc: bool) -> logging.LogRecord:

@@ -8,13 +8,13 @@ import asyncio
 import pytest
 from websockets.asyncio.client import connect
 
+from bench.fake_recognizer import FakeRecognizer
 from server.app import drain
 from server.settings import Settings
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
-from tests.hardclient import STOP
-from tests.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP
+from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
 
 PHRASE = 3 * BYTES_PER_SECOND  # "And so my fellow Americans," then a pause
 

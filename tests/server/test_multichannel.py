@@ -16,16 +16,16 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.appserver import AppServer, serve_app
-from tests.compat_clients import (
+from tests.support.appserver import AppServer, serve_app
+from tests.support.compat_clients import (
     WEBSOCKETS_LEGACY,
     Received,
     deepgram_client,
     drain,
     receive_deepgram,
 )
-from tests.corpus import clip
-from tests.httpclient import upload
+from tests.support.corpus import clip
+from tests.support.httpclient import upload
 
 pytestmark = WEBSOCKETS_LEGACY
 

@@ -10,10 +10,10 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.conftest import ServerProcess, start_server
-from tests.corpus import clip
-from tests.httpclient import upload
-from tests.wsclient import StreamResult, receive_all, stream_pcm, stream_url
+from tests.support.corpus import clip
+from tests.support.httpclient import upload
+from tests.support.servers import ServerProcess, start_server
+from tests.support.wsclient import StreamResult, receive_all, stream_pcm, stream_url
 
 pytestmark = pytest.mark.slow
 

@@ -9,13 +9,13 @@ from collections.abc import Callable, Sequence
 
 from websockets.asyncio.client import ClientConnection, connect
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import Transcription, Utterance
 from server.settings import Settings
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
-from tests.hardclient import STOP, error_of, exchange
-from tests.wsclient import StreamResult, receive_all
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP, error_of, exchange
+from tests.support.wsclient import StreamResult, receive_all
 
 
 class SlowRecognizer(FakeRecognizer):

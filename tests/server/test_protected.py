@@ -29,11 +29,11 @@ from server.uploads.decode_worker import Refusal
 from server.uploads.jobs import JobRegistry
 from server.uploads.sandbox import Sandbox
 from store.memory_cluster import MemoryJobs
-from tests.appserver import serve_app
-from tests.audiofiles import wav_header
-from tests.corpus import clip
-from tests.httpclient import multipart, request
-from tests.route_probe import (
+from tests.support.appserver import serve_app
+from tests.support.audiofiles import wav_header
+from tests.support.corpus import clip
+from tests.support.httpclient import multipart, request
+from tests.support.route_probe import (
     MEETING_ROUTES,
     OPEN_ROUTES,
     SERVED,

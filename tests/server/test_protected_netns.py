@@ -1,7 +1,7 @@
 """Protected mode seen from another host: `python -m server --host 0.0.0.0` (the
 Procfile's line, real model) in one network namespace, a client in a second one across a
 veth pair. One server start per access mode, every route tried from the remote host by
-tests/route_probe.py (run there with `ip netns exec`: a namespace belongs to a process)."""
+tests/support/route_probe.py (run there with `ip netns exec`: a namespace belongs to a process)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from deploy.processes import end_process
-from tests.corpus import REPO
-from tests.netns import Hosts, two_hosts
-from tests.route_probe import (
+from tests.support.corpus import REPO
+from tests.support.netns import Hosts, two_hosts
+from tests.support.route_probe import (
     MEETING_ROUTES,
     OPEN_ROUTES,
     READY_TIMEOUT_S,
@@ -75,9 +75,15 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def probe(self, namespace: str, host: str, *args: str) -> dict[str, Any]:
-        """Run tests/route_probe.py in `namespace` against this server (it waits for
+        """Run tests/support/route_probe.py in `namespace` against this server (it waits for
         /readyz first); what it printed. Fails at once if the server exits."""
-        command = [sys.executable, "-m", "tests.route_probe", f"http://{host}:{PORT}", *args]
+        command = [
+            sys.executable,
+            "-m",
+            "tests.support.route_probe",
+            f"http://{host}:{PORT}",
+            *args,
+        ]
         probe = subprocess.Popen(
             self.hosts.inside(namespace) + command,
             cwd=REPO,

@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from server.settings import SettingError, Settings, field_groups, markdown_table
-from tests.corpus import REPO
+from tests.support.corpus import REPO
+from tests.support.timeouts import S
 
 
 def test_from_env_parses_types_and_overrides() -> None:
@@ -202,11 +203,12 @@ def test_the_groups_bounds_are_the_ones_the_components_accept() -> None:
     """What the settings allow, the segmenter, the diarizer and the scheduler accept at
     its edges (they used to refuse such values in the model loader's task, after the
     load), and what they refuse, the settings refuse first."""
+    from bench.fake_recognizer import FakeRecognizer
     from engine.scheduling.scheduler import BatchScheduler
     from server.app import segmenter_config
     from session.diarizer import DiarizerConfig
     from session.segmenter import SegmenterConfig
-    from tests.fakes import FakeRecognizer, scheduler_config
+    from tests.support.scheduling import scheduler_config
 
     edges = Settings.from_env(
         {
@@ -284,7 +286,7 @@ def test_cli_help_and_docs_show_the_groups() -> None:
 
 
 # All the processes start at once and import torch; on a loaded 2-core box that is minutes.
-START_TIMEOUT = 480.0
+START_TIMEOUT = 480 * S
 
 # What create_app refuses at start (it reads files, or asks the machine), beside REFUSED.
 REFUSED_AT_START: list[tuple[str, dict[str, str]]] = [
@@ -331,8 +333,8 @@ async def test_a_failure_after_the_load_is_logged_and_reported_by_readyz(
     """Whatever fails in the model loader's task, after the load as well (here the
     recognizer's warm-up), is logged with its traceback, and /readyz answers 503 with the
     reason instead of "loading" for ever."""
-    from tests.appserver import serve_app
-    from tests.fakes import FakeRecognizer
+    from bench.fake_recognizer import FakeRecognizer
+    from tests.support.appserver import serve_app
 
     class ColdRecognizer(FakeRecognizer):
         def warmup(self) -> None:

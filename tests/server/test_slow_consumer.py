@@ -10,22 +10,22 @@ import socket
 import orjson
 from websockets.asyncio.client import connect
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import Transcription, Utterance
 from server.settings import Settings
 from session.outbox import OutboxState
 from store.records import NewFinal
-from tests.appserver import AppServer, serve_app
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
-from tests.hardclient import STOP
-from tests.wsclient import StreamResult, receive_all, stream_url
+from tests.support.appserver import AppServer, serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP
+from tests.support.wsclient import StreamResult, receive_all, stream_url
 
 WORDY = " word" * 200_000  # 1 MB per final: the sockets' buffers (4 MB) fill after a few
 
 
 class WordyRecognizer(FakeRecognizer):
-    def _result(self, utterance: Utterance) -> Transcription:
-        result = super()._result(utterance)
+    def result(self, utterance: Utterance) -> Transcription:
+        result = super().result(utterance)
         return dataclasses.replace(result, text=result.text + WORDY)
 
 

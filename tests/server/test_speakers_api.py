@@ -13,10 +13,10 @@ import pytest
 
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
 from session.vad import VadState
-from tests.appserver import AppServer, serve_app
-from tests.audiofiles import wav_header
-from tests.corpus import clip
-from tests.httpclient import HttpResponse, multipart, request
+from tests.support.appserver import AppServer, serve_app
+from tests.support.audiofiles import wav_header
+from tests.support.corpus import clip
+from tests.support.httpclient import HttpResponse, multipart, request
 
 KEYS = {"acme": "key-of-acme-0123456789abcdef", "globex": "key-of-globex-0123456789abcd"}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from server.app import PACKAGE, browser_client_dir
-from tests.conftest import start_server
+from tests.support.servers import start_server
 
 
 def test_the_page_is_served_when_the_server_starts_in_another_folder(tmp_path: Path) -> None:

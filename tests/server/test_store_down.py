@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.appserver import AppServer, serve_app
-from tests.hardclient import STOP, error_of, exchange
-from tests.redis_support import RedisServer
+from tests.support.appserver import AppServer, serve_app
+from tests.support.hardclient import STOP, error_of, exchange
+from tests.support.redis_support import RedisServer
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ import asyncio
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
+from bench.fake_recognizer import FakeRecognizer
 from server.settings import Settings
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
-from tests.hardclient import STOP
-from tests.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP
+from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, stream_url
 
 SILENCE = bytes(BYTES_PER_SECOND)  # one second: closes the utterance before it
 KEEPALIVE = orjson.dumps({"type": "keepalive"}).decode()

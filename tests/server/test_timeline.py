@@ -16,9 +16,9 @@ import pytest
 from websockets.asyncio.client import connect
 
 from server.uploads.routes import parse_started_at
-from tests.appserver import AppServer, serve_app
-from tests.corpus import clip
-from tests.wsclient import ResumableStream, StreamResult, receive_all, stream_url
+from tests.support.appserver import AppServer, serve_app
+from tests.support.corpus import clip
+from tests.support.wsclient import ResumableStream, StreamResult, receive_all, stream_url
 
 JFK = clip("en_jfk").pcm16()  # four phrases with pauses, 11 s
 SHORT = clip("en_lj_LJ001-0002").pcm16()

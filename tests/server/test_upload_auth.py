@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from tests.conftest import start_server
-from tests.corpus import clip
-from tests.httpclient import multipart, request
+from tests.support.corpus import clip
+from tests.support.httpclient import multipart, request
+from tests.support.servers import start_server
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import pytest
 
 from server.uploads.decode_worker import Refusal
 from server.uploads.form import FormReceiver
-from tests import audiofiles
-from tests.httpclient import multipart
+from tests.support import audiofiles
+from tests.support.httpclient import multipart
 
 
 def parse_form(pieces: list[bytes], content_type: str, limit: int = 1 << 20) -> FormReceiver:

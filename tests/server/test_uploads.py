@@ -13,14 +13,15 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
-from tests import audiofiles
-from tests.appserver import serve_app
-from tests.corpus import REPO, clip
-from tests.fakes import FakeRecognizer
-from tests.httpclient import endless_file, get, multipart, post_form, request, upload
-from tests.wsclient import StreamResult, receive_all
+from bench.fake_recognizer import FakeRecognizer
+from tests.support import audiofiles
+from tests.support.appserver import serve_app
+from tests.support.corpus import REPO, clip
+from tests.support.httpclient import endless_file, get, multipart, post_form, request, upload
+from tests.support.timeouts import S
+from tests.support.wsclient import StreamResult, receive_all
 
-TIMEOUT = 30.0
+TIMEOUT = 30 * S
 
 
 @pytest.fixture(scope="module")

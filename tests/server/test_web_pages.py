@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from server.auth.access import OriginPolicy
-from tests.appserver import serve_app
-from tests.audiofiles import wav_header
-from tests.corpus import clip
-from tests.httpclient import HttpResponse, multipart, request
+from tests.support.appserver import serve_app
+from tests.support.audiofiles import wav_header
+from tests.support.corpus import clip
+from tests.support.httpclient import HttpResponse, multipart, request
 
 ATTACKER_ORIGIN = {"Origin": "http://attacker.example"}
 ATTACKER_HOST = {"Host": "attacker.example"}

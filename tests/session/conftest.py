@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.scheduling.scheduler import BatchScheduler
-from tests.fakes import FakeRecognizer, scheduler_config
+from tests.support.scheduling import scheduler_config
 
 
 @pytest.fixture

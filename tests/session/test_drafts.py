@@ -4,10 +4,10 @@ text)."""
 
 from __future__ import annotations
 
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
-from tests.wsclient import stream_pcm
+from bench.fake_recognizer import FakeRecognizer
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.wsclient import stream_pcm
 
 
 async def test_partials_and_finals_carry_the_latest_partial_as_draft() -> None:
@@ -20,7 +20,12 @@ async def test_partials_and_finals_carry_the_latest_partial_as_draft() -> None:
         result = await stream_pcm(
             server.ws_url, "drafts", clip("en_jfk").pcm16(), speed=4, trailing_silence=1.0
         )
-        merged = server.state.metrics.partials_dropped.labels("merged")._value.get()
+        merged = (
+            server.state.metrics.registry.get_sample_value(
+                "parley_partials_dropped_total", {"reason": "merged"}
+            )
+            or 0.0
+        )  # no sample: none merged
     partials = result.of_type("transcript.partial")
     assert result.finals and partials
     drafted = [(n, draft) for n, draft in fake.drafts if draft]

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import RecognitionRequest, RecognitionResult
 from engine.scheduling.scheduler import BatchScheduler
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
@@ -17,8 +18,8 @@ from session.final_order import CONTEXT_CHARS
 from session.services import SessionServices, offline_services
 from store.memory import MemoryStore
 from tests.conftest import StoreFactory
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer, scheduler_config
+from tests.support.corpus import clip
+from tests.support.scheduling import scheduler_config
 
 
 class CountingScheduler(BatchScheduler):

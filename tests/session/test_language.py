@@ -12,14 +12,15 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.whisper.weights import ModelNotInstalledError, resolve_model
 from session.language import LanguageDetector, LanguagePinned
-from tests.appserver import serve_app
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer
-from tests.wsclient import StreamResult, receive_all, stream_pcm, stream_url
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.timeouts import S
+from tests.support.wsclient import StreamResult, receive_all, stream_pcm, stream_url
 
-TIMEOUT = 120.0
+TIMEOUT = 120 * S
 MULTILINGUAL = frozenset({"en", "es", "de"})
 
 

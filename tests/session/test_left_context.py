@@ -11,14 +11,15 @@ import asyncio
 import numpy as np
 import pytest
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import SAMPLE_RATE, WordTiming
 from engine.scheduling.scheduler import BatchScheduler
 from session.final_order import PendingFinal
 from session.said_before import LEFT_UTTERANCES, MAX_GAP, SaidBefore
 from session.segmenter import UtteranceEnded
-from tests.fakes import FakeRecognizer, scheduler_config
 from tests.session.test_prompts import committer
-from tests.tasks import blocked
+from tests.support.scheduling import scheduler_config
+from tests.support.tasks import blocked
 
 
 def utterance(index: int, start: float, seconds: float, value: float) -> UtteranceEnded:

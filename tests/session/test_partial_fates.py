@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import Priority
 from engine.scheduling.scheduler import BatchScheduler
 from session.outbox import Outbox
@@ -18,8 +19,8 @@ from session.partial_sender import PartialSender
 from session.segmenter import PartialDue
 from session.telemetry import NullTelemetry
 from store.memory import MemoryStore
-from tests.fakes import FakeRecognizer, scheduler_config
 from tests.session.test_prompts import committer, utterance
+from tests.support.scheduling import scheduler_config
 
 
 class _Drops(NullTelemetry):

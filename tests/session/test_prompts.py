@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import Priority
 from engine.scheduling.scheduler import BatchScheduler
 from session.committer import Committer, CommitterConfig
@@ -17,7 +18,6 @@ from session.final_order import PendingFinal
 from session.segmenter import UtteranceEnded
 from store.memory import MemoryStore
 from store.records import FinalRecord
-from tests.fakes import FakeRecognizer
 from wire.messages import ServerMessage
 
 

@@ -19,7 +19,7 @@ from session.segmenter import (
     UtteranceResumed,
 )
 from session.vad import WINDOW, DirectScorer, SileroVad, VadStream
-from tests.corpus import clip
+from tests.support.corpus import clip
 
 WINDOW_S = WINDOW / 16_000
 

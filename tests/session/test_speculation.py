@@ -10,16 +10,18 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.api import LeftContext, Priority, RecognitionRequest, Utterance
 from engine.scheduling.scheduler import BatchScheduler
 from session.speculation import Speculator
 from session.telemetry import NullTelemetry
-from tests.appserver import serve_app, serving
-from tests.corpus import clip
-from tests.fakes import FakeRecognizer, scheduler_config
-from tests.wsclient import stream_pcm
+from tests.support.appserver import serve_app, serving
+from tests.support.corpus import clip
+from tests.support.scheduling import scheduler_config
+from tests.support.timeouts import EVENT_TIMEOUT
+from tests.support.wsclient import stream_pcm
 
-TIMEOUT = 5.0
+TIMEOUT = EVENT_TIMEOUT
 
 
 def utterance(n: int, draft: str = "", prompt: str = "") -> Utterance:

@@ -23,7 +23,7 @@ from session.segmenter import (
 from session.turn import SmartTurn, TurnBatcher, smart_turn_path
 from session.turn_features import SAMPLES, last_seconds, log_mel
 from session.vad import WINDOW
-from tests.corpus import clip
+from tests.support.corpus import clip
 
 CONFIG = SegmenterConfig(
     partial_interval=0, min_silence=0.384, turn_silence=0.192, turn_hold=0.96, turn_eager=0.3

@@ -9,7 +9,7 @@ import numpy.typing as npt
 
 from session.segmenter import Segmenter, SegmenterConfig, UtteranceEnded
 from session.vad import DirectScorer, SileroVad, VadBatcher, VadScorer, VadState, VadStream
-from tests.corpus import clip
+from tests.support.corpus import clip
 
 FRAME = 320  # 20 ms frames, as a browser sends them
 

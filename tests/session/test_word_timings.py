@@ -16,8 +16,8 @@ from engine.whisper.recognizer import WhisperRecognizer
 from session.file_transcriber import FileOptions, FileProgress, FileTranscriber
 from session.services import offline_services
 from store.memory import MemoryStore
-from tests.corpus import clip
-from tests.fakes import scheduler_config
+from tests.support.corpus import clip
+from tests.support.scheduling import scheduler_config
 
 pytestmark = pytest.mark.slow
 

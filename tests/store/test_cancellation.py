@@ -14,11 +14,11 @@ import orjson
 from store.api import Store
 from store.errors import StoreError
 from store.records import NewFinal, SourceState
-from tests.appserver import serve_app
 from tests.conftest import StoreFactory
-from tests.corpus import clip
-from tests.hardclient import STOP, exchange
-from tests.wsclient import StreamResult
+from tests.support.appserver import serve_app
+from tests.support.corpus import clip
+from tests.support.hardclient import STOP, exchange
+from tests.support.wsclient import StreamResult
 
 MEETINGS = [f"cancel-{i}" for i in range(5)]
 ROUNDS = 150

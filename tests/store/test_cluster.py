@@ -17,10 +17,11 @@ from store.api import QuotaClaim, Store
 from store.errors import QuotaFull
 from store.redis.store import RedisStore
 from tests.conftest import StoreFactory
+from tests.support.timeouts import S
 
 STREAMS = QuotaClaim("streams", "tenant-a", 2)
 LEASE_S = 0.3  # short, so a "dead" node's leases expire within the test
-SETTLE_S = 10.0  # how long a test waits for a lease to expire at most, on a loaded box
+SETTLE_S = 10 * S  # how long a test waits for a lease to expire at most, on a loaded box
 
 
 async def test_quota_slots_up_to_the_limit_then_full(store: Store) -> None:
@@ -102,7 +103,7 @@ def _redis_nodes(make_store: StoreFactory, request: pytest.FixtureRequest) -> li
 
 def _stop_heartbeat(node: RedisStore) -> None:
     """The node hangs or dies: it renews nothing from now on."""
-    beat = node.quotas._beat
+    beat = node.quotas.heartbeat
     assert beat is not None
     beat.cancel()
 

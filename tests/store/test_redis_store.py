@@ -18,8 +18,9 @@ from store.errors import StoreOverloaded, StoreUnavailable, SubscriberLagged, Su
 from store.factory import open_store
 from store.records import FinalRecord, SourceState, hash_token
 from store.redis.store import RedisStore
-from tests.redis_support import MS, ManualClock, RedisServer, free_port
 from tests.store.test_store import emit, next_event
+from tests.support.redis_support import ManualClock, RedisServer, free_port
+from tests.support.timeouts import MS
 
 
 @pytest.fixture

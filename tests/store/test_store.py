@@ -13,7 +13,8 @@ from store.api import Store
 from store.errors import ResumeTokenMismatch, SourceSuperseded, SubscriberLagged, UnknownResumeToken
 from store.records import FinalRecord, NewFinal, SourceState
 from tests.conftest import StoreFactory
-from tests.redis_support import MS, ManualClock
+from tests.support.redis_support import ManualClock
+from tests.support.timeouts import MS
 from wire.errors import ProtocolError
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from store.errors import SubscriptionLost
 from store.redis.store import RedisStore
-from tests.redis_support import free_port
 from tests.store.test_store import next_event
+from tests.support.redis_support import free_port
 
 
 class SilentProxy:

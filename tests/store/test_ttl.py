@@ -17,8 +17,8 @@ from store.memory import MemoryStore
 from store.redis.scripts import Keys
 from store.redis.store import RedisStore
 from store.ttl import MIN_TTL_MS, TTLSettings, draw_jitter, ttl_bounds_ms, ttl_ms
-from tests.redis_support import ManualClock
 from tests.store.test_store import emit
+from tests.support.redis_support import ManualClock
 
 HOUR = 3600.0
 POLICY = TTLSettings()  # the defaults documented in docs/store.md

@@ -1,16 +1,42 @@
-"""A fake recognizer for scheduler logic tests: deterministic, milliseconds, thread-safe."""
+"""The one stand-in for the speech model, typed against the engine's Recognizer protocol:
+deterministic, thread-safe, milliseconds by default. The tests drive the scheduler and the
+server with it (recording what it was asked, gating batches); `python -m bench.fake_server`
+serves with it, its model time simulated per batch.
+"""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from engine.api import Transcription, Utterance
-from engine.recognizer import Interrupted
-from engine.scheduling.config import SchedulerConfig
-from server.engine_plan import scheduler_config_with
+from engine.recognizer import Interrupted, Recognizer
+
+STEP = 0.005  # seconds between looks at `should_stop` while a batch's time is simulated
+
+
+def batch_table(text: str) -> list[tuple[int, float]]:
+    """`size:ms,...` as (size, seconds), sorted by size."""
+    points = []
+    for item in text.split(","):
+        size, _, ms = item.partition(":")
+        points.append((int(size), float(ms) / 1000))
+    if not points or any(size < 1 or seconds < 0 for size, seconds in points):
+        raise ValueError(f"a batch table is size:ms,... with sizes >= 1, not {text!r}")
+    return sorted(points)
+
+
+def table_seconds(table: Sequence[tuple[int, float]], size: int) -> float:
+    """A batch of `size`'s time by `table`: linear between its sizes; beyond its ends, the
+    end's time per row."""
+    if size <= table[0][0]:
+        return table[0][1] * size / table[0][0]
+    for (low, low_s), (high, high_s) in itertools.pairwise(table):
+        if size <= high:
+            return low_s + (high_s - low_s) * (size - low) / (high - low)
+    return table[-1][1] * size / table[-1][0]
 
 
 class FakeRecognizer:
@@ -28,6 +54,12 @@ class FakeRecognizer:
     `keyterms` its (sample count, keyterms), `timed`
     the sample count of every utterance that asked for word timings (finals do).
     `empty_on` gives an utterance of that length empty text (as the guard empties one).
+
+    A batch of n takes `batch_s` + n x `utterance_s`, or, given `table` ((size, seconds)
+    rows), the table's time interpolated between its sizes: the model's time simulated
+    with a sleep that holds no GIL (as a GPU's kernels do not), stopped within `STEP`
+    when the scheduler says stop. `record=False` keeps none of the lists above (a long
+    bench would grow them without bound).
     """
 
     def __init__(
@@ -37,8 +69,16 @@ class FakeRecognizer:
         gated: bool = False,
         languages: frozenset[str] = frozenset({"en"}),
         detects: tuple[str, float] = ("en", 1.0),
+        batch_s: float = 0.0,
+        utterance_s: float = 0.0,
+        table: Sequence[tuple[int, float]] = (),
+        record: bool = True,
     ) -> None:
         self._max_batch_size = max_batch_size
+        self._batch_s = batch_s
+        self._utterance_s = utterance_s
+        self._table = list(table)
+        self._record = record
         self._languages = languages
         self.detects = detects
         self.asked: list[str | None] = []
@@ -77,17 +117,24 @@ class FakeRecognizer:
     def warmup(self) -> None:
         return None
 
+    def seconds(self, size: int) -> float:
+        """The simulated model time of a batch of `size`."""
+        if self._table:
+            return table_seconds(self._table, size)
+        return self._batch_s + self._utterance_s * size
+
     def transcribe(
         self, batch: Sequence[Utterance], should_stop: Callable[[], bool] | None = None
     ) -> list[Transcription]:
         sizes = [len(u.audio) for u in batch]
-        self.batches.append(sizes)
-        self.asked.extend(u.language for u in batch)
-        self.drafts.extend((len(u.audio), u.draft) for u in batch)
-        self.prompts.extend((len(u.audio), u.prompt) for u in batch)
-        self.keyterms.extend((len(u.audio), u.keyterms) for u in batch)
-        self.lefts.extend(u for u in batch if u.left is not None)
-        self.timed.extend(len(u.audio) for u in batch if u.word_timings)
+        if self._record:
+            self.batches.append(sizes)
+            self.asked.extend(u.language for u in batch)
+            self.drafts.extend((len(u.audio), u.draft) for u in batch)
+            self.prompts.extend((len(u.audio), u.prompt) for u in batch)
+            self.keyterms.extend((len(u.audio), u.keyterms) for u in batch)
+            self.lefts.extend(u for u in batch if u.left is not None)
+            self.timed.extend(len(u.audio) for u in batch if u.word_timings)
         self.entered.set()
         if self.gate is not None:
             # Wait for the test to release the batch, or for the scheduler to stop it.
@@ -101,12 +148,17 @@ class FakeRecognizer:
                     self.checked.set()
                 if time.monotonic() > deadline:
                     break
+        end = time.monotonic() + self.seconds(len(batch))
+        while (left := end - time.monotonic()) > 0:
+            if should_stop is not None and should_stop():
+                raise Interrupted("stopped")
+            time.sleep(min(STEP, left))
         if self.fail_on is not None and self.fail_on in sizes:
             raise RuntimeError(f"fake failure on n={self.fail_on}")
-        results = [self._result(u) for u in batch]
+        results = [self.result(u) for u in batch]
         return results[:-1] if self.wrong_length else results
 
-    def _result(self, utterance: Utterance) -> Transcription:
+    def result(self, utterance: Utterance) -> Transcription:
         text = "" if len(utterance.audio) == self.empty_on else f"n={len(utterance.audio)}"
         if len(self._languages) == 1:
             language, probability = next(iter(self._languages)), None
@@ -123,15 +175,4 @@ class FakeRecognizer:
         )
 
 
-def scheduler_config(**fields: Any) -> SchedulerConfig:
-    """The server's scheduler config (`server.engine_plan`) with what the scheduler and
-    session tests were written against, unless a test says otherwise: one worker, partials
-    on half the model's time, partial batches of up to 16 (at most a batch), and no
-    left-context gate or budget (`fields` override any of these and name any other field)."""
-    pinned: dict[str, Any] = {
-        "partial_share": 0.5,
-        "max_partial_batch": min(16, fields.get("max_batch_size", 16)),
-        "context_below": None,
-        "context_budget": None,
-    }
-    return scheduler_config_with(**{**pinned, **fields})
+_TYPED: type[Recognizer] = FakeRecognizer  # mypy checks it against the protocol

@@ -10,7 +10,7 @@ from typing import Any
 
 import av
 
-from tests.corpus import REPO
+from tests.support.corpus import REPO
 
 SRT_TIME = r"(\d{2}):(\d{2}):(\d{2}),(\d{3})"
 

@@ -15,14 +15,13 @@ from typing import Any
 import orjson
 import uvicorn
 
+from bench.fake_recognizer import FakeRecognizer
 from engine.recognizer import Recognizer
 from server.__main__ import uvicorn_config
 from server.app import create_app
 from server.settings import Settings
 from server.state import AppState
-from tests.fakes import FakeRecognizer
-
-START_TIMEOUT = 300.0  # a model load on a loaded 2-core box (over 60 s seen at load 24)
+from tests.support.timeouts import REPLY_TIMEOUT, START_TIMEOUT
 
 
 @dataclass
@@ -45,7 +44,7 @@ class AppServer:
         *,
         body: Any = None,
         headers: dict[str, str] | None = None,
-        timeout: float = 10.0,
+        timeout: float = REPLY_TIMEOUT,
     ) -> tuple[int, dict[str, str], bytes]:
         """One HTTP request, off the event loop (the server shares it)."""
         data = None if body is None else body if isinstance(body, bytes) else orjson.dumps(body)

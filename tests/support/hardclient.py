@@ -13,7 +13,7 @@ import orjson
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.wsclient import StreamResult, receive_all
+from tests.support.wsclient import StreamResult, receive_all
 
 STOP = orjson.dumps({"type": "stop"}).decode()
 SEND_TIMEOUT = 1.0  # seconds one frame may take to go out

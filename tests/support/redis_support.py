@@ -14,9 +14,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from deploy.processes import free_port as free_port  # the tests' one copy
-
-# Every test timeout is a multiple of MS; raise PARLEY_TEST_TIMEOUT_FACTOR on slow machines.
-MS = 0.001 * float(os.environ.get("PARLEY_TEST_TIMEOUT_FACTOR", "1"))
+from tests.support.timeouts import MS
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 

@@ -1,11 +1,11 @@
 """Every route of a Parley server tried once, as one client: what each one answered.
 
-Used in-process (tests/server/test_protected.py) and, as `python -m tests.route_probe`,
+Used in-process (tests/server/test_protected.py) and, as `python -m tests.support.route_probe`,
 from inside a network namespace, where it prints the answers as JSON (the test runs it
 there with `ip netns exec`, since a namespace is a process's, not a coroutine's):
 
-    python -m tests.route_probe http://10.0.0.1:8000 [--header 'Name: value']...
-    python -m tests.route_probe http://127.0.0.1:8000 --stream-jfk
+    python -m tests.support.route_probe http://10.0.0.1:8000 [--header 'Name: value']...
+    python -m tests.support.route_probe http://127.0.0.1:8000 --stream-jfk
 
 An answer is `{"status", "code", "close", "first"}`: the HTTP status (101 for a socket
 that was upgraded), the error code the server gave (its JSON body, or its `error`
@@ -25,12 +25,13 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.audiofiles import wav_header
-from tests.httpclient import multipart, request
+from tests.support.audiofiles import wav_header
+from tests.support.httpclient import multipart, request
+from tests.support.timeouts import START_TIMEOUT, S
 
 MEETING = "probe-meeting"
-READY_TIMEOUT_S = 300.0  # a first start converts the bundled weights
-ANSWER_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = START_TIMEOUT
+ANSWER_TIMEOUT_S = 30 * S
 # The routes that reach meetings (protected mode refuses them), and those open to all.
 MEETING_ROUTES = (
     "stream",
@@ -220,8 +221,8 @@ async def wait_ready(base: str, timeout: float = READY_TIMEOUT_S) -> dict[str, A
 
 async def stream_jfk(base: str) -> dict[str, Any]:
     """Stream the corpus's JFK clip (fast replay) and return its finals' text."""
-    from tests.corpus import clip  # the corpus only where a stream is asked for
-    from tests.wsclient import stream_pcm
+    from tests.support.corpus import clip  # the corpus only where a stream is asked for
+    from tests.support.wsclient import stream_pcm
 
     ws = "ws" + base.removeprefix("http")
     result = await stream_pcm(ws, "probe-jfk", clip("en_jfk").pcm16(), speed=0)
@@ -229,7 +230,7 @@ async def stream_jfk(base: str) -> dict[str, Any]:
 
 
 async def _main(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m tests.route_probe")
+    parser = argparse.ArgumentParser(prog="python -m tests.support.route_probe")
     parser.add_argument("base", help="http://HOST:PORT of the server")
     parser.add_argument("--header", action="append", default=[], help="'Name: value'")
     parser.add_argument("--stream-jfk", action="store_true")

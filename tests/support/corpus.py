@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CORPUS_DIR = Path(os.environ.get("PARLEY_CORPUS", REPO.parent / "shared" / "corpus"))
 
 
