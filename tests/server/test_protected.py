@@ -61,6 +61,7 @@ def test_the_probe_tries_every_route_of_the_app() -> None:
         "/v1/meetings/{meeting_id}/stream",  # stream
         "/v1/meetings/{meeting_id}/events",  # events
         "/v1/listen",  # listen
+        "/v2/listen",  # flux
         "/v1/realtime",  # realtime
         "/v1/meetings/{meeting_id}/transcript",  # transcript
         "/v1/transcriptions",  # upload
@@ -72,7 +73,7 @@ def test_the_probe_tries_every_route_of_the_app() -> None:
         "/readyz",
         "/metrics",
     }
-    assert len(MEETING_ROUTES) == len(SERVED) == 11 and len(OPEN_ROUTES) == 3
+    assert len(MEETING_ROUTES) == len(SERVED) == 12 and len(OPEN_ROUTES) == 3
 
 
 def test_loopback_is_127_8_and_1_and_nothing_else() -> None:

@@ -50,7 +50,7 @@ attempt("plant", lambda: open(%(outside)r, "w").write("x"))
 with open(sys.argv[-1], "w") as out:
     json.dump(found, out)
 print(json.dumps({"ok": True, "samples": 0, "format": "probe", "codec": "probe",
-                  "sample_rate": 16000, "channels": 1}))
+                  "sample_rate": 16000, "channels": 1, "output_channels": 1}))
 """
 
 

@@ -37,6 +37,7 @@ MEETING_ROUTES = (
     "stream",
     "events",
     "listen",
+    "flux",
     "realtime",
     "transcript",
     "upload",
@@ -63,6 +64,7 @@ SERVED: dict[str, dict[str, Any]] = {
     "stream": {"status": 101, "first": "session.started", "close": 1000},
     "events": {"status": 101, "code": "unsupported_data", "close": 1003},  # audio refused
     "listen": {"status": 101},
+    "flux": {"status": 101},
     "realtime": {"status": 101, "first": "session.created"},
     "transcript": {"status": 404, "code": "not_found"},  # the stream above logged no final
     "upload": {"status": 202},
@@ -179,6 +181,8 @@ async def probe(base: str, headers: dict[str, str]) -> dict[str, Answer]:
     answers["stream"] = await _socket(f"{ws}/v1/meetings/{MEETING}/stream", headers, "stop")
     answers["events"] = await _socket(f"{ws}/v1/meetings/{MEETING}/events", headers, "audio")
     answers["listen"] = await _socket(f"{ws}/v1/listen?meeting_id={MEETING}-dg", headers, "none")
+    flux = f"{ws}/v2/listen?model=flux-general-en&meeting_id={MEETING}-fx"
+    answers["flux"] = await _socket(flux, headers, "none")
     answers["realtime"] = await _socket(
         f"{ws}/v1/realtime?intent=transcription&meeting_id={MEETING}-oa", headers, "first"
     )
