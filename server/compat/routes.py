@@ -15,6 +15,7 @@ import asyncio
 import logging
 import secrets
 import uuid
+from collections.abc import Callable
 from functools import partial
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -50,24 +51,12 @@ async def listen_endpoint(websocket: WebSocket) -> None:
     """Deepgram live streaming."""
     state = app_state(websocket)
     request_id = str(uuid.uuid4())
-    offered = [str(p) for p in websocket.scope.get("subprotocols") or []]
-    via_subprotocol = subprotocol_credential(offered, DEEPGRAM_SCHEMES)
-    handshake = CompatHandshake(
-        websocket,
-        denial=deepgram_errors.denial(request_id),
-        farewell=deepgram_errors.farewell,
-        headers={"dg-request-id": request_id},
-        subprotocol=via_subprotocol[0] if via_subprotocol else None,
-    )
+    handshake, token = _deepgram_handshake(websocket, request_id, deepgram_errors.farewell)
     query = dict(websocket.query_params)
     try:
         meeting_id = query.get("meeting_id") or request_id
         principal = await compat_principal(
-            handshake,
-            state.auth,
-            meeting_id,
-            schemes=DEEPGRAM_SCHEMES,
-            subprotocol_token=via_subprotocol[1] if via_subprotocol else None,
+            handshake, state.auth, meeting_id, schemes=DEEPGRAM_SCHEMES, subprotocol_token=token
         )
         options = deepgram.parse_options(
             query,
@@ -113,24 +102,14 @@ async def flux_endpoint(websocket: WebSocket) -> None:
     """Deepgram Flux: conversational recognition with turn events (server/compat/flux.py)."""
     state = app_state(websocket)
     request_id = str(uuid.uuid4())
-    offered = [str(p) for p in websocket.scope.get("subprotocols") or []]
-    via_subprotocol = subprotocol_credential(offered, DEEPGRAM_SCHEMES)
-    handshake = CompatHandshake(
-        websocket,
-        denial=deepgram_errors.denial(request_id),
-        farewell=partial(flux.farewell, request_id),
-        headers={"dg-request-id": request_id},
-        subprotocol=via_subprotocol[0] if via_subprotocol else None,
+    handshake, token = _deepgram_handshake(
+        websocket, request_id, partial(flux.farewell, request_id)
     )
     query = dict(websocket.query_params)
     try:
         meeting_id = query.get("meeting_id") or request_id
         principal = await compat_principal(
-            handshake,
-            state.auth,
-            meeting_id,
-            schemes=DEEPGRAM_SCHEMES,
-            subprotocol_token=via_subprotocol[1] if via_subprotocol else None,
+            handshake, state.auth, meeting_id, schemes=DEEPGRAM_SCHEMES, subprotocol_token=token
         )
         options = flux.parse_options(
             query, meeting_id=meeting_id, keyterms=websocket.query_params.getlist("keyterm")
@@ -257,3 +236,20 @@ def _vad(state: AppState) -> openai_realtime.Vad:
         prefix_padding_ms=round(settings.segmenter.pre_roll_ms),
         silence_duration_ms=round(settings.segmenter.min_silence_ms),
     )
+
+
+def _deepgram_handshake(
+    websocket: WebSocket, request_id: str, farewell: Callable[[ProtocolError], str]
+) -> tuple[CompatHandshake, str | None]:
+    """The handshake of Deepgram's sockets (`/v1/listen`, Flux's `/v2/listen`): its error
+    answers and `dg-request-id`, and the token a client offered as a subprotocol."""
+    offered = [str(p) for p in websocket.scope.get("subprotocols") or []]
+    via_subprotocol = subprotocol_credential(offered, DEEPGRAM_SCHEMES)
+    handshake = CompatHandshake(
+        websocket,
+        denial=deepgram_errors.denial(request_id),
+        farewell=farewell,
+        headers={"dg-request-id": request_id},
+        subprotocol=via_subprotocol[0] if via_subprotocol else None,
+    )
+    return handshake, via_subprotocol[1] if via_subprotocol else None
