@@ -25,19 +25,28 @@ class ServerProcess(processes.ServerProcess):
     process: memory and descriptors."""
 
     def rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS")
+        return _status_kb(self.pid, "VmRSS:") * 1024
 
     def rss_anon_bytes(self) -> int:
         """The anonymous part of the RSS (heap, arenas, stacks): what a leak grows. The
         rest is file-backed (pages of the mapped libraries and model files, touched
         lazily as code paths first run): it rises in steps, bounded by the files' size."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no RssAnon")
+        return _status_kb(self.pid, "RssAnon:") * 1024
+
+    def process_rss_bytes(self) -> dict[str, int]:
+        """The RSS of the server and of each process it started, by name: `server`, and
+        `worker-PID` for a model or speaker worker (multiprocessing's spawned children),
+        `other-PID` for anything else (multiprocessing's resource tracker, a decoder)."""
+        rss = {"server": self.rss_bytes()}
+        for child in _children(self.pid):
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+                kb = _status_kb(child, "VmRSS:")
+            except (OSError, RuntimeError):
+                continue  # gone meanwhile
+            kind = "worker" if b"spawn_main" in cmdline else "other"
+            rss[f"{kind}-{child}"] = kb * 1024
+        return rss
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
@@ -64,6 +73,23 @@ class ServerProcess(processes.ServerProcess):
             else:
                 kinds["other"] += 1
         return kinds
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of `pid` (of any of its threads)."""
+    children: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            listed = Path(f"/proc/{pid}/task/{task}/children").read_text()
+            children += [int(child) for child in listed.split()]
+    return sorted(set(children))
+
+
+def _status_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field}")
 
 
 def _tcp_sockets(pid: int) -> dict[str, tuple[int, int, str]]:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,6 +53,7 @@ class Sample:
     redis_fds: int  # of `fds`: the store's connections to Redis (its pools)
     tasks: int
     keys: int
+    processes: dict[str, float]  # RSS in MiB by process: `server`, `worker-PID`, `other-PID`
 
 
 def redis_keys(redis: RedisProcess) -> int:
@@ -72,6 +75,7 @@ def sample(server: ServerProcess, redis: RedisProcess, started: float) -> Sample
         redis_fds=redis_fds,
         tasks=int(metrics.get("parley_event_loop_tasks", -1)),
         keys=redis_keys(redis),
+        processes={k: round(v / 2**20, 2) for k, v in server.process_rss_bytes().items()},
     )
 
 
@@ -84,6 +88,49 @@ def slope_percent_per_hour(samples: list[Sample], warmup_s: float, field: str = 
     rss = np.array([getattr(s, field) for s in kept])
     slope = float(np.polyfit(t, rss, 1)[0])
     return 100.0 * slope / float(rss.mean())
+
+
+def minute_floor_slopes(samples: list[Sample], warmup_s: float) -> dict[str, dict[str, float]]:
+    """Per process: the least-squares slope of each minute's lowest RSS after the warm-up,
+    as % of its mean per hour (a minute's floor leaves out the buffers of the decode in
+    flight), and that floor at the first and the last minute after the warm-up."""
+    floors: dict[str, dict[int, float]] = {}
+    for s in samples:
+        if s.at < warmup_s:
+            continue
+        for name, mib in s.processes.items():
+            minute = int(s.at // 60)
+            kept = floors.setdefault(name, {})
+            kept[minute] = min(mib, kept.get(minute, mib))
+    slopes: dict[str, dict[str, float]] = {}
+    for name, by_minute in floors.items():
+        if len(by_minute) < 3:
+            continue  # a process that lived a moment (a decoder, a restarted worker)
+        minutes = sorted(by_minute)
+        t = np.array(minutes) / 60.0
+        floor = np.array([by_minute[m] for m in minutes])
+        slope = float(np.polyfit(t, floor, 1)[0])
+        slopes[name] = {
+            "percent_per_hour": round(100.0 * slope / float(floor.mean()), 3),
+            "first_mib": float(floor[0]),
+            "last_mib": float(floor[-1]),
+            "minutes": float(len(minutes)),
+        }
+    return slopes
+
+
+def heap_reports(log: Path) -> list[dict[str, Any]]:
+    """The server's `heap report` lines (server/heap_report.py), oldest first."""
+    reports = []
+    for line in log.read_text(errors="replace").splitlines():
+        if '"heap report"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        reports.append({k: entry.get(k) for k in ("ts", "traced_mib", "peak_mib", "top", "grew")})
+    return reports
 
 
 def load_rounds(
@@ -115,10 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rooms", type=int, default=8)
     parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--warmup-minutes", type=float, default=5.0)
+    parser.add_argument("--warmup-minutes", type=float, default=15.0)
     parser.add_argument("--ttl-s", type=float, default=60.0, help="meeting TTL for the run")
     parser.add_argument("--engine", choices=["model", "fake"], default="model")
     parser.add_argument("--report-dir", type=Path, default=Path("reports/soak"))
+    parser.add_argument(
+        "--heap-every-minutes",
+        type=float,
+        default=15.0,
+        help="run the server with tracemalloc and log a heap report this often (0: off)",
+    )
     args = parser.parse_args(argv)
     args.report_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="parley-soak-") as tmp:
@@ -126,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         redis.start()
         server = ServerProcess(
             "server" if args.engine == "model" else "bench.fake_server",
-            {"PARLEY_REDIS_URL": redis.url, "PARLEY_MEETING_TTL_S": str(args.ttl_s)},
+            {"PARLEY_REDIS_URL": redis.url, "PARLEY_MEETING_TTL_S": str(args.ttl_s)}
+            | ({"PYTHONTRACEMALLOC": "1"} if args.heap_every_minutes > 0 else {}),
             args.report_dir / "server.log",
         )
         server.start()
@@ -136,8 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         done = threading.Event()
 
         def sampler() -> None:
+            next_heap_report = 0.0
             while not done.wait(10.0):
                 samples.append(sample(server, redis, started))
+                if args.heap_every_minutes > 0 and samples[-1].at >= next_heap_report:
+                    os.kill(server.pid, signal.SIGUSR1)
+                    next_heap_report = samples[-1].at + 60 * args.heap_every_minutes
 
         thread = threading.Thread(target=sampler, daemon=True)
         thread.start()
@@ -158,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         "rooms": args.rooms,
         "minutes": args.minutes,
         "engine": args.engine,
+        "warmup_minutes": args.warmup_minutes,
+        # The issue's measure: per process, the slope of each minute's lowest RSS.
+        "minute_floor_slopes": minute_floor_slopes(samples, args.warmup_minutes * 60),
         "rss_slope_percent_per_hour": round(
             slope_percent_per_hour(samples, args.warmup_minutes * 60), 3
         ),
@@ -201,10 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         "duplicates": sum(t.get("duplicates", 0) for t in totals),
         "finals": sum(t.get("finals", 0) for t in totals),
         "rounds": totals,
+        "heap_reports": heap_reports(args.report_dir / "server.log"),
         "samples": [asdict(s) for s in samples],
     }
     (args.report_dir / "soak.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("samples", "rounds")}, indent=2))
+    shown = {k: v for k, v in result.items() if k not in ("samples", "rounds", "heap_reports")}
+    print(json.dumps(shown, indent=2))
     return 0
 
 

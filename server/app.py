@@ -31,6 +31,7 @@ from server.auth.keys import build_authenticator
 from server.auth.tokens import open_tokens
 from server.compat import routes as compat_routes
 from server.engine_plan import describe_plan, plan_engine
+from server.heap_report import install_heap_reports, remove_heap_reports
 from server.http import rest
 from server.http import speakers as speakers_api
 from server.http.problems import EXCEPTION_HANDLERS
@@ -283,6 +284,7 @@ def create_app(
         )
         app.state.parley = state  # for the CLI's graceful shutdown hook
         state.loader = asyncio.create_task(_load_model(state, recognizer_factory))
+        install_heap_reports()
         trimmer = (
             asyncio.create_task(trim_memory_forever(settings.server.malloc_trim_interval_s))
             if settings.server.malloc_trim_interval_s > 0
@@ -296,6 +298,7 @@ def create_app(
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            remove_heap_reports()
             await drain(state)
             await state.jobs.close()  # uploads are cancelled, not drained: they may be hours
             if state.scheduler is not None:
