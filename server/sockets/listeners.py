@@ -94,7 +94,12 @@ async def _serve_listener(
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        return next(iter(done)).exception()
+        # Both may end in one turn of the loop (the client left while an event was on its
+        # way): take each one's exception, or asyncio logs the other as never retrieved.
+        # What ended it besides the client leaving comes first (a bug is logged).
+        errors = [error for task in done if (error := task.exception()) is not None]
+        errors.sort(key=lambda error: isinstance(error, WebSocketDisconnect))
+        return errors[0] if errors else None
 
 
 async def _forward(
