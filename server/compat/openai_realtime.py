@@ -259,7 +259,8 @@ class RealtimeCodec:
             settings = replace(settings, manual_turns=turns is None)
             if isinstance(turns, dict) and not self.started:
                 eagerness = turns.get("eagerness") or "auto"
-                if turns.get("type") == "semantic_vad" and eagerness not in EAGERNESS:
+                semantic_vad = turns.get("type") == "semantic_vad"
+                if semantic_vad and (not isinstance(eagerness, str) or eagerness not in EAGERNESS):
                     return [
                         self._error(
                             f"eagerness must be one of {', '.join(EAGERNESS)}",
@@ -267,7 +268,7 @@ class RealtimeCodec:
                             code="invalid_value",
                         )
                     ]
-                semantic = turns.get("type") == "semantic_vad" and self.semantic
+                semantic = semantic_vad and self.semantic
                 settings = replace(settings, eagerness=str(eagerness) if semantic else None)
         self.settings = settings
         kind = "transcription_session.updated" if self.beta else "session.updated"

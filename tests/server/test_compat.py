@@ -480,8 +480,9 @@ async def test_deepgram_stops_before_their_finals_keep_speech_final() -> None:
 
 async def test_openai_session_update_of_another_shape_is_an_error_event(server: AppServer) -> None:
     """A `session.update` whose `audio`, `audio.input` or `audio.input.format` is not an
-    object gets an `error` event naming that field, and the session goes on (it ended
-    1011 with an AttributeError: bench/fuzz_sessions.py seed 20)."""
+    object, or whose `eagerness` is not a string, gets an `error` event naming that field,
+    and the session goes on (it ended 1011 with an AttributeError, or was dropped without
+    a close frame: bench/fuzz_sessions.py seeds 20 and 2605)."""
     async with connect(
         server.ws_url + "/v1/realtime?intent=transcription",
         additional_headers={"Authorization": f"Bearer {KEY}"},
@@ -491,6 +492,14 @@ async def test_openai_session_update_of_another_shape_is_an_error_event(server: 
             ({"audio": "x"}, "session.audio"),
             ({"audio": {"input": ["pcm16"]}}, "session.audio.input"),
             ({"audio": {"input": {"format": "pcm16"}}}, "session.audio.input.format"),
+            (  # the socket was dropped without a close frame: TypeError, unhashable list
+                {
+                    "audio": {
+                        "input": {"turn_detection": {"type": "semantic_vad", "eagerness": ["low"]}}
+                    }
+                },
+                "session.audio.input.turn_detection.eagerness",
+            ),
         ]
         for session, param in shapes:
             update = {"type": "session.update", "session": {"type": "transcription", **session}}
