@@ -63,6 +63,11 @@ DOCUMENTED_CLOSES = frozenset(
 )
 CLIENT_CLOSE_CODES = (1000, 1001, 3000, 4000, 4999)
 RATE = 16000
+# Server messages counted per scenario: how far the mutated sessions got.
+REACHED = frozenset(
+    {"session.started", "transcript.final", "session.ended", "Results", "Metadata",
+     "TurnInfo", "conversation.item.input_audio_transcription.completed", "ConfigureSuccess"}
+)  # fmt: skip
 SCENARIOS = ("stream", "resume", "listener", "deepgram", "flux", "openai")
 WEIGHTS = (30, 25, 15, 12, 8, 10)
 JUNK_TEXTS = (
@@ -88,6 +93,7 @@ class Outcome:
     scenario: str
     closes: list[str] = field(default_factory=list)  # per socket: a close code or "refused NNN"
     failures: list[str] = field(default_factory=list)
+    reached: list[str] = field(default_factory=list)  # what the server got to (counted)
     seconds: float = 0.0
 
 
@@ -128,6 +134,9 @@ class Socket:
                         self._check_message(message)
 
     def _check_message(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind in REACHED and (kind != "session.started" or message.get("resumed")):
+            self.outcome.reached.append("resumed" if kind == "session.started" else str(kind))
         code = message.get("code")
         error = message.get("error")
         if isinstance(error, dict):
@@ -269,8 +278,11 @@ def control(rng: random.Random, kinds: tuple[str, ...]) -> str:
     kind = rng.choice(kinds)
     if kind == "junk":
         return rng.choice(JUNK_TEXTS)
+    if kind == "configure_ok":
+        terms: Any = rng.choice([[], ["Anya Petrova", "OAuth"], ["Kubernetes"]])
+        return orjson.dumps({"type": "configure", "keyterms": terms}).decode()
     if kind == "configure":
-        terms: Any = rng.choice(
+        terms = rng.choice(
             [[], ["Anya Petrova", "OAuth"], ["x" * 101], [" "], "OAuth", None, [1, 2], ["k"] * 101]
         )
         return orjson.dumps({"type": "configure", "keyterms": terms}).decode()
@@ -284,8 +296,14 @@ def control(rng: random.Random, kinds: tuple[str, ...]) -> str:
     return orjson.dumps({"type": kind}).decode()
 
 
+# A rough input (ROUGH of them) also sends what ends a session early: junk, bad fields,
+# bad parameters, truncated frames; the others send only well-formed messages, at wrong
+# moments, so most of them get to the end of their session.
+ROUGH = 0.35
 V1_CONTROLS = ("finalize", "keepalive", "configure", "resend", "auth", "stop", "junk")
 V1_MIDSTREAM = ("finalize", "finalize", "keepalive", "keepalive", "configure", "resend", "auth")
+V1_GENTLE_FIRST = ("finalize", "keepalive", "configure_ok", "auth", "finalize", "stop")
+V1_GENTLE = ("finalize", "finalize", "keepalive", "keepalive", "configure_ok")
 
 
 async def play(
@@ -343,12 +361,12 @@ async def end_v1(rng: random.Random, ctx: Context, sock: Socket) -> None:
     await sock.finish(ctx.close_deadline_s)
 
 
-def stream_query(rng: random.Random, meeting: str, participant: str) -> str:
-    """A stream's query string: mostly valid, now and then a bad or unusual parameter."""
+def stream_query(rng: random.Random, participant: str, rough: bool) -> str:
+    """A stream's query string: valid, or (rough) now and then a bad or unusual parameter."""
     params: list[tuple[str, str]] = [("participant", participant)]
     if rng.random() < 0.3:
-        params.append(("interim_results", rng.choice(["true", "false", "maybe"])))
-    if rng.random() < 0.15:
+        params.append(("interim_results", rng.choice(["true", "false"] + ["maybe"] * rough)))
+    if rough and rng.random() < 0.4:
         params.append(
             rng.choice(
                 [
@@ -374,24 +392,25 @@ def stream_query(rng: random.Random, meeting: str, participant: str) -> str:
 async def scenario_stream(rng: random.Random, ctx: Context, outcome: Outcome) -> None:
     """A stream with controls before its audio and between its frames, frames truncated."""
     meeting = f"fz-{outcome.seed}"
-    sock = await open_socket(
-        ctx, outcome, "stream", f"/v1/meetings/{meeting}/stream", stream_query(rng, meeting, "ana")
-    )
+    rough = rng.random() < ROUGH
+    query = stream_query(rng, "ana", rough)
+    sock = await open_socket(ctx, outcome, "stream", f"/v1/meetings/{meeting}/stream", query)
     if sock is None:
         return
     await sock.wait_for("session.started", ctx.connect_timeout_s)
     for _ in range(rng.choice([0, 0, 1, 2])):  # configure/finalize/stop/resend before audio
-        if not await sock.send(control(rng, V1_CONTROLS)):
+        if not await sock.send(control(rng, V1_CONTROLS if rough else V1_GENTLE_FIRST)):
             break
-    audio = frames(rng, speech(rng, ctx), mutate=rng.choice([0.0, 0.0, 0.02, 0.1]))
-    await play(rng, sock, audio, V1_MIDSTREAM + ("junk",) * (rng.random() < 0.2),
-               control, text_rate=rng.choice([0.0, 0.05, 0.3]), pace_s=0.02)  # fmt: skip
+    mutate = rng.choice([0.0, 0.02, 0.1]) if rough else 0.0
+    audio = frames(rng, speech(rng, ctx), mutate=mutate)
+    kinds = V1_MIDSTREAM + ("junk",) * (rng.random() < 0.2) if rough else V1_GENTLE
+    rate = rng.choice([0.0, 0.05, 0.3])
+    await play(rng, sock, audio, kinds, control, text_rate=rate, pace_s=0.02)
     await end_v1(rng, ctx, sock)
 
 
-def mutate_token(rng: random.Random, token: str) -> str:
-    roll = rng.random()
-    if roll < 0.55 or not token:
+def mutate_token(rng: random.Random, token: str, rough: bool) -> str:
+    if not rough or rng.random() < 0.3 or not token:
         return token
     choices = [
         token[:-1],
@@ -407,21 +426,9 @@ def mutate_token(rng: random.Random, token: str) -> str:
     return rng.choice(choices)
 
 
-def mutate_last_seq(rng: random.Random, last_seq: int) -> str | None:
-    return rng.choice(
-        [
-            None,
-            str(last_seq),
-            "0",
-            "-1",
-            str(last_seq + 1),
-            "999999999999",
-            "1e308",
-            "abc",
-            "1.5",
-            "",
-        ]
-    )
+def mutate_last_seq(rng: random.Random, last_seq: int, rough: bool) -> str | None:
+    valid = [None, str(last_seq), "0", str(last_seq + 1), str(max(0, last_seq - 1)), "999999999999"]
+    return rng.choice(valid + ["-1", "1e308", "abc", "1.5", ""] * rough)
 
 
 async def scenario_resume(rng: random.Random, ctx: Context, outcome: Outcome) -> None:
@@ -448,12 +455,13 @@ async def scenario_resume(rng: random.Random, ctx: Context, outcome: Outcome) ->
         await first.wait_for("transcript.final", 2.0)
     token = str((started or {}).get("resume_token", ""))
     last_seq = max([int(m.get("seq", 0)) for m in first.messages if "seq" in m] + [0])
-    params: list[tuple[str, str]] = [("resume_token", mutate_token(rng, token))]
-    if (seq := mutate_last_seq(rng, last_seq)) is not None:
+    rough = rng.random() < ROUGH
+    params: list[tuple[str, str]] = [("resume_token", mutate_token(rng, token, rough))]
+    if (seq := mutate_last_seq(rng, last_seq, rough)) is not None:
         params.append(("last_seq", seq))
     if rng.random() < 0.2:
-        params.append(("participant", rng.choice(["ana", "bo"])))
-    target = meeting if rng.random() < 0.9 else f"fz-{outcome.seed}-other"
+        params.append(("participant", rng.choice(["ana", "bo"] if rough else ["ana"])))
+    target = meeting if not rough or rng.random() < 0.7 else f"fz-{outcome.seed}-other"
     second = await open_socket(
         ctx, outcome, "resume", f"/v1/meetings/{target}/stream", urlencode(params)
     )
@@ -473,11 +481,12 @@ async def scenario_resume(rng: random.Random, ctx: Context, outcome: Outcome) ->
             if plan == "resend_twice":
                 await second.send(good)
         elif plan == "resend_bad":
-            await second.send(control(rng, ("resend",)))
+            await second.send(control(rng, ("resend",)) if rough else good)
         elif plan == "controls_first":
             for _ in range(rng.randrange(1, 4)):
-                await second.send(control(rng, V1_CONTROLS))
-        audio = frames(rng, lead[: int(max(0.0, resume_from - send_from) * RATE) * 2] + tail, 0.02)
+                await second.send(control(rng, V1_CONTROLS if rough else V1_GENTLE_FIRST))
+        lead_again = lead[: int(max(0.0, resume_from - send_from) * RATE) * 2]
+        audio = frames(rng, lead_again + tail, 0.02 if rough else 0.0)
         for index, chunk in enumerate(audio):
             if plan == "finalize_in_resend" and index == len(audio) // 3:
                 await second.send(control(rng, ("finalize",)))
@@ -496,15 +505,17 @@ async def scenario_listener(rng: random.Random, ctx: Context, outcome: Outcome) 
     """A stream with listeners (mutated `after_seq`) opened before, during and after it
     and closed at odd moments, some of them sending what a listener must not."""
     meeting = f"fz-{outcome.seed}"
+    rough = rng.random() < ROUGH
     listeners: list[Socket] = []
 
     async def listen(name: str) -> None:
-        after = rng.choice(["0", "0", "1", "-1", "999999999", "1e308", "abc", "", "nan"])
+        valid = ["0", "0", "1", "2", "999999999"]
+        after = rng.choice(valid + ["-1", "1e308", "abc", "", "nan"] * rough)
         query = "" if rng.random() < 0.2 else urlencode({"after_seq": after})
         sock = await open_socket(ctx, outcome, name, f"/v1/meetings/{meeting}/events", query)
         if sock is not None:
             listeners.append(sock)
-            if rng.random() < 0.3:
+            if rough and rng.random() < 0.3:
                 wrong: list[str | bytes] = [b"\x00\x00", b"", '{"type":"keepalive"}', "junk"]
                 await sock.send(rng.choice(wrong))
 
@@ -571,8 +582,11 @@ DEEPGRAM_PARAMS = (
 
 def deepgram_control(rng: random.Random, kinds: tuple[str, ...]) -> str:
     kind = rng.choice(kinds)
+    if kind == "Configure_ok":
+        terms: Any = rng.choice([[], ["OAuth"], None])
+        return orjson.dumps({"type": "Configure", "keyterms": terms}).decode()
     if kind == "Configure":
-        terms: Any = rng.choice([[], ["OAuth"], ["x" * 101], "OAuth", None, [1], ["k"] * 101])
+        terms = rng.choice([[], ["OAuth"], ["x" * 101], "OAuth", None, [1], ["k"] * 101])
         return orjson.dumps({"type": "Configure", "keyterms": terms}).decode()
     if kind == "junk":
         return rng.choice((*JUNK_TEXTS, '{"type": "Finalize", "x": 1}'))
@@ -583,17 +597,21 @@ async def scenario_deepgram(rng: random.Random, ctx: Context, outcome: Outcome) 
     """Deepgram `/v1/listen`: Finalize, KeepAlive, Configure, CloseStream at wrong moments
     (before audio, twice, text after CloseStream), bad query parameters, empty frames."""
     params = [("meeting_id", f"fz-{outcome.seed}")]
-    for name, values in rng.sample(DEEPGRAM_PARAMS, rng.choice([0, 1, 1, 2, 3])):
+    rough = rng.random() < ROUGH
+    for name, values in rng.sample(DEEPGRAM_PARAMS, rng.choice([1, 1, 2, 3]) if rough else 0):
         params.append((name, rng.choice(values)))
+    if not rough and rng.random() < 0.5:
+        params.append(("interim_results", "true"))
     sock = await open_socket(ctx, outcome, "deepgram", "/v1/listen", urlencode(params))
     if sock is None:
         return
-    kinds = ("Finalize", "KeepAlive", "Configure", "Finalize", "KeepAlive") + ("junk",) * (
-        rng.random() < 0.15
+    configure = "Configure" if rough else "Configure_ok"
+    kinds = ("Finalize", "KeepAlive", configure, "Finalize", "KeepAlive") + ("junk",) * (
+        rough and rng.random() < 0.15
     )
     for _ in range(rng.choice([0, 0, 1, 2])):
         await sock.send(deepgram_control(rng, kinds + ("CloseStream",) * (rng.random() < 0.2)))
-    audio = frames(rng, speech(rng, ctx), mutate=rng.choice([0.0, 0.0, 0.05]))
+    audio = frames(rng, speech(rng, ctx), mutate=rng.choice([0.0, 0.05]) if rough else 0.0)
     await play(rng, sock, audio, kinds, deepgram_control, text_rate=rng.choice([0.0, 0.1, 0.3]))
     ending = rng.choice(
         ["close_stream", "close_stream_twice", "empty_frame", "text_after", "close", "abort"]
@@ -628,17 +646,18 @@ async def scenario_flux(rng: random.Random, ctx: Context, outcome: Outcome) -> N
         ("sample_rate", ("16000", "7999")),
         ("keyterm", ("OAuth", "x" * 101)),
     ]
-    for name, values in rng.sample(extra, rng.choice([0, 0, 1, 2])):
+    rough = rng.random() < ROUGH
+    for name, values in rng.sample(extra, rng.choice([1, 1, 2]) if rough else 0):
         params.append((name, rng.choice(values)))
     sock = await open_socket(ctx, outcome, "flux", "/v2/listen", urlencode(params))
     if sock is None:
         return
     kinds = ("ForceEndTurn", "Configure", "KeepAlive", "ForceEndTurn") + ("junk",) * (
-        rng.random() < 0.2
+        rough and rng.random() < 0.2
     )
     for _ in range(rng.choice([0, 0, 1, 2])):
         await sock.send(deepgram_control(rng, kinds))
-    audio = frames(rng, speech(rng, ctx), mutate=rng.choice([0.0, 0.0, 0.05]))
+    audio = frames(rng, speech(rng, ctx), mutate=rng.choice([0.0, 0.05]) if rough else 0.0)
     await play(rng, sock, audio, kinds, deepgram_control, text_rate=rng.choice([0.0, 0.1, 0.3]))
     ending = rng.choice(["close_stream", "close_stream_twice", "text_after", "close", "abort"])
     if ending == "abort":
@@ -698,6 +717,10 @@ OPENAI_SESSIONS: tuple[Any, ...] = (
 
 def openai_event(rng: random.Random, kinds: tuple[str, ...]) -> str:
     kind = rng.choice(kinds)
+    if kind == "session.update_ok":
+        audio_in = rng.choice(OPENAI_INPUTS[:2] + OPENAI_INPUTS[5:6] + OPENAI_INPUTS[10:11])
+        session = {"type": "transcription", "audio": {"input": audio_in}}
+        return orjson.dumps({"type": "session.update", "session": session}).decode()
     if kind == "session.update":
         session = {"type": "transcription", "audio": {"input": rng.choice(OPENAI_INPUTS)}}
         if rng.random() < 0.15:
@@ -716,17 +739,26 @@ def openai_event(rng: random.Random, kinds: tuple[str, ...]) -> str:
 async def scenario_openai(rng: random.Random, ctx: Context, outcome: Outcome) -> None:
     """OpenAI `/v1/realtime`: session.update before and after audio, appends with bad
     base64, commit and clear at wrong moments (before audio, twice), binary frames."""
-    params = [("intent", "transcription" if rng.random() < 0.93 else "conversation"),
-              ("meeting_id", f"fz-{outcome.seed}")]  # fmt: skip
+    rough = rng.random() < ROUGH
+    intent = "conversation" if rough and rng.random() < 0.1 else "transcription"
+    params = [("intent", intent), ("meeting_id", f"fz-{outcome.seed}")]
     headers = {"OpenAI-Beta": "realtime=v1"} if rng.random() < 0.3 else None
     sock = await open_socket(
         ctx, outcome, "openai", "/v1/realtime", urlencode(params), headers=headers
     )
     if sock is None:
         return
-    kinds = ("input_audio_buffer.commit", "input_audio_buffer.clear", "session.update",
-             "transcription_session.update", "input_audio_buffer.commit")  # fmt: skip
-    bad = ("append_bad", "append_none", "junk")
+    kinds: tuple[str, ...] = (
+        "input_audio_buffer.commit",
+        "input_audio_buffer.clear",
+        "session.update",
+        "transcription_session.update",
+        "input_audio_buffer.commit",
+    )
+    bad: tuple[str, ...] = ("append_bad", "append_none", "junk")
+    if not rough:
+        kinds = ("input_audio_buffer.commit", "input_audio_buffer.clear", "session.update_ok")
+        bad = ()
     for _ in range(rng.choice([0, 1, 2])):
         await sock.send(openai_event(rng, kinds + bad * (rng.random() < 0.2)))
     audio = to_24k(speech(rng, ctx))
@@ -739,7 +771,7 @@ async def scenario_openai(rng: random.Random, ctx: Context, outcome: Outcome) ->
             extra = openai_event(rng, kinds + bad * (rng.random() < 0.1))
             if not await sock.send(extra):
                 break
-        if rng.random() < 0.01:
+        if rough and rng.random() < 0.03:
             payload: str | bytes = chunk  # a binary frame: not how OpenAI's protocol sends audio
         else:
             encoded = base64.b64encode(chunk).decode()
@@ -829,8 +861,14 @@ class LogWatch:
         self.offset += len(new)
         found = []
         for line in new.decode(errors="replace").splitlines():
-            if '"traceback"' in line or line.startswith("Traceback (most recent call last)"):
-                found.append(line[:2000])
+            if line.startswith("Traceback (most recent call last)"):
+                found.append(line)
+            elif '"traceback"' in line:
+                try:
+                    entry = json.loads(line)
+                    found.append(f"{entry['message']}: ...{entry['traceback'][-1500:]}")
+                except (ValueError, KeyError, TypeError):
+                    found.append(line[-2000:])
         return found
 
 
@@ -858,6 +896,7 @@ async def fuzz(args: argparse.Namespace, server: ServerProcess, ctx: Context) ->
     by_scenario: Counter[str] = Counter()
     by_close: Counter[str] = Counter()
     by_scenario_close: dict[str, Counter[str]] = {}
+    by_scenario_reached: dict[str, Counter[str]] = {}
     done = 0
     started = time.monotonic()
     stop_at = started + args.max_minutes * 60 if args.max_minutes else float("inf")
@@ -871,6 +910,8 @@ async def fuzz(args: argparse.Namespace, server: ServerProcess, ctx: Context) ->
         by_scenario[outcome.scenario] += 1
         by_close.update(outcome.closes)
         by_scenario_close.setdefault(outcome.scenario, Counter()).update(outcome.closes)
+        reached = by_scenario_reached.setdefault(outcome.scenario, Counter())
+        reached.update(set(outcome.reached))  # inputs that got there
         if outcome.failures:
             failures.append(asdict(outcome))
             print(f"FAIL seed {outcome.seed} ({outcome.scenario}): {outcome.failures}", flush=True)
@@ -932,6 +973,7 @@ async def fuzz(args: argparse.Namespace, server: ServerProcess, ctx: Context) ->
         "by_scenario": dict(by_scenario),
         "by_close": dict(by_close.most_common()),
         "by_scenario_close": {k: dict(v.most_common()) for k, v in by_scenario_close.items()},
+        "by_scenario_reached": {k: dict(v.most_common()) for k, v in by_scenario_reached.items()},
         "idle_start": asdict(idle),
         "checkpoints": [asdict(p) for p in points],
         "idle_end": asdict(end),
