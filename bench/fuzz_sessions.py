@@ -798,9 +798,14 @@ RUNNERS: dict[str, Callable[[random.Random, Context, Outcome], Awaitable[None]]]
 }
 
 
+def draw_scenario(rng: random.Random) -> str:
+    """An input's scenario: the first draw of its `random.Random(seed)`."""
+    return rng.choices(SCENARIOS, weights=WEIGHTS)[0]
+
+
 async def run_input(seed: int, ctx: Context, input_deadline_s: float) -> Outcome:
     rng = random.Random(seed)
-    scenario = rng.choices(SCENARIOS, weights=WEIGHTS)[0]
+    scenario = draw_scenario(rng)
     outcome = Outcome(seed, scenario)
     started = time.monotonic()
     try:
