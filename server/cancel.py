@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
 RECANCEL_S = 0.05  # how long a cancelled task has to end before it is cancelled again
 
 
-async def cancel_and_wait(tasks: Iterable[asyncio.Future[object]]) -> None:
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
     """Cancel each task, and again while it runs on; return once all have ended. Their
     results and exceptions are left for the caller (retrieved, so none is logged)."""
     pending = {task for task in tasks if not task.done()}

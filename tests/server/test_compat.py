@@ -488,7 +488,7 @@ async def test_openai_session_update_of_another_shape_is_an_error_event(server: 
         additional_headers={"Authorization": f"Bearer {KEY}"},
     ) as ws:
         assert orjson.loads(await ws.recv())["type"] == "session.created"
-        shapes = [
+        shapes: list[tuple[dict[str, Any], str]] = [
             ({"audio": "x"}, "session.audio"),
             ({"audio": {"input": ["pcm16"]}}, "session.audio.input"),
             ({"audio": {"input": {"format": "pcm16"}}}, "session.audio.input.format"),
