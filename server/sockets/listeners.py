@@ -12,7 +12,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server.auth.keys import Scope
 from server.auth.ownership import OwnerCheck
-from server.cancel import cancel_and_wait
 from server.sockets.gate import (
     Handshake,
     authenticate_socket,
@@ -21,6 +20,7 @@ from server.sockets.gate import (
     refuse,
 )
 from server.state import AppState, app_state
+from store.cancel import cancel_and_wait
 from store.errors import SubscriberLagged
 from wire.build import encode, transcript_final
 from wire.codes import CloseCode, ErrorCode

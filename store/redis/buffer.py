@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
+from store.cancel import cancel_and_wait
 from store.errors import StoreOverloaded, StoreUnavailable
 from store.records import FinalRecord, NewFinal, SourceState
 from store.redis.link import UNREACHABLE, Link, log_crash
@@ -251,5 +252,4 @@ class WriteBuffer:
     async def stop(self) -> None:
         """Stop replaying (what is left is lost)."""
         if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
+            await cancel_and_wait([self._flusher])  # a plain cancel may be dropped

@@ -24,6 +24,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from store.cancel import cancel_and_wait
 from store.errors import StoreUnavailable, SubscriptionLost
 from store.listener import Listener
 from store.memory_cluster import decoded_takeovers, encode_takeover
@@ -232,9 +233,7 @@ class RedisEvents:
         """Drop every listener (SubscriptionLost) and close the subscription."""
         self._closed = True
         tasks = [t for t in (self._reader, *self._tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)  # a plain cancel may be dropped: store/cancel.py
         for listeners in self._channels.values():
             for listener in listeners:
                 listener.drop(SubscriptionLost("the store was closed"))

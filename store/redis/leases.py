@@ -23,6 +23,7 @@ from dataclasses import replace
 from redis.asyncio import Redis
 
 from store.api import Lease, QuotaClaim
+from store.cancel import cancel_and_wait
 from store.errors import QuotaFull
 from store.redis.link import UNREACHABLE, Link, log_crash
 
@@ -247,9 +248,7 @@ class RedisLeases:
     async def close(self) -> None:
         """Stop the heartbeat and give this node's lease and slots back."""
         if self._beat is not None:
-            self._beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beat
+            await cancel_and_wait([self._beat])  # a plain cancel may be dropped: store/cancel.py
             self._beat = None
         for lease in list(self._held.values()):
             await self.release(lease)

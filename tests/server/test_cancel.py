@@ -10,7 +10,7 @@ import asyncio
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from server.cancel import cancel_and_wait
+from store.cancel import cancel_and_wait
 from tests.support.appserver import serve_app
 
 

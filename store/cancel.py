@@ -4,7 +4,8 @@ On Python 3.11 `asyncio.wait_for` returns the inner result and drops the cancell
 a cancel lands in the same turn as its inner future completes (CPython gh-86296, fixed in
 3.12). redis-py wraps each command's write in `wait_for`, so a task cancelled while it
 talks to Redis may run on as if nothing happened: a listener's forwarder did, then waited
-for the meeting's events for ever (bench/fuzz_sessions.py with `--store redis`).
+for the meeting's events for ever (bench/fuzz_sessions.py with `--store redis`), and a
+store's lease heartbeat renewed on after its close (tests/store/test_cluster.py hung).
 `cancel_and_wait` cancels again until the task has ended."""
 
 from __future__ import annotations
