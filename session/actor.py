@@ -64,6 +64,7 @@ from session.speakers import SpeakerLabeller
 from session.speculation import Speculator
 from session.stream_state import TRANSITIONS, Connection, SessionState, SessionTotals
 from session.turns import TurnEvent, live_pipeline, turn_message
+from store.cancel import cancel_and_wait
 from store.errors import StoreError
 from store.records import FinalRecord, SourceState
 from wire import build, keyterms
@@ -240,9 +241,7 @@ class SessionActor:
             self.services.scheduler.cancel(self.request_key)
             await self._committer.close()
             tasks.extend(self._partials.tasks())
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)  # a plain cancel may be dropped: store/cancel.py
             if ending is not None:  # counted before the close, which the client sees
                 self.services.telemetry.session_closed(ending.reason.value, ending.close_code)
             if ending is not None and ending.reason not in CLIENT_GONE:
@@ -285,8 +284,7 @@ class SessionActor:
         await self._finals.put(None)
         await asyncio.wait({committer}, timeout=COMMIT_TIMEOUT)
         if not committer.done():
-            committer.cancel()
-            await asyncio.gather(committer, return_exceptions=True)
+            await cancel_and_wait([committer])
             if ending.reason is EndReason.STOP:  # the client asked for every final
                 return commit_timeout(COMMIT_TIMEOUT)
         elif not committer.cancelled() and (failure := committer.exception()) is not None:

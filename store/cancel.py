@@ -19,9 +19,14 @@ RECANCEL_S = 0.05  # how long a cancelled task has to end before it is cancelled
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
     """Cancel each task, and again while it runs on; return once all have ended. Their
-    results and exceptions are left for the caller (retrieved, so none is logged)."""
+    results and exceptions are left for the caller (marked retrieved, so asyncio logs none
+    as never retrieved, as `gather(..., return_exceptions=True)` would)."""
+    tasks = list(tasks)
     pending = {task for task in tasks if not task.done()}
     while pending:
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()
