@@ -35,6 +35,8 @@ without a turn model the session reports `server_vad`, what it gets. Set before 
 starts; fixed after.
 """
 
+# One concept, 455 lines: one codec speaking both flavours (GA and beta) of OpenAI's realtime
+# transcription protocol; its session.update parsing is the bulk and reads best whole.
 from __future__ import annotations
 
 import base64
