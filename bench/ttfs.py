@@ -94,6 +94,8 @@ class ClipRun:
     ttfs: float | None = None
     text: str = ""
     finals: list[tuple[float, str]] = field(default_factory=list)
+    flushes: list[float] = field(default_factory=list)  # when each Finalize was sent
+    answer: float | None = None  # the last final's receipt minus the last Finalize's sending
     error: str = ""  # why the clip did not run to its end (refused, timed out)
 
 
@@ -126,13 +128,15 @@ async def run_clip(url: str, clip: Clip, params: VadParams, tail: float) -> Clip
             sent = offset + FRAME
             if any(offset < stop <= sent for stop in stops):
                 await socket.send(orjson.dumps({"type": "Finalize"}).decode())
-                speech_end = time.monotonic() - params.stop_secs
+                run.flushes.append(time.monotonic())
+                speech_end = run.flushes[-1] - params.stop_secs
         await socket.send(orjson.dumps({"type": "CloseStream"}).decode())
         await asyncio.wait_for(receiver, 30)
     segments = [(at, text) for at, text in run.finals if text.strip()]
     run.text = " ".join(text for _, text in segments)
     if segments and speech_end is not None:
         run.ttfs = segments[-1][0] - speech_end
+        run.answer = segments[-1][0] - run.flushes[-1]
     return run
 
 
@@ -239,7 +243,11 @@ async def measure(args: argparse.Namespace, url: str, report_dir: Path) -> list[
             except (OSError, TimeoutError, InvalidStatus, ConnectionClosed) as exc:
                 run = ClipRun(clip.id, error=f"{type(exc).__name__}: {exc}")
             runs.append(run)
-            print(f"  {rooms} rooms {clip.id}: TTFS {run.ttfs} {run.error}", flush=True)
+            print(
+                f"  {rooms} rooms {clip.id}: TTFS {_ms(run.ttfs)} (Finalize → final "
+                f"{_ms(run.answer)}; {len(run.flushes)} flushes) {run.error}",
+                flush=True,
+            )
         flush = flush_figures(before, scrape(url))
         if load is not None:
             load.terminate()
