@@ -110,6 +110,7 @@ class SchedulerStats:
     partials_superseded: int = 0
     partials_rejected: int = 0
     preempted_batches: int = 0  # partial batches stopped for finals
+    speculations_stopped: int = 0  # speculative batches stopped: their speculation withdrawn
     contexts_shed: int = 0  # live finals decoded without their left context (load gate)
     # Model time by the kind of batch (a stopped partial batch's time counts as partial).
     model_seconds: dict[Priority, float] = field(

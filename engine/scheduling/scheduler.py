@@ -226,12 +226,26 @@ class BatchScheduler:
         """Drop a session's queued requests (or only those of priority `only`); their
         futures are cancelled.
 
-        A request already running finishes, and its result is discarded by the caller.
-        Returns how many queued requests were dropped.
+        A request already running finishes, and its result is discarded by the caller;
+        but a running speculative batch of the session's alone (with `only` SPECULATIVE:
+        a speculation withdrawn) is stopped, its future cancelled: its model time goes to
+        what still matters. Returns how many queued requests were dropped.
         """
         dropped = self._queue.cancel(session_id, only)
         for entry in dropped:
             entry.future.cancel()
+        if only is Priority.SPECULATIVE:
+            for worker in self._workers:
+                batch = worker.batch
+                if batch and all(
+                    e.request.priority is Priority.SPECULATIVE
+                    and e.request.session_id == session_id
+                    for e in batch
+                ):
+                    for entry in batch:
+                        entry.future.cancel()
+                    worker.stop.set()
+                    self.stats.speculations_stopped += 1
         self._room.set()
         return len(dropped)
 
