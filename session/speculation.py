@@ -147,6 +147,8 @@ class Speculator:
             if future.done() and not future.cancelled() and future.exception() is None:
                 return self._used(future, "speculation", held.submitted)
             self._count("discarded")  # it failed: the final is decoded anew
+        elif request.priority is Priority.FINAL and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("a final decoded anew: %s", _mismatch(held, self._wanted, request))
         return await self._recognition.submit(request)
 
     def answered(self, future: asyncio.Future[RecognitionResult] | None, since: float) -> None:
@@ -200,6 +202,25 @@ def _same_decoding(speculated: RecognitionRequest, final: RecognitionRequest) ->
         and np.array_equal(a.audio, b.audio)
         and _same_left(a.left, b.left)
     )
+
+
+def _mismatch(held: _Speculation | None, wanted: object | None, final: RecognitionRequest) -> str:
+    """Why `final` took no speculation (for the debug log)."""
+    if held is None:
+        return "none was made yet (waiting for a final's prompt)" if wanted else "none held"
+    a, b = held.request.utterance, final.utterance
+    differs = [
+        name
+        for name, same in (
+            ("audio", np.array_equal(a.audio, b.audio)),
+            ("prompt", a.prompt == b.prompt),
+            ("left context", _same_left(a.left, b.left)),
+            ("language or timings", (a.language, a.word_timings) == (b.language, b.word_timings)),
+        )
+        if not same
+    ]
+    sizes = f"{len(a.audio)} vs {len(b.audio)} samples"
+    return f"the speculation differs in {', '.join(differs) or 'its key'} ({sizes})"
 
 
 def _same_left(a: LeftContext | None, b: LeftContext | None) -> bool:
