@@ -64,7 +64,6 @@ class FakeRecognizer:
 
     def __init__(
         self,
-        max_batch_size: int = 8,
         *,
         gated: bool = False,
         languages: frozenset[str] = frozenset({"en"}),
@@ -74,7 +73,6 @@ class FakeRecognizer:
         table: Sequence[tuple[int, float]] = (),
         record: bool = True,
     ) -> None:
-        self._max_batch_size = max_batch_size
         self._batch_s = batch_s
         self._utterance_s = utterance_s
         self._table = list(table)
@@ -105,10 +103,6 @@ class FakeRecognizer:
     @property
     def name(self) -> str:
         return "fake"
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._max_batch_size
 
     @property
     def languages(self) -> frozenset[str]:

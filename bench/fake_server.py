@@ -33,7 +33,6 @@ H200_TINY_EN = "1:138,2:109,4:104,8:121,16:134,32:195,64:353"
 def timed_recognizer(settings: Settings) -> FakeRecognizer:
     table = os.environ.get("PARLEY_FAKE_BATCH_TABLE")
     return FakeRecognizer(
-        settings.scheduler.max_batch_size,
         batch_s=float(os.environ.get("PARLEY_FAKE_BATCH_MS", "30")) / 1000,
         utterance_s=float(os.environ.get("PARLEY_FAKE_UTTERANCE_MS", "10")) / 1000,
         table=batch_table(table) if table else (),

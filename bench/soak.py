@@ -187,12 +187,17 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         idle_before = sample(server, redis, started)
         samples: list[Sample] = []
+        missed: list[str] = []  # samples that failed (the server too busy to answer)
         done = threading.Event()
 
         def sampler() -> None:
             next_heap_report = 0.0
             while not done.wait(10.0):
-                samples.append(sample(server, redis, started))
+                try:
+                    samples.append(sample(server, redis, started))
+                except (OSError, RuntimeError, ValueError) as exc:  # a /metrics timeout
+                    missed.append(f"{time.monotonic() - started:.0f} s: {exc!r}")
+                    continue
                 if args.heap_every_minutes > 0 and samples[-1].at >= next_heap_report:
                     os.kill(server.pid, signal.SIGUSR1)
                     next_heap_report = samples[-1].at + 60 * args.heap_every_minutes
@@ -262,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "duplicates": sum(t.get("duplicates", 0) for t in totals),
         "finals": sum(t.get("finals", 0) for t in totals),
         "rounds": totals,
+        "missed_samples": missed,
         "heap_reports": heap_reports(args.report_dir / "server.log"),
         "samples": [asdict(s) for s in samples],
     }

@@ -78,8 +78,13 @@ class TranslatingConnection:
                     f"text frame of {len(text)} characters exceeds the limit of {self._max_text}",
                 )
             inbound = self.codec.from_client(message)
-            for reply in inbound.replies:
-                await self._send(reply)
+            try:
+                for reply in inbound.replies:
+                    await self._send(reply)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                # The client left while its reply was on the way: its disconnect, as a
+                # `receive` would have said a moment later (not a server fault).
+                return {"type": "websocket.disconnect", "code": 1006}
             self._pending.extend(inbound.to_actor)
         return self._pending.popleft()
 

@@ -99,6 +99,15 @@ def denial(error: ProtocolError) -> Response:
     return Response(orjson.dumps(body), http_status(error), headers, media_type="application/json")
 
 
+def _member(parent: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+    """`parent[key]` when it is an object, {} when absent or null, None when it is
+    anything else (or `parent` is None)."""
+    if parent is None:
+        return None
+    value = parent.get(key) or {}
+    return value if isinstance(value, dict) else None
+
+
 def _error_type(error: ProtocolError) -> str:
     return "server_error" if error.close_code in (1011, 1012, 1013) else CLIENT_ERROR
 
@@ -203,9 +212,16 @@ class RealtimeCodec:
             transcription = session.get("input_audio_transcription")
             turns = session.get("turn_detection", "unset")
         else:
-            audio_in = (session.get("audio") or {}).get("input") or {}
-            fmt = (audio_in.get("format") or {}).get("type", "audio/pcm")
-            rate = (audio_in.get("format") or {}).get("rate", SAMPLE_RATE)
+            audio = _member(session, "audio")
+            audio_in = _member(audio, "input")
+            audio_format = _member(audio_in, "format")
+            for value, path in ((audio, "session.audio"), (audio_in, "session.audio.input"),
+                                (audio_format, "session.audio.input.format")):  # fmt: skip
+                if value is None:  # a client's JSON of another shape
+                    return [self._error(f"{path} must be an object", param=path)]
+            assert audio_in is not None and audio_format is not None
+            fmt = audio_format.get("type", "audio/pcm")
+            rate = audio_format.get("rate", SAMPLE_RATE)
             if rate != SAMPLE_RATE:
                 fmt = f"{fmt} at {rate} Hz"
             transcription = audio_in.get("transcription")
@@ -243,7 +259,8 @@ class RealtimeCodec:
             settings = replace(settings, manual_turns=turns is None)
             if isinstance(turns, dict) and not self.started:
                 eagerness = turns.get("eagerness") or "auto"
-                if turns.get("type") == "semantic_vad" and eagerness not in EAGERNESS:
+                semantic_vad = turns.get("type") == "semantic_vad"
+                if semantic_vad and (not isinstance(eagerness, str) or eagerness not in EAGERNESS):
                     return [
                         self._error(
                             f"eagerness must be one of {', '.join(EAGERNESS)}",
@@ -251,7 +268,7 @@ class RealtimeCodec:
                             code="invalid_value",
                         )
                     ]
-                semantic = turns.get("type") == "semantic_vad" and self.semantic
+                semantic = semantic_vad and self.semantic
                 settings = replace(settings, eagerness=str(eagerness) if semantic else None)
         self.settings = settings
         kind = "transcription_session.updated" if self.beta else "session.updated"

@@ -198,6 +198,13 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         return
     except (WebSocketDisconnect, OSError):
         return
+    except Exception:  # a bug while configuring: the documented 1011, not a dropped socket
+        logger.exception("realtime session %s failed while configuring", session_id)
+        internal = ProtocolError(
+            ErrorCode.INTERNAL, CloseCode.INTERNAL_ERROR, "internal error; see server log"
+        )
+        await refuse(state, handshake, internal)
+        return
     await serve_source(
         state, handshake, config, {}, principal, connection=connection, acknowledge_finalize=True
     )

@@ -12,6 +12,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server.auth.keys import Scope
 from server.auth.ownership import OwnerCheck
+from server.cancel import cancel_and_wait
 from server.sockets.gate import (
     Handshake,
     authenticate_socket,
@@ -91,10 +92,16 @@ async def _serve_listener(
         done, pending = await asyncio.wait(
             {watcher, forwarder}, return_when=asyncio.FIRST_COMPLETED
         )
+        await cancel_and_wait(pending)  # the forwarder may be inside a Redis call
         for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        return next(iter(done)).exception()
+            if not task.cancelled():
+                task.exception()  # retrieved: ended by the cancel, nothing to report
+        # Both may end in one turn of the loop (the client left while an event was on its
+        # way): take each one's exception, or asyncio logs the other as never retrieved.
+        # What ended it besides the client leaving comes first (a bug is logged).
+        errors = [error for task in done if (error := task.exception()) is not None]
+        errors.sort(key=lambda error: isinstance(error, WebSocketDisconnect))
+        return errors[0] if errors else None
 
 
 async def _forward(

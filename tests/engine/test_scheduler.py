@@ -73,7 +73,7 @@ async def started(scheduler: BatchScheduler) -> AsyncIterator[BatchScheduler]:
 async def gated() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
     """A gated scheduler whose finals stop every partial batch (partial_wait 0: the wait
     for a batch about to end has a test of its own)."""
-    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    fake = FakeRecognizer(gated=True)
     async with started(
         BatchScheduler(
             fake,
@@ -86,7 +86,7 @@ async def gated() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
 
 async def test_requests_from_several_sessions_share_one_batch() -> None:
     """Requests of three sessions submitted together run as one batch."""
-    fake = FakeRecognizer(max_batch_size=8)
+    fake = FakeRecognizer()
     async with started(
         BatchScheduler(fake, scheduler_config(max_batch_size=8, max_wait=0.05))
     ) as scheduler:
@@ -100,7 +100,7 @@ async def test_requests_from_several_sessions_share_one_batch() -> None:
 
 async def test_batch_size_is_bounded() -> None:
     """Ten queued requests with max_batch_size 4 run as batches of 4, 4 and 2."""
-    fake = FakeRecognizer(max_batch_size=4)
+    fake = FakeRecognizer()
     async with started(
         BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.05))
     ) as scheduler:
@@ -171,7 +171,7 @@ async def test_cancel_drops_a_sessions_queued_requests(
 
 async def test_recognizer_error_fails_exactly_its_batch() -> None:
     """A failing batch fails its own futures; the next batch succeeds."""
-    fake = FakeRecognizer(max_batch_size=2)
+    fake = FakeRecognizer()
     async with started(
         BatchScheduler(fake, scheduler_config(max_batch_size=2, max_wait=0.05))
     ) as scheduler:
@@ -188,7 +188,7 @@ async def test_recognizer_error_fails_exactly_its_batch() -> None:
 
 async def test_length_mismatch_fails_the_batch() -> None:
     """A recognizer returning fewer results than inputs fails every future of the batch."""
-    fake = FakeRecognizer(max_batch_size=4)
+    fake = FakeRecognizer()
     fake.wrong_length = True
     async with started(
         BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.05))
@@ -268,7 +268,7 @@ async def test_a_dead_loop_fails_waiting_and_later_requests_at_once(
 async def test_utilization_counts_recent_model_time_of_every_worker() -> None:
     """Utilization: the workers' busy time over the last 2 s window, per worker."""
     now = [100.0]
-    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    fake = FakeRecognizer(gated=True)
     async with started(
         BatchScheduler(
             fake,
@@ -319,7 +319,7 @@ async def test_a_final_waits_for_a_partial_batch_about_to_end() -> None:
     the worker on such a batch waits for it instead of stopping it (its work is not
     thrown away); the final then goes first."""
     now = [0.0]
-    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    fake = FakeRecognizer(gated=True)
     scheduler = BatchScheduler(
         fake,
         scheduler_config(max_batch_size=4, max_wait=0.0, max_queue=8, partial_wait=0.25),
@@ -360,7 +360,7 @@ async def test_flat_batches_take_every_queued_partial_and_a_final_waits_for_them
     to `max_partial_batch`), is expected to take a batch's 0.1 s, and a final that finds
     the worker on it waits instead of stopping it."""
     now = [0.0]
-    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    fake = FakeRecognizer(gated=True)
     scheduler = BatchScheduler(
         fake,
         scheduler_config(
@@ -412,7 +412,7 @@ async def test_a_stopped_partial_gives_way_to_a_newer_one_of_its_session(
 
 async def test_with_two_workers_a_final_runs_beside_a_partial_batch() -> None:
     """Two workers: partials take one, a final takes the other at once; nothing is stopped."""
-    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    fake = FakeRecognizer(gated=True)
     async with started(
         BatchScheduler(fake, scheduler_config(workers=2, max_batch_size=4, max_wait=0.0))
     ) as scheduler:
@@ -428,7 +428,7 @@ async def test_with_two_workers_a_final_runs_beside_a_partial_batch() -> None:
 async def test_partials_go_stalest_session_first() -> None:
     """Round robin: a session whose partial just ran waits behind the others, even when
     its next partial arrives before theirs run."""
-    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    fake = FakeRecognizer(gated=True)
     async with started(
         BatchScheduler(fake, scheduler_config(max_batch_size=1, max_wait=0.0))
     ) as scheduler:
@@ -453,7 +453,7 @@ async def test_an_utterances_first_partial_goes_before_staler_later_ones() -> No
     """A partial whose utterance has shown none (empty draft) runs before the partials of
     sessions that waited longer; a session's next partial, queued while its first ran,
     is not a first one once that came back with text, though its draft is still empty."""
-    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    fake = FakeRecognizer(gated=True)
     async with started(
         BatchScheduler(fake, scheduler_config(max_batch_size=1, max_wait=0.0))
     ) as scheduler:
@@ -481,7 +481,7 @@ async def test_busy_history_stays_bounded_without_readers_of_utilization() -> No
         now[0] += 0.1  # every reading of the clock is 0.1 s later: ~5 per batch
         return now[0]
 
-    fake = FakeRecognizer(max_batch_size=1)
+    fake = FakeRecognizer()
     async with started(
         BatchScheduler(
             fake, scheduler_config(max_batch_size=1, max_wait=0.0, max_queue=1), clock=clock
@@ -640,7 +640,7 @@ def with_left(session: str, n: int, priority: Priority = Priority.FINAL) -> Reco
 
 async def test_without_a_load_gate_finals_keep_their_left_context() -> None:
     """context_below None: every final goes to the model with its context."""
-    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    fake = FakeRecognizer(gated=True)
     async with started(
         BatchScheduler(fake, scheduler_config(max_batch_size=1, max_wait=0.0))
     ) as scheduler:
@@ -655,7 +655,7 @@ async def test_without_a_load_gate_finals_keep_their_left_context() -> None:
 async def test_a_final_with_another_queued_behind_it_sheds_its_left_context() -> None:
     """With the gate, the first of two queued finals (batches of one) goes while the second
     waits: without its context; the second, alone on an idle model, keeps its own."""
-    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    fake = FakeRecognizer(gated=True)
     scheduler = BatchScheduler(
         fake, scheduler_config(max_batch_size=1, max_wait=0.0, context_below=1.0)
     )
@@ -675,7 +675,7 @@ async def test_a_busy_model_sheds_live_contexts_but_not_a_files() -> None:
     """With the model busy over the last seconds (utilization above the gate), a live
     final goes without its left context; a file's utterance keeps it."""
     now = [0.0]
-    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    fake = FakeRecognizer(gated=True)
     scheduler = BatchScheduler(
         fake,
         scheduler_config(max_batch_size=4, max_wait=0.0, context_below=0.001),
@@ -698,7 +698,7 @@ async def test_a_busy_model_sheds_live_contexts_but_not_a_files() -> None:
 async def test_an_essential_left_context_is_never_shed() -> None:
     """A final that goes on from a client's cut in mid-speech keeps its left context on a
     busy model, where a final cut at a pause sheds its own."""
-    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    fake = FakeRecognizer(gated=True)
     scheduler = BatchScheduler(
         fake, scheduler_config(max_batch_size=4, max_wait=0.0, context_below=0.001)
     )
@@ -723,7 +723,7 @@ async def test_partials_alone_leave_a_final_its_left_context() -> None:
     """The gate reads the finals' share of the model, not partials': a worker busy with a
     partial (the model's utilization well above the gate) leaves a final its context."""
     now = [0.0]
-    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    fake = FakeRecognizer(gated=True)
     scheduler = BatchScheduler(
         fake,
         scheduler_config(
@@ -755,7 +755,7 @@ async def finals_alone_then_one_behind_context(
     """A final alone that holds the model ~0.1 s, then a final with a left context, under a
     latency budget of `budget` seconds (no load gate): the scheduler and recognizer after."""
     now = [0.0]
-    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    fake = FakeRecognizer(gated=True)
     scheduler = BatchScheduler(
         fake,
         scheduler_config(max_batch_size=1, max_wait=0.0, context_budget=budget),
@@ -785,7 +785,7 @@ async def test_a_final_expected_late_behind_its_context_goes_alone() -> None:
 async def test_the_budget_counts_from_the_finals_cut_not_its_submit() -> None:
     """A final cut 10 s ago (it waited for the one before it) is already late: it goes
     without its context under a 5 s budget, though it was submitted just now."""
-    fake = FakeRecognizer(max_batch_size=1, gated=True)
+    fake = FakeRecognizer(gated=True)
     scheduler = BatchScheduler(
         fake, scheduler_config(max_batch_size=1, max_wait=0.0, context_budget=5.0)
     )

@@ -476,3 +476,36 @@ async def test_deepgram_stops_before_their_finals_keep_speech_final() -> None:
     assert len(finals) >= 3
     assert all(m.speech_final for m in finals)
     assert len(received.of_type("UtteranceEnd")) == len(finals)
+
+
+async def test_openai_session_update_of_another_shape_is_an_error_event(server: AppServer) -> None:
+    """A `session.update` whose `audio`, `audio.input` or `audio.input.format` is not an
+    object, or whose `eagerness` is not a string, gets an `error` event naming that field,
+    and the session goes on (it ended 1011 with an AttributeError, or was dropped without
+    a close frame: bench/fuzz_sessions.py seeds 20 and 2605)."""
+    async with connect(
+        server.ws_url + "/v1/realtime?intent=transcription",
+        additional_headers={"Authorization": f"Bearer {KEY}"},
+    ) as ws:
+        assert orjson.loads(await ws.recv())["type"] == "session.created"
+        shapes: list[tuple[dict[str, Any], str]] = [
+            ({"audio": "x"}, "session.audio"),
+            ({"audio": {"input": ["pcm16"]}}, "session.audio.input"),
+            ({"audio": {"input": {"format": "pcm16"}}}, "session.audio.input.format"),
+            (  # the socket was dropped without a close frame: TypeError, unhashable list
+                {
+                    "audio": {
+                        "input": {"turn_detection": {"type": "semantic_vad", "eagerness": ["low"]}}
+                    }
+                },
+                "session.audio.input.turn_detection.eagerness",
+            ),
+        ]
+        for session, param in shapes:
+            update = {"type": "session.update", "session": {"type": "transcription", **session}}
+            await ws.send(orjson.dumps(update).decode())
+            error = orjson.loads(await ws.recv())
+            assert error["type"] == "error", error
+            assert error["error"]["param"] == param
+        await ws.send('{"type": "session.update", "session": {"type": "transcription"}}')
+        assert orjson.loads(await ws.recv())["type"] == "session.updated"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from server.compat.bridge import TranslatingConnection
 from server.compat.deepgram import DeepgramCodec, parse_options
 from server.compat.deepgram_text import plain
 from server.compat.openai_realtime import RealtimeCodec, Vad
@@ -292,3 +294,24 @@ def test_openai_commit_is_answered() -> None:
     assert completed["transcript"] == ""
     codec.from_server(final(1, "hello", 2.0, 3.0))
     assert codec.from_server({"type": "finalize.done", "utterance_id": "s-1"}) == []
+
+
+async def test_a_reply_to_a_client_that_left_is_its_disconnect() -> None:
+    """A client frame that owes a reply (`input_audio_buffer.clear`), from a client that
+    dropped the connection before the reply went out: `receive` says the client left,
+    as its next read would have, instead of raising out of the session's reader (the
+    session ended as an internal error, with a traceback: bench/fuzz_sessions.py)."""
+
+    class Gone:
+        """The socket as starlette has it once the peer is gone: reads the last frame,
+        then every send raises WebSocketDisconnect."""
+
+        async def receive(self) -> dict[str, Any]:
+            return {"type": "websocket.receive", "text": '{"type": "input_audio_buffer.clear"}'}
+
+        async def send_text(self, data: str) -> None:
+            raise WebSocketDisconnect(1006)
+
+    connection = TranslatingConnection(cast(WebSocket, Gone()), realtime(), max_frame_bytes=1024)
+    message = await connection.receive()
+    assert message["type"] == "websocket.disconnect"

@@ -37,7 +37,7 @@ async def serve(
 ) -> AsyncIterator[str]:
     """The app in this event loop with a fake recognizer and uploads under `tmp_path`;
     yields its URL."""
-    recognizer = fake or FakeRecognizer(max_batch_size=8)
+    recognizer = fake or FakeRecognizer()
     async with serve_app(
         lambda _: recognizer,
         static_dir=str(REPO / "server" / "static"),
@@ -199,7 +199,7 @@ async def test_hostile_uploads_get_their_status_and_the_server_stays_up(
 async def test_too_many_jobs_get_503(tmp_path: Path, jfk: dict[str, bytes]) -> None:
     """Past `upload_max_jobs` unfinished jobs a new upload gets 503 with Retry-After; a
     cancelled job frees its slot and its temp files."""
-    fake = FakeRecognizer(max_batch_size=8, gated=True)
+    fake = FakeRecognizer(gated=True)
     async with serve(tmp_path, fake, upload_max_jobs=1) as base:
         first = await upload(base, jfk["wav"])
         assert first.status == 202

@@ -42,7 +42,7 @@ class CountingScheduler(BatchScheduler):
 @pytest.fixture
 async def services() -> AsyncIterator[SessionServices]:
     scheduler = CountingScheduler(
-        FakeRecognizer(max_batch_size=8), scheduler_config(max_batch_size=8)
+        FakeRecognizer(), scheduler_config(max_batch_size=8)
     )
     scheduler.start()
     yield offline_services(scheduler, MemoryStore())
@@ -126,7 +126,7 @@ async def test_cancel_drops_the_files_queued_requests(
 async def test_auto_language_is_detected_then_pinned(tmp_path: Path) -> None:
     """With a multilingual model and no language, the first utterance is detected, and
     once the detector is sure the rest of the file is pinned to that language."""
-    fake = FakeRecognizer(max_batch_size=8, languages=frozenset({"en", "de"}), detects=("de", 0.9))
+    fake = FakeRecognizer(languages=frozenset({"en", "de"}), detects=("de", 0.9))
     scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=8))
     scheduler.start()
     services = offline_services(scheduler, MemoryStore(), fake.languages)
@@ -148,7 +148,7 @@ async def test_attached_file_stores_its_sources_context_and_language(
     """Like a live source, a file attached to a meeting stores the source's rolling
     context (its latest text) and the language it detected with each final: what a resume
     of that source reads back."""
-    fake = FakeRecognizer(max_batch_size=8, languages=frozenset({"en", "de"}), detects=("de", 0.9))
+    fake = FakeRecognizer(languages=frozenset({"en", "de"}), detects=("de", 0.9))
     scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=8))
     scheduler.start()
     store = make_store()

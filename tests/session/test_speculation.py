@@ -34,7 +34,7 @@ def final(n: int, draft: str = "", prompt: str = "") -> RecognitionRequest:
 
 @pytest.fixture
 async def engine() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
-    fake = FakeRecognizer(max_batch_size=4)
+    fake = FakeRecognizer()
     scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.0))
     scheduler.start()
     yield scheduler, fake
@@ -107,7 +107,7 @@ async def test_a_final_with_left_context_does_not_take_a_speculation_without(
 
 async def test_a_speculation_withdrawn_while_queued_costs_no_model_time() -> None:
     """Withdrawn before a worker took it, a speculation is cancelled, never run."""
-    fake = FakeRecognizer(max_batch_size=4, gated=True)
+    fake = FakeRecognizer(gated=True)
     scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.0))
     scheduler.start()
     speculator = Speculator(scheduler, NullTelemetry())
