@@ -93,7 +93,10 @@ class ClipRun:
     clip: str
     ttfs: float | None = None
     text: str = ""
-    finals: list[tuple[float, str]] = field(default_factory=list)
+    finals: list[tuple[float, str, bool]] = field(default_factory=list)  # with from_finalize
+    flushes: list[float] = field(default_factory=list)  # when each Finalize was sent
+    answer: float | None = None  # the last final's receipt minus the last Finalize's sending
+    by_flush: bool = False  # the last final answered a Finalize (not the server's endpoint)
     error: str = ""  # why the clip did not run to its end (refused, timed out)
 
 
@@ -113,7 +116,8 @@ async def run_clip(url: str, clip: Clip, params: VadParams, tail: float) -> Clip
                     return
                 if message.get("type") == "Results" and message.get("is_final"):
                     text = message["channel"]["alternatives"][0]["transcript"]
-                    run.finals.append((time.monotonic(), text))
+                    flushed = bool(message.get("from_finalize"))
+                    run.finals.append((time.monotonic(), text, flushed))
 
         receiver = asyncio.create_task(receive())
         started = time.monotonic()
@@ -126,13 +130,16 @@ async def run_clip(url: str, clip: Clip, params: VadParams, tail: float) -> Clip
             sent = offset + FRAME
             if any(offset < stop <= sent for stop in stops):
                 await socket.send(orjson.dumps({"type": "Finalize"}).decode())
-                speech_end = time.monotonic() - params.stop_secs
+                run.flushes.append(time.monotonic())
+                speech_end = run.flushes[-1] - params.stop_secs
         await socket.send(orjson.dumps({"type": "CloseStream"}).decode())
         await asyncio.wait_for(receiver, 30)
-    segments = [(at, text) for at, text in run.finals if text.strip()]
-    run.text = " ".join(text for _, text in segments)
+    segments = [final for final in run.finals if final[1].strip()]
+    run.text = " ".join(text for _, text, _ in segments)
     if segments and speech_end is not None:
         run.ttfs = segments[-1][0] - speech_end
+        run.answer = segments[-1][0] - run.flushes[-1]
+        run.by_flush = segments[-1][2]
     return run
 
 
@@ -141,6 +148,7 @@ def flush_figures(before: dict[str, float], after: dict[str, float]) -> dict[str
     `parley_flush_seconds`' buckets) and how many flushes each path served."""
     by_bound: dict[float, float] = {}
     served: dict[str, int] = {}
+    speculations: dict[str, int] = {}  # by outcome: used, discarded, cancelled
     for key, value in after.items():
         grew = value - before.get(key, 0.0)
         if key.startswith("parley_flush_seconds_bucket{"):
@@ -148,9 +156,11 @@ def flush_figures(before: dict[str, float], after: dict[str, float]) -> dict[str
             by_bound[bound] = by_bound.get(bound, 0.0) + grew
         elif key.startswith("parley_flush_seconds_count{"):
             served[key.split('served="')[1].split('"')[0]] = round(grew)
+        elif key.startswith("parley_speculative_finals_total{"):
+            speculations[key.split('outcome="')[1].split('"')[0]] = round(grew)
     buckets = sorted(by_bound.items())
     total = buckets[-1][1] if buckets else 0.0
-    figures: dict[str, Any] = {"served": served}
+    figures: dict[str, Any] = {"served": served, "speculations": speculations}
     for q in (0.5, 0.95):
         lower, below = 0.0, 0.0
         for bound, count in buckets:
@@ -188,7 +198,15 @@ def summary(
         "flush": flush,
         "failed": sum(1 for r in runs if r.error),
         "per_clip": [
-            {"clip": r.clip, "ttfs": r.ttfs, "text": r.text, "error": r.error} for r in runs
+            {
+                "clip": r.clip,
+                "ttfs": r.ttfs,
+                "finalize_to_final": r.answer,
+                "last_final_answered_a_flush": r.by_flush,
+                "text": r.text,
+                "error": r.error,
+            }
+            for r in runs
         ],
     }
 
@@ -196,16 +214,18 @@ def summary(
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| rooms beside | clips | TTFS P50 | P95 | P99 | pooled WER | flush→final P50 | P95 "
-        "| flushes served | clips failed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| flushes served | speculations | clips failed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         f = r["flush"]
         served = ", ".join(f"{k} {v}" for k, v in sorted(f["served"].items()))
+        speculations = ", ".join(f"{k} {v}" for k, v in sorted(f["speculations"].items()))
         lines.append(
             f"| {r['rooms']} | {r['answered']}/{r['clips']} | {r['ttfs_p50']:.3f} s "
             f"| {r['ttfs_p95']:.3f} s | {r['ttfs_p99']:.3f} s | {r['wer']:.1%} "
-            f"| {_ms(f.get('p50'))} | {_ms(f.get('p95'))} | {served} | {r['failed']} |"
+            f"| {_ms(f.get('p50'))} | {_ms(f.get('p95'))} | {served} | {speculations or '–'} "
+            f"| {r['failed']} |"
         )
     return "\n".join(lines)
 
@@ -239,7 +259,12 @@ async def measure(args: argparse.Namespace, url: str, report_dir: Path) -> list[
             except (OSError, TimeoutError, InvalidStatus, ConnectionClosed) as exc:
                 run = ClipRun(clip.id, error=f"{type(exc).__name__}: {exc}")
             runs.append(run)
-            print(f"  {rooms} rooms {clip.id}: TTFS {run.ttfs} {run.error}", flush=True)
+            print(
+                f"  {rooms} rooms {clip.id}: TTFS {_ms(run.ttfs)} (Finalize → final "
+                f"{_ms(run.answer)}; {len(run.flushes)} flushes"
+                f"{'' if run.by_flush else '; the last final was no flush answer'}) {run.error}",
+                flush=True,
+            )
         flush = flush_figures(before, scrape(url))
         if load is not None:
             load.terminate()

@@ -385,7 +385,8 @@ class SessionActor:
             elif isinstance(event, PartialDue):
                 await self._partials.submit(event)
             elif isinstance(event, UtteranceMayEnd):
-                # Its queued partial would only delay the speculation (which supersedes it).
+                # Its partial (queued or running) would only delay the speculation, which
+                # supersedes it.
                 self.services.scheduler.cancel(self.request_key, only=Priority.PARTIAL)
                 ask = functools.partial(self._partials.speculative, event)
                 await self._speculator.speculate_when(self.request_key, ask)
@@ -393,7 +394,8 @@ class SessionActor:
                 self._speculator.withdraw()
             elif isinstance(event, UtteranceEnded):
                 self._utterances += 1
-                # A queued partial would never run before this final (finals outrank them).
+                # Its partial is stale now: queued, it would never run before this final
+                # (finals outrank them); running, it would take the final's CPU.
                 self.services.scheduler.cancel(self.request_key, only=Priority.PARTIAL)
                 draft = self._partials.draft_for(event.index)
                 pending = await self._committer.submit(event, draft)

@@ -28,12 +28,17 @@ alone it would start in the middle of a word, so its final is decoded behind tha
 (session/committer.py). An utterance still too short to be a final is not cut: its audio
 goes on into the next final.
 
-Speculation (`speculate_after` > 0): once an utterance has been silent that long (at least
-`post_roll`), the audio its final would carry is already fixed, but the endpoint is
-`min_silence` away. `UtteranceMayEnd` hands that audio out early, once per silence run,
-so the final can be decoded while the endpoint is still being waited for; if speech
-resumes before it, `UtteranceResumed` withdraws it. A cut (`max_utterance`) ends the
-utterance elsewhere: its `UtteranceEnded` then differs from what was speculated.
+Speculation (`speculate_after` > 0): once an utterance has been silent that long, the
+audio its final would carry is known, but the endpoint is `min_silence` away.
+`UtteranceMayEnd` hands that audio out early, once per silence run, so the final can be
+decoded while the endpoint (or a client's flush) is still being waited for; if speech
+resumes before it, `UtteranceResumed` withdraws it. An utterance that ends in the same
+silence run (endpoint, a client's cut in the pause, the end of the audio) ends with
+exactly the audio speculated: only silence came after it. A `speculate_after` shorter
+than `post_roll` speculates sooner with the post-roll heard so far, and that shorter
+post-roll is then the final's (docs/performance.md#a-flush-answered-from-a-speculation-benchttfs).
+A cut (`max_utterance`) ends the utterance elsewhere: its `UtteranceEnded` then differs
+from what was speculated.
 
 End of turn by a model (`turn_silence` > 0): once an utterance has been silent that long
 (shorter than `min_silence`), `TurnCheck` asks whether the speaker has finished, with the
@@ -231,13 +236,12 @@ class Segmenter:
         # Past this many windows a word gap ends the utterance (the cut zone).
         self._gap_cut_windows = self._max_windows - self._cut_search_windows
         self._partial_samples = round(config.partial_interval * SAMPLE_RATE)
-        # Silent windows after which the end is known: never before the post-roll is in.
+        # Silent windows after which the final's audio is handed out (at least one).
         self._speculate_windows = (
-            max(self._post_roll_windows, 1, _windows(config.speculate_after))
-            if config.speculate_after > 0
-            else 0
+            max(1, _windows(config.speculate_after)) if config.speculate_after > 0 else 0
         )
         self._speculated = False  # an UtteranceMayEnd is out for this silence run
+        self._speculated_ending = (0, 0)  # its end and the windows it kept (`_ending`)
         self._turn_windows = _windows(config.turn_silence) if config.turn_silence else 0
         self._hold_windows = max(1, _windows(config.turn_hold))
         self._endpoint = self._silence_windows  # silent windows that end this silence run
@@ -290,7 +294,7 @@ class Segmenter:
             events.append(TurnCheck(self.next_index, self._audio()))
         if self._silence and self._silence == self._speculate_windows and self._speaks():
             self._speculated = True
-            end, keep = self._ending(self._last_speech_end)
+            end, keep = self._speculated_ending = self._ending(self._last_speech_end)
             audio = self._audio(keep)
             return [
                 *events,
@@ -390,9 +394,10 @@ class Segmenter:
         return self._last_speech_end - self._onset >= self.config.min_speech * SAMPLE_RATE
 
     def _end(self, speech_end: int, *, turn: bool = False) -> list[SegmentEvent]:
-        """Close the utterance at `speech_end` plus post-roll; return to silence. `turn`:
-        at a pause that ends the speaker's turn (said with `turn_events`)."""
-        end, keep = self._ending(speech_end)
+        """Close the utterance at `speech_end` plus post-roll (as speculated, if it was in
+        this silence run); return to silence. `turn`: at a pause that ends the speaker's
+        turn (said with `turn_events`)."""
+        end, keep = self._speculated_ending if self._speculated else self._ending(speech_end)
         events: list[SegmentEvent] = [SpeechStopped(speech_end)]
         self._speculated = False
         if speech_end - self._onset >= self.config.min_speech * SAMPLE_RATE:

@@ -34,6 +34,7 @@ queued) or `decoded` (no speculation matched: decoded at the flush).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ from engine.api import (
 )
 from session.telemetry import Telemetry
 
+logger = logging.getLogger(__name__)
+
 SERVED_KEPT = 8  # speculations taken whose final's flush may still be counted
 
 
@@ -57,6 +60,7 @@ SERVED_KEPT = 8  # speculations taken whose final's flush may still be counted
 class _Speculation:
     request: RecognitionRequest
     future: asyncio.Future[RecognitionResult]
+    submitted: float  # the clock's time of its submit
 
 
 class Speculator:
@@ -76,8 +80,9 @@ class Speculator:
         self._withdrawals = 0  # a speculation withdrawn while its submit was awaited is dropped
         # A speculation not known yet (`speculate_when`), and the key it goes under.
         self._wanted: tuple[str, Callable[[], Utterance | None]] | None = None
-        # The futures of the speculations finals took, and whether each was ready then.
-        self._served: dict[asyncio.Future[RecognitionResult], str] = {}
+        # The futures of the speculations finals took: whether each was ready then, and
+        # when it was submitted.
+        self._served: dict[asyncio.Future[RecognitionResult], tuple[str, float]] = {}
         self.outcomes: dict[str, int] = {"used": 0, "discarded": 0, "cancelled": 0}
 
     async def speculate(self, key: str, utterance: Utterance | None) -> None:
@@ -93,7 +98,7 @@ class Speculator:
         except Exception:  # full, stopped or dead: the final will be submitted as one
             return
         future.add_done_callback(_retrieve)
-        self._held = _Speculation(request, future)
+        self._held = _Speculation(request, future, self._clock())
         if self._withdrawals != withdrawals:  # withdrawn while it was being submitted
             self.withdraw()
 
@@ -138,17 +143,33 @@ class Speculator:
             self._held = None
             future = held.future
             if not future.done() and self._recognition.promote(held.request):
-                return self._used(future, "speculation_unfinished")
+                return self._used(future, "speculation_unfinished", held.submitted)
             if future.done() and not future.cancelled() and future.exception() is None:
-                return self._used(future, "speculation")
+                return self._used(future, "speculation", held.submitted)
             self._count("discarded")  # it failed: the final is decoded anew
+        elif request.priority is Priority.FINAL and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("a final decoded anew: %s", _mismatch(held, self._wanted, request))
         return await self._recognition.submit(request)
 
     def answered(self, future: asyncio.Future[RecognitionResult] | None, since: float) -> None:
         """A flush received at `since` has its final (of `future`) sent: count how long
         it took and what served it."""
-        served = self._served.pop(future, "decoded") if future is not None else "decoded"
-        self._telemetry.flush_answered(self._clock() - since, served)
+        now = self._clock()
+        # A final no speculation served was submitted at the flush.
+        decoded = ("decoded", since)
+        served, submitted = self._served.pop(future, decoded) if future is not None else decoded
+        self._telemetry.flush_answered(now - since, served)
+        if logger.isEnabledFor(logging.DEBUG) and future is not None and future.done():
+            result = None if future.cancelled() or future.exception() else future.result()
+            if result is not None:  # when it was submitted, started and done, from the flush
+                start = submitted + result.queue_wait
+                logger.debug(
+                    "flush answered in %.0f ms (%s): submitted %+.0f ms, started %+.0f ms, "
+                    "decoded %+.0f ms (%.0f ms, batch %d) from the flush",
+                    (now - since) * 1000, served, (submitted - since) * 1000,
+                    (start - since) * 1000, (start + result.inference - since) * 1000,
+                    result.inference * 1000, result.batch_size,
+                )  # fmt: skip
 
     def cancel(self, session_id: str, *, only: Priority | None = None) -> int:
         return self._recognition.cancel(session_id, only=only)
@@ -157,10 +178,10 @@ class Speculator:
         return self._recognition.promote(request)
 
     def _used(
-        self, future: asyncio.Future[RecognitionResult], served: str
+        self, future: asyncio.Future[RecognitionResult], served: str, submitted: float
     ) -> asyncio.Future[RecognitionResult]:
         self._count("used")
-        self._served[future] = served
+        self._served[future] = (served, submitted)
         while len(self._served) > SERVED_KEPT:  # finals no flush asked for
             del self._served[next(iter(self._served))]
         return future
@@ -181,6 +202,25 @@ def _same_decoding(speculated: RecognitionRequest, final: RecognitionRequest) ->
         and np.array_equal(a.audio, b.audio)
         and _same_left(a.left, b.left)
     )
+
+
+def _mismatch(held: _Speculation | None, wanted: object | None, final: RecognitionRequest) -> str:
+    """Why `final` took no speculation (for the debug log)."""
+    if held is None:
+        return "none was made yet (waiting for a final's prompt)" if wanted else "none held"
+    a, b = held.request.utterance, final.utterance
+    differs = [
+        name
+        for name, same in (
+            ("audio", np.array_equal(a.audio, b.audio)),
+            ("prompt", a.prompt == b.prompt),
+            ("left context", _same_left(a.left, b.left)),
+            ("language or timings", (a.language, a.word_timings) == (b.language, b.word_timings)),
+        )
+        if not same
+    ]
+    sizes = f"{len(a.audio)} vs {len(b.audio)} samples"
+    return f"the speculation differs in {', '.join(differs) or 'its key'} ({sizes})"
 
 
 def _same_left(a: LeftContext | None, b: LeftContext | None) -> bool:

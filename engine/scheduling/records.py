@@ -110,6 +110,10 @@ class SchedulerStats:
     partials_superseded: int = 0
     partials_rejected: int = 0
     preempted_batches: int = 0  # partial batches stopped for finals
+    # Running batches stopped by `cancel`: a session's stale partial or withdrawn speculation.
+    cancelled_batches: dict[Priority, int] = field(
+        default_factory=lambda: dict.fromkeys(Priority, 0)
+    )
     contexts_shed: int = 0  # live finals decoded without their left context (load gate)
     # Model time by the kind of batch (a stopped partial batch's time counts as partial).
     model_seconds: dict[Priority, float] = field(

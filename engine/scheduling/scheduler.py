@@ -226,12 +226,25 @@ class BatchScheduler:
         """Drop a session's queued requests (or only those of priority `only`); their
         futures are cancelled.
 
-        A request already running finishes, and its result is discarded by the caller.
-        Returns how many queued requests were dropped.
+        A request already running finishes, and its result is discarded by the caller;
+        but with `only` PARTIAL or SPECULATIVE, a running batch of only the session's
+        requests of that priority (a stale partial at its utterance's speculation or
+        final; a speculation withdrawn) is stopped, its futures cancelled: its model time
+        goes to what still matters. Returns how many queued requests were dropped.
         """
         dropped = self._queue.cancel(session_id, only)
         for entry in dropped:
             entry.future.cancel()
+        if only in (Priority.PARTIAL, Priority.SPECULATIVE):
+            for worker in self._workers:
+                batch = worker.batch
+                if batch and all(
+                    e.request.priority is only and e.request.session_id == session_id for e in batch
+                ):
+                    for entry in batch:
+                        entry.future.cancel()
+                    worker.stop.set()
+                    self.stats.cancelled_batches[only] += 1
         self._room.set()
         return len(dropped)
 

@@ -337,9 +337,12 @@ class SegmenterSettings:
         100.0,
         "Silence after which an utterance's final is decoded speculatively, before "
         "MIN_SILENCE_MS confirms its end or a client's flush (finalize, Deepgram's Finalize, "
-        "OpenAI's commit) asks for it (at least the 100 ms post-roll: the default starts it "
-        "there). It runs on model time no final or partial takes, is dropped if speech "
-        "resumes, and a flush in the silence after it is answered from it; 0: off "
+        "OpenAI's commit) asks for it. It runs on model time no final or partial takes, is "
+        "dropped (and stopped, if running) when speech resumes, and the utterance's final, "
+        "at a flush or the endpoint in that silence, is answered from it. The default starts "
+        "it at the 100 ms post-roll; less (32: the first silent window, 64) starts it sooner "
+        "and makes the post-roll heard by then the final's (not measured faster on a loaded "
+        "2-core box; at 64 one corpus utterance of 56 decoded into a loop); 0: off "
         "(docs/performance.md#a-flush-answered-from-a-speculation-benchttfs).",
     )
     pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")

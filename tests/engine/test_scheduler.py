@@ -575,6 +575,63 @@ async def test_a_running_speculation_once_promoted_is_not_stopped(
     assert scheduler.stats.preempted_batches == 0
 
 
+async def test_a_withdrawn_running_speculation_is_stopped_and_frees_its_worker(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """Cancelling a session's speculations stops its running speculative batch (its
+    future cancelled, not put back): the worker takes the next request at once. Another
+    session's speculation and a promoted one are left to run."""
+    scheduler, fake = gated
+    early = await scheduler.submit(request("s", 10, SPECULATIVE))
+    await wait_entered(fake)
+    assert scheduler.cancel("other", only=SPECULATIVE) == 0
+    await checked_after_plan(scheduler, fake)
+    assert fake.stopped == []
+    assert scheduler.cancel("s", only=SPECULATIVE) == 0  # nothing queued: it ran
+    assert early.cancelled() and scheduler.stats.cancelled_batches[SPECULATIVE] == 1
+    final = await scheduler.submit(request("f", 20))
+    await wait_entered(fake)
+    assert fake.stopped == [[10]] and fake.batches == [[10], [20]]
+    fake.release()
+    await asyncio.wait_for(final, TIMEOUT)
+    assert scheduler.queue_depth == 0 and fake.batches == [[10], [20]]  # never ran again
+    speculated = request("s", 11, SPECULATIVE)
+    promoted = await scheduler.submit(speculated)
+    await wait_entered(fake)
+    assert scheduler.promote(speculated)
+    scheduler.cancel("s", only=SPECULATIVE)
+    await checked_after_plan(scheduler, fake)
+    assert fake.stopped == [[10]] and not promoted.done()
+    fake.release()
+    assert (await asyncio.wait_for(promoted, TIMEOUT)).transcription.text == "n=11"
+
+
+async def test_cancelling_a_sessions_partials_stops_its_running_partial_batch(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """At its utterance's speculation or final, a session's running partial is stale:
+    cancelling its partials stops that batch (its future cancelled, not put back), and the
+    speculation submitted with it runs at once; another session's partial runs on."""
+    scheduler, fake = gated
+    other = await scheduler.submit(request("o", 5, Priority.PARTIAL))
+    await wait_entered(fake)
+    scheduler.cancel("s", only=Priority.PARTIAL)
+    await checked_after_plan(scheduler, fake)
+    assert fake.stopped == [] and not other.done()
+    fake.release()
+    await asyncio.wait_for(other, TIMEOUT)
+    stale = await scheduler.submit(request("s", 30, Priority.PARTIAL))
+    await wait_entered(fake)
+    assert scheduler.cancel("s", only=Priority.PARTIAL) == 0  # nothing queued: it ran
+    early = await scheduler.submit(request("s", 10, SPECULATIVE))
+    await wait_entered(fake)
+    assert stale.cancelled() and fake.stopped == [[30]]
+    assert scheduler.stats.cancelled_batches[Priority.PARTIAL] == 1
+    fake.release()
+    assert (await asyncio.wait_for(early, TIMEOUT)).transcription.text == "n=10"
+    assert fake.batches == [[5], [30], [10]] and scheduler.queue_depth == 0
+
+
 def with_left(session: str, n: int, priority: Priority = Priority.FINAL) -> RecognitionRequest:
     """A request whose utterance carries a left context (a second of silence, "before")."""
     left = LeftContext(np.zeros(16000, dtype=np.float32), "before")

@@ -1,6 +1,7 @@
-"""Why a partial was not sent: a queued one withdrawn when its utterance ends costs no
-model time ('cancelled'); one whose result comes after its final was computed for
-nothing ('stale'). The two are counted apart, so load tests see the waste.
+"""Why a partial was not sent: one withdrawn when its utterance ends costs no more
+model time ('cancelled': a queued one never runs, a running one is stopped); one whose
+result comes after its final was computed for nothing ('stale'). The two are counted
+apart, so load tests see the waste.
 
 Scheduling logic over the real scheduler and a fake recognizer."""
 
@@ -40,7 +41,9 @@ async def _settled(sender: PartialSender) -> None:
         await asyncio.gather(*sender.tasks(), return_exceptions=True)
 
 
-async def test_a_queued_partial_withdrawn_at_its_utterance_end_is_cancelled_not_stale() -> None:
+async def test_partials_withdrawn_at_their_utterance_end_are_cancelled_not_stale() -> None:
+    """The queued partial never runs; the running one is stopped (its CPU goes to the
+    final): both are 'cancelled', neither sent."""
     recognizer = FakeRecognizer(gated=True)
     scheduler = BatchScheduler(recognizer, scheduler_config(max_batch_size=8, workers=1))
     scheduler.start()
@@ -55,11 +58,14 @@ async def test_a_queued_partial_withdrawn_at_its_utterance_end_is_cancelled_not_
             await asyncio.to_thread(recognizer.entered.wait)
         await sender.submit(_due(0, 2000))  # queued behind it
         assert scheduler.cancel(source.config.engine_key, only=Priority.PARTIAL) == 1
-        recognizer.release()
         await _settled(sender)
-        assert telemetry.dropped == ["cancelled"]
-        assert sender.sent == 1
-        assert recognizer.batches == [[1000]]  # the withdrawn one never ran
+        assert telemetry.dropped == ["cancelled", "cancelled"]
+        assert sender.sent == 0
+        assert recognizer.batches == [[1000]]  # the queued one never ran
+        async with asyncio.timeout(10):  # the running one was stopped
+            while not recognizer.stopped:  # noqa: ASYNC110
+                await asyncio.sleep(0.001)
+        assert recognizer.stopped == [[1000]]
     finally:
         await scheduler.stop()
 

@@ -178,17 +178,54 @@ def test_speculation_hands_out_the_finals_audio_once_it_is_fixed() -> None:
     assert ended.end == (25 + windows(0.096)) * WINDOW  # the last speech plus the post-roll
 
 
-def test_speculation_never_comes_before_the_post_roll_is_in() -> None:
-    """A speculate_after shorter than the post-roll waits for the post-roll: the audio
-    handed out is complete."""
+def test_speculation_before_the_post_roll_is_in_ends_the_final_where_it_speculated() -> None:
+    """A speculate_after shorter than the post-roll speculates at once with the post-roll
+    heard so far; an utterance that ends in that silence run (endpoint or a client's cut)
+    ends with exactly that audio, so the speculation serves it; after speech resumed, the
+    next silence speculates and ends afresh."""
     config = SegmenterConfig(
-        post_roll=0.096, min_silence=0.5, partial_interval=0, speculate_after=0.01
+        pre_roll=0, post_roll=0.096, min_silence=0.5, partial_interval=0, speculate_after=0.032
     )
+    for finish in ("endpoint", "finalize"):
+        seg = Segmenter(config)
+        feed(seg, [0.9] * 20)
+        (may_end,) = feed(seg, [0.1])  # the first silent window
+        assert isinstance(may_end, UtteranceMayEnd)
+        assert may_end.end == 21 * WINDOW == seg.position  # one window of post-roll
+        if finish == "endpoint":
+            events = feed(seg, [0.1] * windows(0.5))
+        else:
+            events = feed(seg, [0.1] * 5) + seg.finalize()
+        [ended] = [e for e in events if isinstance(e, UtteranceEnded)]
+        assert (ended.start, ended.end) == (may_end.start, may_end.end)
+        assert np.array_equal(ended.audio, may_end.audio)
     seg = Segmenter(config)
     feed(seg, [0.9] * 20)
-    assert feed(seg, [0.1] * (windows(0.096) - 1)) == []
-    (may_end,) = feed(seg, [0.1])
-    assert isinstance(may_end, UtteranceMayEnd) and may_end.end == seg.position
+    assert [type(e) for e in feed(seg, [0.1]) + feed(seg, [0.9] * 5)] == [
+        UtteranceMayEnd,
+        UtteranceResumed,
+    ]
+    (second,) = feed(seg, [0.1])
+    assert isinstance(second, UtteranceMayEnd) and second.end == 27 * WINDOW
+    [ended] = [e for e in feed(seg, [0.1] * 20) if isinstance(e, UtteranceEnded)]
+    assert ended.end == second.end
+
+
+def test_without_speculation_the_final_keeps_its_whole_post_roll() -> None:
+    """With speculation off, or speculating at the post-roll, an endpoint's final carries
+    the last speech plus the whole post-roll, as it always did."""
+    for speculate_after in (0.0, 0.096):
+        config = SegmenterConfig(
+            pre_roll=0,
+            post_roll=0.096,
+            min_silence=0.5,
+            partial_interval=0,
+            speculate_after=speculate_after,
+        )
+        seg = Segmenter(config)
+        events = feed(seg, [0.9] * 20 + [0.1] * 30)
+        [ended] = [e for e in events if isinstance(e, UtteranceEnded)]
+        assert ended.end == (20 + windows(0.096)) * WINDOW
 
 
 def test_resumed_speech_withdraws_the_speculation_and_a_new_silence_speculates_again() -> None:

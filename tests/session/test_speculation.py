@@ -188,3 +188,27 @@ async def test_finals_are_the_same_with_speculation_on_and_off() -> None:
     wasted = metric(metrics, "discarded")
     assert used >= 1
     assert len(on_fake.timed) == len(on) + wasted  # every other timed run was a discard
+
+
+async def test_a_speculation_before_the_post_roll_is_the_final_with_that_post_roll() -> None:
+    """JFK through the real app and VAD, speculating at the first silent window (32 ms,
+    less than the 100 ms post-roll): every final ending at a pause carries one window of
+    post-roll, not three (the same utterances, each 2 windows shorter, the same order), and
+    each final's audio ran once: the speculation made in that silence was the final."""
+    runs = {}
+    for speculate_after_ms in (0.0, 32.0):
+        fake = FakeRecognizer()
+        async with serve_app(serving(fake), speculate_after_ms=speculate_after_ms) as server:
+            result = await stream_pcm(
+                server.ws_url, "early", clip("en_jfk").pcm16(), speed=4, trailing_silence=1.0
+            )
+            _, _, body = await server.request("GET", "/metrics")
+        finals = [(int(f["text"][2:]), f["start"], f["seq"]) for f in result.finals]
+        runs[speculate_after_ms] = (finals, fake, body.decode())
+    (off, _, _), (on, on_fake, metrics) = runs[0.0], runs[32.0]
+    assert len(on) == len(off) >= 3
+    for (n_on, start_on, seq_on), (n_off, start_off, seq_off) in zip(on, off, strict=True):
+        assert (start_on, seq_on) == (start_off, seq_off)
+        assert n_on == n_off - 2 * 512  # one window of post-roll instead of three
+        assert on_fake.timed.count(n_on) == 1  # the speculation was the final
+    assert metric(metrics, "used") == len(on)
