@@ -33,8 +33,11 @@ sandbox:
 run: install
 	$(PY) -m server
 
+# Two workers by default, a test file per worker at a time (see pyproject.toml);
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: install
 	$(PY) -m ruff check .
