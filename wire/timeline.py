@@ -49,11 +49,13 @@ def shift(final: Final, origin: float | None) -> float:
 
 
 def in_meeting_order(finals: Sequence[F]) -> list[F]:
-    """The finals by when they were spoken (meeting time, then `seq`)."""
+    """The finals by when they were spoken (meeting time to the ms, as `wall_time` says it,
+    then `seq`: two finals of different sources that start in the same ms keep their `seq`
+    order whatever the float error of their origins' difference)."""
     origin = meeting_origin(finals)
     if origin is None:
         return list(finals)
-    return sorted(finals, key=lambda f: (shift(f, origin) + f.start, f.seq))
+    return sorted(finals, key=lambda f: (round(shift(f, origin) + f.start, WALL_DIGITS), f.seq))
 
 
 def on_meeting_timeline(finals: Sequence[F]) -> list[F]:

@@ -74,3 +74,18 @@ def test_renderings_move_times_and_words_to_the_meeting_timeline() -> None:
     assert moved[0].words == [{"word": " Short.", "start": 3.0, "end": 3.9}]
     assert moved[1] is FINALS[1]
     assert worded.start == 0.5  # the finals given are not changed
+
+
+def test_finals_starting_in_the_same_ms_keep_their_seq_order() -> None:
+    """Origins whose difference carries float error (1764637000.11 - 1764637000.1 is
+    0.00999999… in binary) still order two finals that start in the same ms by `seq`, as
+    their `wall_time` (to the ms) says they tie."""
+    ana, bo = 1_764_637_000.1, 1_764_637_000.11
+    first = Final(1, "a-0", "ana", "Ask not.", 0.01, 1.0, "en", origin=ana)
+    second = Final(2, "b-0", "bo", "Hello.", 0.0, 1.0, "en", origin=bo)
+    first_wall, second_wall = wall_time(first), wall_time(second)
+    assert first_wall is not None and second_wall is not None
+    assert first_wall["start"] == second_wall["start"]  # the same ms on the wire
+    assert (bo - ana) + second.start < first.start  # but the second first in floats
+    for finals in ([first, second], [second, first]):
+        assert [f.seq for f in in_meeting_order(finals)] == [1, 2]
