@@ -613,22 +613,8 @@ async def scenario_deepgram(rng: random.Random, ctx: Context, outcome: Outcome) 
         await sock.send(deepgram_control(rng, kinds + ("CloseStream",) * (rng.random() < 0.2)))
     audio = frames(rng, speech(rng, ctx), mutate=rng.choice([0.0, 0.05]) if rough else 0.0)
     await play(rng, sock, audio, kinds, deepgram_control, text_rate=rng.choice([0.0, 0.1, 0.3]))
-    ending = rng.choice(
-        ["close_stream", "close_stream_twice", "empty_frame", "text_after", "close", "abort"]
-    )
-    if ending == "abort":
-        sock.abort()
-    elif ending == "close":
-        await sock.close(rng.choice(CLIENT_CLOSE_CODES))
-    elif ending == "empty_frame":
-        await sock.send(b"")
-    else:
-        await sock.send('{"type": "CloseStream"}')
-        if ending == "close_stream_twice":
-            await sock.send('{"type": "CloseStream"}')
-        elif ending == "text_after":
-            await sock.send(deepgram_control(rng, kinds))
-    await sock.finish(ctx.close_deadline_s)
+    endings = ["close_stream", "close_stream_twice", "empty_frame", "text_after", "close", "abort"]
+    await end_deepgram(rng, ctx, sock, kinds, endings)
 
 
 async def scenario_flux(rng: random.Random, ctx: Context, outcome: Outcome) -> None:
@@ -659,11 +645,22 @@ async def scenario_flux(rng: random.Random, ctx: Context, outcome: Outcome) -> N
         await sock.send(deepgram_control(rng, kinds))
     audio = frames(rng, speech(rng, ctx), mutate=rng.choice([0.0, 0.05]) if rough else 0.0)
     await play(rng, sock, audio, kinds, deepgram_control, text_rate=rng.choice([0.0, 0.1, 0.3]))
-    ending = rng.choice(["close_stream", "close_stream_twice", "text_after", "close", "abort"])
+    endings = ["close_stream", "close_stream_twice", "text_after", "close", "abort"]
+    await end_deepgram(rng, ctx, sock, kinds, endings)
+
+
+async def end_deepgram(
+    rng: random.Random, ctx: Context, sock: Socket, kinds: tuple[str, ...], endings: list[str]
+) -> None:
+    """End a Deepgram-protocol socket (`/v1/listen`, Flux) one of `endings`' ways, then wait
+    for its close."""
+    ending = rng.choice(endings)
     if ending == "abort":
         sock.abort()
     elif ending == "close":
         await sock.close(rng.choice(CLIENT_CLOSE_CODES))
+    elif ending == "empty_frame":
+        await sock.send(b"")
     else:
         await sock.send('{"type": "CloseStream"}')
         if ending == "close_stream_twice":
