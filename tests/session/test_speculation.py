@@ -19,7 +19,7 @@ from tests.support.appserver import serve_app, serving
 from tests.support.corpus import clip
 from tests.support.scheduling import scheduler_config
 from tests.support.timeouts import EVENT_TIMEOUT
-from tests.support.wsclient import stream_pcm
+from tests.support.wsclient import StreamResult, stream_pcm
 
 TIMEOUT = EVENT_TIMEOUT
 
@@ -165,21 +165,31 @@ def metric(text: str, outcome: str) -> float:
     return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(line))
 
 
+async def jfk_through_the_app(
+    meeting: str, speculate_after_ms: float
+) -> tuple[StreamResult, FakeRecognizer, str]:
+    """JFK streamed (4x real time, then 1 s of silence) through the real app with a fake
+    recognizer: what the client got, the fake, and the app's /metrics after."""
+    fake = FakeRecognizer()
+    async with serve_app(serving(fake), speculate_after_ms=speculate_after_ms) as server:
+        result = await stream_pcm(
+            server.ws_url, meeting, clip("en_jfk").pcm16(), speed=4, trailing_silence=1.0
+        )
+        _, _, body = await server.request("GET", "/metrics")
+    return result, fake, body.decode()
+
+
 async def test_finals_are_the_same_with_speculation_on_and_off() -> None:
     """JFK through the real app and VAD: the finals (text, times, seq) are the same with
     speculation on and off; with it on, no final's audio was decoded twice, and the
     speculations are counted by outcome."""
-    runs = {}
-    for speculate_after_ms in (0.0, 160.0):
-        fake = FakeRecognizer()
-        async with serve_app(serving(fake), speculate_after_ms=speculate_after_ms) as server:
-            result = await stream_pcm(
-                server.ws_url, "spec", clip("en_jfk").pcm16(), speed=4, trailing_silence=1.0
-            )
-            _, _, body = await server.request("GET", "/metrics")
-        finals = [(f["text"], f["start"], f["end"], f["seq"]) for f in result.finals]
-        runs[speculate_after_ms] = (finals, fake, body.decode())
-    (off, off_fake, _), (on, on_fake, metrics) = runs[0.0], runs[160.0]
+    (off_result, off_fake, _), (on_result, on_fake, metrics) = [
+        await jfk_through_the_app("spec", speculate_after_ms) for speculate_after_ms in (0.0, 160.0)
+    ]
+    off, on = (
+        [(f["text"], f["start"], f["end"], f["seq"]) for f in result.finals]
+        for result in (off_result, on_result)
+    )
     assert on == off and len(on) >= 3
     for text, *_ in on:
         assert on_fake.timed.count(int(text[2:])) == 1  # the final's audio ran once
@@ -195,17 +205,13 @@ async def test_a_speculation_before_the_post_roll_is_the_final_with_that_post_ro
     less than the 100 ms post-roll): every final ending at a pause carries one window of
     post-roll, not three (the same utterances, each 2 windows shorter, the same order), and
     each final's audio ran once: the speculation made in that silence was the final."""
-    runs = {}
-    for speculate_after_ms in (0.0, 32.0):
-        fake = FakeRecognizer()
-        async with serve_app(serving(fake), speculate_after_ms=speculate_after_ms) as server:
-            result = await stream_pcm(
-                server.ws_url, "early", clip("en_jfk").pcm16(), speed=4, trailing_silence=1.0
-            )
-            _, _, body = await server.request("GET", "/metrics")
-        finals = [(int(f["text"][2:]), f["start"], f["seq"]) for f in result.finals]
-        runs[speculate_after_ms] = (finals, fake, body.decode())
-    (off, _, _), (on, on_fake, metrics) = runs[0.0], runs[32.0]
+    (off_result, _, _), (on_result, on_fake, metrics) = [
+        await jfk_through_the_app("early", speculate_after_ms) for speculate_after_ms in (0.0, 32.0)
+    ]
+    off, on = (
+        [(int(f["text"][2:]), f["start"], f["seq"]) for f in result.finals]
+        for result in (off_result, on_result)
+    )
     assert len(on) == len(off) >= 3
     for (n_on, start_on, seq_on), (n_off, start_off, seq_off) in zip(on, off, strict=True):
         assert (start_on, seq_on) == (start_off, seq_off)
