@@ -169,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--heap-every-minutes",
         type=float,
-        default=15.0,
-        help="run the server with tracemalloc and log a heap report this often (0: off)",
+        default=0.0,
+        help="run the server with tracemalloc and log a heap report this often (0, the "
+        "default: off); each report stalls the server's event loop (server/heap_report.py), "
+        "so use them to find what grows, in a run whose losses and latency you do not report",
     )
     args = parser.parse_args(argv)
     args.report_dir.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,11 @@
 Off unless Python's own tracemalloc is on (`PYTHONTRACEMALLOC=1`, which `bench.soak`
 sets): then each SIGUSR1 logs one `heap report` line with the largest allocation sites
 (`top`) and the sites that grew most since the previous report (`grew`), by file and
-line. Taking the snapshot stops the event loop for the time it takes (tens of ms to a
-second on a large heap): a diagnostic for a bench or an incident, not for every day.
+line. Taking the snapshot stops the event loop for as long as it takes, which grows with
+the traced heap: seconds on a busy server's heap, long enough for every stream to hit its
+idle limit and its client's pings to time out (docs/operations.md#heap-reports). A
+diagnostic for an incident or a run of its own, never the run whose latency or losses
+you report.
 """
 
 from __future__ import annotations
