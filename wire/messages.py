@@ -2,8 +2,9 @@
 are), and `Final`: one final transcript as the protocol carries it, parsed.
 
 Build messages with `wire.build`, never inline: it is the one place that knows their
-fields and precision. On a multichannel stream's socket every message also carries
-`channel` (an int, 0-based), added as it goes out (server/sockets/channels.py).
+fields and precision. Every message a stream's socket carries is `OnChannel`: on a
+multichannel stream's socket it has `channel`, added as it goes out
+(server/sockets/channels.py).
 """
 
 from __future__ import annotations
@@ -39,7 +40,14 @@ class Timing(TypedDict):
     total: float  # from the end of the utterance's audio arriving to the final being sent
 
 
-class SessionStarted(TypedDict):
+class OnChannel(TypedDict):
+    """What every message on a stream's socket may carry: on a multichannel stream (v1
+    extension, `channels=N`), the 0-based channel it belongs to; absent otherwise."""
+
+    channel: NotRequired[int]
+
+
+class SessionStarted(OnChannel):
     type: Literal["session.started"]
     protocol: int
     session_id: str
@@ -59,7 +67,7 @@ class SessionStarted(TypedDict):
     send_from: NotRequired[float]
 
 
-class SessionLanguage(TypedDict):
+class SessionLanguage(OnChannel):
     """A `language=auto` stream's language, pinned once (v1 extension)."""
 
     type: Literal["session.language"]
@@ -70,7 +78,7 @@ class SessionLanguage(TypedDict):
     utterances: int  # how many of the source's utterances it was detected from
 
 
-class SpeechStarted(TypedDict):
+class SpeechStarted(OnChannel):
     type: Literal["vad.speech_started"]
     t: float
     # The id of the final this speech will make, if it makes one (a burst too short for a
@@ -78,12 +86,12 @@ class SpeechStarted(TypedDict):
     utterance_id: str
 
 
-class SpeechStopped(TypedDict):
+class SpeechStopped(OnChannel):
     type: Literal["vad.speech_stopped"]
     t: float
 
 
-class TurnEnded(TypedDict):
+class TurnEnded(OnChannel):
     """The speaker's turn ended with utterance `utterance_id` (v1 extension, streams that
     ask with `turn_events=true`): its `transcript.final` follows. `eager`: it probably
     ended (the turn model's probability passed the stream's `turn_eager`), the utterance
@@ -98,7 +106,7 @@ class TurnEnded(TypedDict):
     eager: bool
 
 
-class TurnResumed(TypedDict):
+class TurnResumed(OnChannel):
     """Speech came back after an eager `turn.ended` of `utterance_id` (v1 extension)."""
 
     type: Literal["turn.resumed"]
@@ -106,7 +114,7 @@ class TurnResumed(TypedDict):
     t: float
 
 
-class TranscriptPartial(TypedDict):
+class TranscriptPartial(OnChannel):
     type: Literal["transcript.partial"]
     utterance_id: str
     participant: str
@@ -115,7 +123,7 @@ class TranscriptPartial(TypedDict):
     end: float
 
 
-class TranscriptFinal(TypedDict):
+class TranscriptFinal(OnChannel):
     type: Literal["transcript.final"]
     utterance_id: str
     seq: int
@@ -133,7 +141,7 @@ class TranscriptFinal(TypedDict):
     speaker: NotRequired[str]
 
 
-class TranscriptSpeaker(TypedDict):
+class TranscriptSpeaker(OnChannel):
     """A logged final's speaker label changed after a re-clustering (v1 extension)."""
 
     type: Literal["transcript.speaker"]
@@ -141,14 +149,14 @@ class TranscriptSpeaker(TypedDict):
     speaker: str
 
 
-class ErrorMessage(TypedDict):
+class ErrorMessage(OnChannel):
     type: Literal["error"]
     code: str
     message: str
     retry_after: NotRequired[float]  # seconds; with `overloaded` and `quota_exceeded`
 
 
-class FinalizeDone(TypedDict):
+class FinalizeDone(OnChannel):
     """Internal, not protocol v1: sent only to a connection that asks for it (the compat
     adapters, which must know which final a `finalize` produced). It follows, in order,
     the final of `utterance_id` (the utterance the finalize closed; None if none was in
@@ -165,7 +173,7 @@ class Usage(TypedDict):
     audio_seconds: float
 
 
-class SessionEnded(TypedDict):
+class SessionEnded(OnChannel):
     type: Literal["session.ended"]
     reason: str
     audio_seconds: float
