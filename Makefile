@@ -41,4 +41,5 @@ test: install
 
 lint: install
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy

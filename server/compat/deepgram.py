@@ -102,6 +102,7 @@ class DeepgramOptions:
         if not self.multichannel or self.channels == 1:
             return ()
         return channel_participants(self.participant or "speaker", self.channels)
+
     text: TextOptions = PLAIN  # `redact`, `numerals`/`smart_format`, `profanity_filter`
 
     def stream_config(self) -> StreamConfig:
@@ -197,8 +198,6 @@ def _language(tag: str) -> str:
     if match is None:
         raise bad("language must be a BCP-47 tag such as 'en' or 'en-US', or 'multi'")
     return match.group(1)
-
-
 
 
 class DeepgramCodec:

@@ -41,9 +41,7 @@ class CountingScheduler(BatchScheduler):
 
 @pytest.fixture
 async def services() -> AsyncIterator[SessionServices]:
-    scheduler = CountingScheduler(
-        FakeRecognizer(), scheduler_config(max_batch_size=8)
-    )
+    scheduler = CountingScheduler(FakeRecognizer(), scheduler_config(max_batch_size=8))
     scheduler.start()
     yield offline_services(scheduler, MemoryStore())
     await scheduler.stop()
