@@ -11,10 +11,11 @@ kept, its start the first word's and its end the last word's, its probability th
 mean.
 
 The phonetic key is Metaphone (`jellyfish.metaphone`) of the letters with the spaces
-removed, so a term split across words by the model ("Cuban eat") keys as one; the
-distance is the keys' edit distance (`distance`: a swap of letters that sound alike, or
-adding or dropping a weak H, W or Y, costs half an edit) over the term key's length less
-one: short keys match too many words, so they are held closer. Guards against
+removed, so a term split across words by the model ("Cuban eat") keys as one; a spelling
+with a second reading ("ch" as K) has that reading's key too (`keys`). The distance is
+the closest pair of keys' edit distance (`distance`: a swap of letters that sound alike,
+or adding or dropping a weak H, W or Y, costs half an edit) over the term key's length
+less one: short keys match too many words, so they are held closer. Guards against
 writing a term that was not said: the span must be unsure, its key and the term's long
 enough, their letter counts within a factor of two, a term is written once per utterance
 and not when the hypothesis has it already. Thresholds: bench/keyterms.py (tuned on its TUNING set;
@@ -39,8 +40,9 @@ _TRAILING = "\"'.。,，!！?？:：”)]}、"
 
 
 # Metaphone letters that sound alike: one swapped for another of its group costs half an
-# edit; H and W (often silent between letters) cost half an edit to add or drop.
-_GROUPS = ("BFPV", "SXJ", "T0D", "MN", "LR", "KQ")
+# edit (M, B and P: all made with the lips); H and W (often silent between letters) cost
+# half an edit to add or drop.
+_GROUPS = ("BFPV", "MBP", "SXJ", "T0D", "MN", "LR", "KQ")
 _ALIKE = frozenset((a, b) for group in _GROUPS for a in group for b in group if a != b)
 _WEAK = frozenset("HWY")
 
@@ -65,7 +67,7 @@ class Match:
 @dataclass(frozen=True, slots=True)
 class _Term:
     text: str
-    key: str
+    keys: tuple[str, ...]
     letters: int
 
 
@@ -86,6 +88,26 @@ def key(text: str) -> str:
     """The phonetic key of `text`'s letters, spaces removed."""
     only = letters(text)
     return jellyfish.metaphone(only) if only else ""
+
+
+# Spellings with a second reading that Metaphone does not give (Double Metaphone's
+# alternates): "ch" is K as often as it is CH (anchor, chorus, Chiara, Munich).
+_READINGS: tuple[tuple[str, str], ...] = (("ch", "k"),)
+
+
+def keys(text: str) -> tuple[str, ...]:
+    """The phonetic keys of `text`'s letters: Metaphone's (`key`), then the key of each
+    other reading of its spelling (`_READINGS`) where it differs."""
+    only = letters(text)
+    if not only:
+        return ("",)
+    out = [jellyfish.metaphone(only)]
+    for spelled, read in _READINGS:
+        if spelled in only:
+            k = jellyfish.metaphone(only.replace(spelled, read))
+            if k not in out:
+                out.append(k)
+    return tuple(out)
 
 
 def distance(a: str, b: str) -> float:
@@ -113,8 +135,8 @@ def _terms(terms: Sequence[str], match: Match) -> list[_Term]:
     out = []
     for text in terms:
         text = text.strip()
-        k = key(text)
-        if len(k) >= match.min_key:
+        k = tuple(k for k in keys(text) if len(k) >= match.min_key)
+        if k:
             out.append(_Term(text, k, len(letters(text))))
     return out
 
@@ -151,10 +173,10 @@ def candidates(words: Sequence[WordTiming], terms: Sequence[str], match: Match) 
                 count = len(letters(said))
                 if not term.letters / 2 <= count <= term.letters * 2:
                     continue
-                span_key = key(said)
-                if len(span_key) < 2:
+                span_keys = [k for k in keys(said) if len(k) >= 2]
+                if not span_keys:
                     continue
-                apart = distance(span_key, term.key) / (len(term.key) - 1)
+                apart = min(distance(a, b) / (len(b) - 1) for a in span_keys for b in term.keys)
                 if apart <= match.max_distance:
                     out.append(_Candidate(apart, start, stop, term))
     out.sort(key=lambda c: (c.distance, c.stop - c.start, c.start))
