@@ -17,7 +17,7 @@ the closest pair of keys' edit distance (`distance`: a swap of letters that soun
 or adding or dropping a weak H, W or Y, costs half an edit) over the term key's length
 less one: short keys match too many words, so they are held closer. Guards against
 writing a term that was not said: the span must be unsure, its key and the term's long
-enough, their letter counts within a factor of two, a term is written once per utterance
+enough, their letter counts within a factor of 1.5, a term is written once per utterance
 and not when the hypothesis has it already. Thresholds: bench/keyterms.py (tuned on its TUNING set;
 docs/performance.md#keyterms).
 
@@ -55,13 +55,16 @@ class Match:
     unsure). `max_distance`: the keys' edit distance over the term key's length less one,
     at most (a term of a three-letter key takes only half-edits, one of seven three edits).
     `min_key`: the shortest term key matched (shorter keys match too many words).
-    `max_words`: the longest span of hypothesis words tried.
+    `max_words`: the longest span of hypothesis words tried. `max_letters`: the span's
+    letter count and the term's within this factor of each other (the same sounds are
+    rarely spelled half again as long).
     """
 
     max_probability: float = 0.7
     max_distance: float = 0.4
     min_key: int = 3
     max_words: int = 3
+    max_letters: float = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +174,11 @@ def candidates(words: Sequence[WordTiming], terms: Sequence[str], match: Match) 
                 if mean >= match.max_probability:
                     continue
                 count = len(letters(said))
-                if not term.letters / 2 <= count <= term.letters * 2:
+                if (
+                    not term.letters / match.max_letters
+                    <= count
+                    <= term.letters * match.max_letters
+                ):
                     continue
                 span_keys = [k for k in keys(said) if len(k) >= 2]
                 if not span_keys:

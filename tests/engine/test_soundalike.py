@@ -100,3 +100,12 @@ def test_lip_sounds_swap_at_half_an_edit() -> None:
     assert soundalike.distance("XMN", "XBHN") == 1.0
     heard = words((" ask", 0.94), (" Shimon", 0.24), (" Nakamura", 0.76))
     assert text(soundalike.rewrite(heard, ["Siobhan"])) == "ask Siobhan Nakamura"
+
+
+def test_a_span_spelled_much_shorter_is_left() -> None:
+    """An unsure "board" keys close to Brightwave (BRT: BRTWF less a weak W and an F, 0.375
+    of the key) but has half its letters: not the term (the letter counts must be within
+    a factor of 1.5)."""
+    heard = words((" stash", 0.22), (" board", 0.32), (" shows", 0.99))
+    assert soundalike.rewrite(heard, ["Brightwave"]) == heard
+    assert soundalike.rewrite(heard, ["Brightwave"], soundalike.Match(max_letters=2.0)) != heard
