@@ -11,13 +11,12 @@ kept, its start the first word's and its end the last word's, its probability th
 mean.
 
 The phonetic key is Metaphone (`jellyfish.metaphone`) of the letters with the spaces
-removed, so a term split across words by the model ("Cuban eat") keys as one; a spelling
-with a second reading ("ch" as K) has that reading's key too (`keys`). The distance is
-the closest pair of keys' edit distance (`distance`: a swap of letters that sound alike,
-or adding or dropping a weak H, W or Y, costs half an edit) over the term key's length
-less one: short keys match too many words, so they are held closer. Guards against
+removed, so a term split across words by the model ("Cuban eat") keys as one; the
+distance is the keys' edit distance (`distance`: a swap of letters that sound alike, or
+adding or dropping a weak H, W or Y, costs half an edit) over the term key's length less
+one: short keys match too many words, so they are held closer. Guards against
 writing a term that was not said: the span must be unsure, its key and the term's long
-enough, their letter counts within a factor of 1.5, a term is written once per utterance
+enough, their letter counts within a factor of two, a term is written once per utterance
 and not when the hypothesis has it already. Thresholds: bench/keyterms.py (tuned on its TUNING set;
 docs/performance.md#keyterms).
 
@@ -40,9 +39,8 @@ _TRAILING = "\"'.。,，!！?？:：”)]}、"
 
 
 # Metaphone letters that sound alike: one swapped for another of its group costs half an
-# edit (M, B and P: all made with the lips); H and W (often silent between letters) cost
-# half an edit to add or drop.
-_GROUPS = ("BFPV", "MBP", "SXJ", "T0D", "MN", "LR", "KQ")
+# edit; H and W (often silent between letters) cost half an edit to add or drop.
+_GROUPS = ("BFPV", "SXJ", "T0D", "MN", "LR", "KQ")
 _ALIKE = frozenset((a, b) for group in _GROUPS for a in group for b in group if a != b)
 _WEAK = frozenset("HWY")
 
@@ -55,22 +53,19 @@ class Match:
     unsure). `max_distance`: the keys' edit distance over the term key's length less one,
     at most (a term of a three-letter key takes only half-edits, one of seven three edits).
     `min_key`: the shortest term key matched (shorter keys match too many words).
-    `max_words`: the longest span of hypothesis words tried. `max_letters`: the span's
-    letter count and the term's within this factor of each other (the same sounds are
-    rarely spelled half again as long).
+    `max_words`: the longest span of hypothesis words tried.
     """
 
     max_probability: float = 0.7
     max_distance: float = 0.4
     min_key: int = 3
     max_words: int = 3
-    max_letters: float = 1.5
 
 
 @dataclass(frozen=True, slots=True)
 class _Term:
     text: str
-    keys: tuple[str, ...]
+    key: str
     letters: int
 
 
@@ -91,26 +86,6 @@ def key(text: str) -> str:
     """The phonetic key of `text`'s letters, spaces removed."""
     only = letters(text)
     return jellyfish.metaphone(only) if only else ""
-
-
-# Spellings with a second reading that Metaphone does not give (Double Metaphone's
-# alternates): "ch" is K as often as it is CH (anchor, chorus, Chiara, Munich).
-_READINGS: tuple[tuple[str, str], ...] = (("ch", "k"),)
-
-
-def keys(text: str) -> tuple[str, ...]:
-    """The phonetic keys of `text`'s letters: Metaphone's (`key`), then the key of each
-    other reading of its spelling (`_READINGS`) where it differs."""
-    only = letters(text)
-    if not only:
-        return ("",)
-    out = [jellyfish.metaphone(only)]
-    for spelled, read in _READINGS:
-        if spelled in only:
-            k = jellyfish.metaphone(only.replace(spelled, read))
-            if k not in out:
-                out.append(k)
-    return tuple(out)
 
 
 def distance(a: str, b: str) -> float:
@@ -138,8 +113,8 @@ def _terms(terms: Sequence[str], match: Match) -> list[_Term]:
     out = []
     for text in terms:
         text = text.strip()
-        k = tuple(k for k in keys(text) if len(k) >= match.min_key)
-        if k:
+        k = key(text)
+        if len(k) >= match.min_key:
             out.append(_Term(text, k, len(letters(text))))
     return out
 
@@ -174,16 +149,12 @@ def candidates(words: Sequence[WordTiming], terms: Sequence[str], match: Match) 
                 if mean >= match.max_probability:
                     continue
                 count = len(letters(said))
-                if (
-                    not term.letters / match.max_letters
-                    <= count
-                    <= term.letters * match.max_letters
-                ):
+                if not term.letters / 2 <= count <= term.letters * 2:
                     continue
-                span_keys = [k for k in keys(said) if len(k) >= 2]
-                if not span_keys:
+                span_key = key(said)
+                if len(span_key) < 2:
                     continue
-                apart = min(distance(a, b) / (len(b) - 1) for a in span_keys for b in term.keys)
+                apart = distance(span_key, term.key) / (len(term.key) - 1)
                 if apart <= match.max_distance:
                     out.append(_Candidate(apart, start, stop, term))
     out.sort(key=lambda c: (c.distance, c.stop - c.start, c.start))

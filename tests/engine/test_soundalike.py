@@ -83,29 +83,3 @@ def test_sound_alike_letters_cost_half_an_edit() -> None:
     assert soundalike.distance("XBHN", "XBN") == 0.5
     assert soundalike.distance("KFK", "KNK") == 1.0
     assert soundalike.distance("", "KBRNTS") == 6.0
-
-
-def test_ch_is_also_read_as_k() -> None:
-    """A "ch" may be K (anchor, chorus): "pre-anchor" (PRNXR as Metaphone reads it, PRNKR
-    with the other reading) becomes Priyanka; both readings are keys."""
-    assert soundalike.keys("anchor") == ("ANXR", "ANKR")
-    assert soundalike.keys("Priyanka") == ("PRYNK",)
-    heard = words((" for", 0.61), (" pre", 0.45), (" -anchor.", 0.42))
-    assert text(soundalike.rewrite(heard, ["Priyanka"])) == "for Priyanka."
-
-
-def test_lip_sounds_swap_at_half_an_edit() -> None:
-    """M, B and P are all made with the lips: "Shimon" (XMN) is half an edit from
-    Siobhan's XBHN for the swap and half for the dropped H, so it becomes the term."""
-    assert soundalike.distance("XMN", "XBHN") == 1.0
-    heard = words((" ask", 0.94), (" Shimon", 0.24), (" Nakamura", 0.76))
-    assert text(soundalike.rewrite(heard, ["Siobhan"])) == "ask Siobhan Nakamura"
-
-
-def test_a_span_spelled_much_shorter_is_left() -> None:
-    """An unsure "board" keys close to Brightwave (BRT: BRTWF less a weak W and an F, 0.375
-    of the key) but has half its letters: not the term (the letter counts must be within
-    a factor of 1.5)."""
-    heard = words((" stash", 0.22), (" board", 0.32), (" shows", 0.99))
-    assert soundalike.rewrite(heard, ["Brightwave"]) == heard
-    assert soundalike.rewrite(heard, ["Brightwave"], soundalike.Match(max_letters=2.0)) != heard
