@@ -38,7 +38,8 @@ class WhisperRecognizerConfig:
     a looping utterance stops early and does not hold up the rest of its batch.
     `retry_loops_on_full_window` decodes looping utterances again on the full window.
     `prompt_tokens` bounds each utterance's `prompt` (the previous text, Whisper's
-    `<|startofprev|>` prefix) to its last that many tokens; 0 ignores prompts.
+    `<|startofprev|>` prefix) to its last that many tokens; 0 ignores prompts (keyterms
+    in the prompt have a room of their own: `engine.whisper.keyterms.PROMPT_TOKENS`).
     `quantize` stores some linear layers' weights as int8 and multiplies in integers, with
     activations quantized per row (`engine.whisper.int8`; CPU and float32 only):
     `int8-shortlist` only to shortlist each step's candidate tokens, rescored in float32

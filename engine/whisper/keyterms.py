@@ -5,7 +5,9 @@ both (bench/keyterms.py: the prompt does most of the work, boosting finishes ter
 docs/performance.md#keyterms):
 
 - **In the prompt**: Whisper's previous-text prefix (<|startofprev|>) reads the terms
-  before the utterance's own previous text, so the model has seen their spelling.
+  (at most `PROMPT_TOKENS` of them) before the utterance's own previous text, so the
+  model has seen their spelling; they are there whether or not previous text is
+  (`prompt_tokens`).
 - **Boosting** (shallow fusion with a list, no language model): the terms' token
   sequences (each as the model writes it after a space) form a prefix tree. At every
   decoding step each row's logits get a bonus: `START` on the first token of every term
@@ -37,6 +39,9 @@ CONTINUE = 4.0
 # The most tokens of an utterance's terms that are boosted (the first terms' first; the
 # server bounds the list before: wire/keyterms.py).
 MAX_TOKENS = 500
+# The most tokens of an utterance's terms read in its prompt, a room of their own: the
+# previous text's `prompt_tokens` (0 on the server by default) does not bound them.
+PROMPT_TOKENS = 128
 
 State = tuple[int, ...]  # the trie nodes a row's last tokens reach (root excluded)
 Written = frozenset[int]  # the end nodes of the terms a row has written

@@ -46,7 +46,7 @@ from engine.whisper.config import ENGLISH, INT8_LAYERS, WhisperRecognizerConfig
 from engine.whisper.first_step import FirstStep
 from engine.whisper.greedy import GreedyDecoder
 from engine.whisper.int8 import Int8Linear, quantize_linears
-from engine.whisper.keyterms import MAX_TOKENS
+from engine.whisper.keyterms import MAX_TOKENS, PROMPT_TOKENS
 from engine.whisper.vocabulary import FullHead, ShortlistHead, VocabularyHead
 from engine.whisper.windows import WindowedEncoders
 
@@ -121,10 +121,11 @@ class WhisperModel:
         self.max_new_tokens_cap = model.config.max_target_positions // 2
         self.prev = _token_setting(generation, "prev_sot_token_id")
         # <|startofprev|>, the prompt, <|startoftranscript|>, [language,] the tail, the
-        # tokens: the longest prompt must leave room for the longest decoding.
-        longest = 3 + len(self.prompt_tail) + config.prompt_tokens + self.max_new_tokens_cap
+        # tokens: the longest prompt (`prefix`) must leave room for the longest decoding.
+        prompt = max(config.prompt_tokens, PROMPT_TOKENS)
+        longest = 3 + len(self.prompt_tail) + prompt + self.max_new_tokens_cap
         if longest > self.greedy.max_positions:
-            room = self.greedy.max_positions - longest + config.prompt_tokens
+            room = self.greedy.max_positions - longest + prompt
             raise ValueError(f"prompt_tokens must be at most {room} for this model")
         self.aligner = self._build_aligner(config, generation, model_path)
         self._prompt_tokens = config.prompt_tokens
@@ -206,13 +207,12 @@ class WhisperModel:
 
     def prefix(self, prompt: str, keyterms: Sequence[str] = ()) -> list[int]:
         """What an utterance reads before <|startoftranscript|>: <|startofprev|>, its
-        keyterms as a list (`engine.whisper.keyterms`) and the last tokens of its prompt (Whisper's
-        condition on previous text), `prompt_tokens` in all (the terms first), or
-        nothing."""
-        room = self._prompt_tokens
-        terms = self.draft_tokens(", ".join(keyterms) + ".") if keyterms and room else []
-        terms = terms[:room]
-        keep = room - len(terms)
+        keyterms as a list (`engine.whisper.keyterms`, at most `PROMPT_TOKENS` of them,
+        whatever `prompt_tokens` is) and the last tokens of its prompt (Whisper's condition
+        on previous text, at most `prompt_tokens`), the larger of the two bounds in all
+        (the terms first), or nothing."""
+        terms = self.draft_tokens(", ".join(keyterms) + ".")[:PROMPT_TOKENS] if keyterms else []
+        keep = min(self._prompt_tokens, max(self._prompt_tokens, PROMPT_TOKENS) - len(terms))
         tokens = self.draft_tokens(prompt)[-keep:] if keep else []
         return [self.prev, *terms, *tokens] if terms or tokens else []
 

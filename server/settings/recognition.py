@@ -215,7 +215,8 @@ class ContextSettings:
         "Decode each utterance after its source's previous finals, their last this many "
         "tokens (Whisper's previous-text prompt; 128 is a good bound, at most 220 for "
         "tiny.en); 0 = off: each utterance on its own. Off by default: it carries text "
-        "into short utterances and raises the WER (docs/performance.md#the-models-arithmetic).",
+        "into short utterances and raises the WER (docs/performance.md#the-models-arithmetic). "
+        "A stream's keyterms are read in the prompt whatever this is.",
     )
 
     @property

@@ -11,7 +11,10 @@ import pytest
 from bench.corpus import clips
 from bench.keyterms import speak
 from engine.api import Utterance
+from engine.loading import load_whisper
 from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
+from server.engine_plan import model_config
+from server.settings import Settings
 
 pytestmark = pytest.mark.slow
 
@@ -111,3 +114,20 @@ def test_a_name_the_model_never_saw_is_written_where_it_sounds_alike(
     [name] = [w for w in written.words if w.word.strip(" .,") == RARE_NAME]
     assert len(written.words) < len(plain.words)
     assert name.end > name.start
+
+
+def test_the_servers_settings_read_keyterms_in_the_prompt(tiny_en: Path) -> None:
+    """The server decodes without previous text by default (`PARLEY_PROMPT_TOKENS=0`), and
+    a stream's keyterms are still read in the prompt: once they shared the previous text's
+    room, and the server's finals read none (an outside check saw the same text with and
+    without keyterms)."""
+    config = model_config(Settings())
+    assert config.prompt_tokens == 0
+    recognizer = load_whisper(config)
+    assert isinstance(recognizer, WhisperRecognizer)
+    whisper = recognizer.whisper
+    assert whisper.prefix("We met on Monday.", ("Prynne", "Hester")) == [
+        whisper.prev,
+        *whisper.draft_tokens("Prynne, Hester."),
+    ]
+    assert whisper.prefix("We met on Monday.") == []
