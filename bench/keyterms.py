@@ -12,8 +12,9 @@ its bonuses and the rewrite's thresholds (`engine.whisper.soundalike`); the HELD
 was only measured; the FRESH set (other sentences, other voices and speeds) was never
 looked at while tuning; the UNSEEN set (six more sentences, three more voices) is measured
 only when asked (`--sets unseen`), once before and once after a change. Each clip is
-transcribed (the recognizer directly, batch 1, finals' settings) with its own sentence's
-set's terms (recall: terms written right, case and punctuation aside) and with another
+transcribed (the server's recognizer as its settings load it, directly, batch 1) with its
+own sentence's set's terms (recall: terms written right, case and punctuation aside) and
+with another
 set's terms (terms written that were not said: insertions). The corpus's English clips
 (JFK, LibriSpeech, LJ Speech) are transcribed without keyterms and with three unrelated
 ones: WER against their references, and the words the terms added. Cost: the mean model
@@ -40,11 +41,12 @@ from pathlib import Path
 
 from bench.corpus import clips, read_wav
 from engine.api import AudioArray, Utterance, WordTiming
-from engine.loading import load_recognizer
+from engine.loading import load_recognizer, whisper_config
 from engine.whisper import soundalike
-from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
+from engine.whisper.recognizer import WhisperRecognizer
 from loadgen.wer import error_counts, normalize
-from server.settings import ModelSettings
+from server.engine_plan import model_config
+from server.settings import Settings
 
 TUNING: list[tuple[str, tuple[str, ...]]] = [
     (
@@ -174,16 +176,18 @@ def has(hypothesis: str, term: str) -> bool:
 
 
 def recognizer(mode: str, start: float, go_on: float) -> WhisperRecognizer:
-    """The recognizer for `mode`, its rewrite off: the bench applies it to the words."""
+    """The server's recognizer (its settings, as `python -m server` would load it here) for
+    `mode`, its rewrite off: the bench applies it to the words."""
     boost = mode in ("boost", "both")
-    config = WhisperRecognizerConfig(
+    server = model_config(Settings())
+    config = dataclasses.replace(
+        whisper_config(server),
         keyterm_prompt=mode in ("prompt", "both"),
         keyterm_start=start if boost else 0.0,
         keyterm_continue=go_on if boost else 0.0,
         keyterm_rewrite=False,
     )
-    model = ModelSettings()
-    return load_recognizer(model.model, config, cache=Path(model.model_cache))
+    return load_recognizer(server.model, config, cache=server.cache)
 
 
 @dataclass(frozen=True, slots=True)

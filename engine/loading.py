@@ -134,13 +134,24 @@ def load_whisper(config: ModelConfig) -> Recognizer:
     """The default recognizer: Whisper through torch + transformers."""
     import torch
 
-    from engine.whisper.recognizer import WhisperRecognizerConfig
-
     # silero_vad's import (if anything imports it) sets 1 thread process-wide: set ours last.
     # This is the loading thread's count; each model worker sets its own (`worker_plan`).
     torch.set_num_threads(config.torch_threads or available_cpus())
+    whisper = whisper_config(config)
+    if config.decoder_graphs and not whisper.decoder_graphs:
+        logger.warning(
+            "PARLEY_DECODER_GRAPHS: no GPU (%s), decoder steps run eagerly", whisper.device
+        )
+    return load_recognizer(config.model, whisper, cache=config.cache)
+
+
+def whisper_config(config: ModelConfig) -> WhisperRecognizerConfig:
+    """The recognizer's config for `config`, its choices resolved for this machine: what
+    `load_whisper` loads, and what a bench that varies one of its fields starts from."""
+    from engine.whisper.recognizer import WhisperRecognizerConfig
+
     device = resolve_device(config)
-    whisper = WhisperRecognizerConfig(
+    return WhisperRecognizerConfig(
         device=device,
         dtype=None if config.dtype == "auto" else config.dtype,
         encoder_dtype=resolve_encoder_dtype(config, device),
@@ -153,9 +164,6 @@ def load_whisper(config: ModelConfig) -> Recognizer:
         word_timings=config.word_timings,
         decoder_graphs=config.decoder_graphs and device.startswith("cuda"),
     )
-    if config.decoder_graphs and not whisper.decoder_graphs:
-        logger.warning("PARLEY_DECODER_GRAPHS: no GPU (%s), decoder steps run eagerly", device)
-    return load_recognizer(config.model, whisper, cache=config.cache)
 
 
 def load_recognizer(
