@@ -8,13 +8,16 @@ joins a meeting whose protocol v1 listener and stored transcript see its finals.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import orjson
 import pytest
 from websockets.asyncio.client import connect
 
+from bench.keyterms import TUNING, speak
 from loadgen.wer import error_rate
 from server.compat.deepgram_text import plain
 from tests.support.compat_clients import (
@@ -241,3 +244,30 @@ async def test_deepgram_finalize_in_mid_word_costs_at_most_that_word(
     assert after["start"] == pytest.approx(closed["start"] + closed["duration"], abs=0.002)
     assert wer <= 0.15, text
     assert messages[-1]["type"] == "Metadata"
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng and sox")
+async def test_deepgram_keyterms_reach_the_servers_prompt(
+    parley_server: ServerProcess, tmp_path: Path
+) -> None:
+    """A rare name through the Deepgram SDK with `keyterm`: the server's finals read the
+    terms in the prompt, so "Siobhan" is written, where the bonus and the sound-alike
+    rewrite alone leave "Shimon" (the server once read no keyterm prompt: its previous-text
+    room, `PARLEY_PROMPT_TOKENS`, is 0 by default)."""
+    sentence, terms = TUNING[0]  # "Please ask Siobhan Nakamura to review the Kubernetes ..."
+    audio = speak(sentence, "en-us", tmp_path)
+    client = deepgram_client(parley_server.http_url, parley_server.ws_url)
+    async with client.listen.v1.connect(
+        model="nova-3",
+        encoding="linear16",
+        sample_rate=16000,
+        interim_results="false",
+        keyterm=list(terms),
+    ) as connection:
+        received = Received()
+        reader = asyncio.create_task(receive_deepgram(connection, received))
+        await paced(pcm16_at(audio, 16_000) + bytes(16_000), 16_000, connection.send_media)
+        await connection.send_close_stream()
+        await asyncio.wait_for(reader, TIMEOUT)
+    text = " ".join(finals(received))  # lower case: Deepgram's without `punctuate`
+    assert "siobhan nakamura" in text and "kubernetes" in text, text
