@@ -52,9 +52,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(1)  # what each CPU model worker has (engine/loading.py worker_plan)
     recognizer.warmup()
     audio = [
-        clip.audio()
-        for clip in clips(("en_",))
-        if 1.5 * SAMPLE_RATE < len(clip.audio()) < 12 * SAMPLE_RATE
+        a for a in (clip.audio() for clip in clips(("en_",))) if 1.5 < len(a) / SAMPLE_RATE < 12
     ][: args.clips]
     partials = recognizer.transcribe(
         [Utterance(a[: int(len(a) * DRAFT_SHARE)], partial=True) for a in audio]

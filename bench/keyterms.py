@@ -14,11 +14,10 @@ looked at while tuning; the UNSEEN set (six more sentences, three more voices) i
 only when asked (`--sets unseen`), once before and once after a change. Each clip is
 transcribed (the server's recognizer as its settings load it, directly, batch 1) with its
 own sentence's set's terms (recall: terms written right, case and punctuation aside) and
-with another
-set's terms (terms written that were not said: insertions). The corpus's English clips
-(JFK, LibriSpeech, LJ Speech) are transcribed without keyterms and with three unrelated
-ones: WER against their references, and the words the terms added. Cost: the mean model
-time per final.
+with another set's terms (terms written that were not said: insertions). The corpus's
+English clips (JFK, LibriSpeech, LJ Speech) are transcribed without keyterms and with
+three unrelated ones: WER against their references, and the words the terms added. Cost:
+the mean model time per final.
 
 Mechanisms: `prompt` (the terms in Whisper's previous-text prompt), `boost` (logit
 bonuses along the terms' token prefix tree, `engine.whisper.keyterms`), `both`; each is

@@ -122,13 +122,13 @@ class WhisperModel:
         self.prev = _token_setting(generation, "prev_sot_token_id")
         # <|startofprev|>, the prompt, <|startoftranscript|>, [language,] the tail, the
         # tokens: the longest prompt (`prefix`) must leave room for the longest decoding.
-        prompt = max(config.prompt_tokens, PROMPT_TOKENS)
-        longest = 3 + len(self.prompt_tail) + prompt + self.max_new_tokens_cap
+        self._prompt_tokens = config.prompt_tokens
+        self._prefix_tokens = max(config.prompt_tokens, PROMPT_TOKENS)  # `prefix`'s most
+        longest = 3 + len(self.prompt_tail) + self._prefix_tokens + self.max_new_tokens_cap
         if longest > self.greedy.max_positions:
-            room = self.greedy.max_positions - longest + prompt
+            room = self.greedy.max_positions - longest + self._prefix_tokens
             raise ValueError(f"prompt_tokens must be at most {room} for this model")
         self.aligner = self._build_aligner(config, generation, model_path)
-        self._prompt_tokens = config.prompt_tokens
         encoder = config.encoder_torch_dtype
         logger.info(
             "loaded %s on %s (%s%s%s), windows %s s",
@@ -212,7 +212,7 @@ class WhisperModel:
         on previous text, at most `prompt_tokens`), the larger of the two bounds in all
         (the terms first), or nothing."""
         terms = self.draft_tokens(", ".join(keyterms) + ".")[:PROMPT_TOKENS] if keyterms else []
-        keep = min(self._prompt_tokens, max(self._prompt_tokens, PROMPT_TOKENS) - len(terms))
+        keep = min(self._prompt_tokens, self._prefix_tokens - len(terms))
         tokens = self.draft_tokens(prompt)[-keep:] if keep else []
         return [self.prev, *terms, *tokens] if terms or tokens else []
 
