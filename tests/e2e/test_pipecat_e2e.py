@@ -229,7 +229,8 @@ async def test_flux_stt_service_turn(turn_server: ServerProcess) -> None:
     service proposes the turn's start (Flux StartOfTurn), pushes the turn's Updates as
     interim transcription frames, then at EndOfTurn one finalized TranscriptionFrame
     holding the sentence (within WER 0.3) and the proposal that the user stopped
-    speaking, in that order; its `on_end_of_turn` handler gets the same text. The
+    speaking, in that order; its `on_end_of_turn` handler gets the same text, and its
+    result the turn's words with the confidences pipecat's `min_confidence` reads. The
     aggregator (its turn strategies the ones the service recommends) turns them into
     UserStartedSpeakingFrame, UserStoppedSpeakingFrame and the LLM context whose user
     message is that text."""
@@ -271,6 +272,10 @@ async def test_flux_stt_service_turn(turn_server: ServerProcess) -> None:
     assert result is not None
     assert result["event"] == "EndOfTurn" and result["turn_index"] == 0
     assert result["trigger"] == "model" and result["end_of_turn_confidence"] >= 0.5
+    # The words whose confidences pipecat averages for its `min_confidence` filter
+    words = result["words"]
+    assert [w["word"] for w in words] == text.split(), words
+    assert all(0 < w["confidence"] <= 1 for w in words)
     assert ended == [text]
     # What the agent's LLM gets: one user turn, started and stopped, with the turn's text.
     turn = agent.names(UserStartedSpeakingFrame, UserStoppedSpeakingFrame, LLMContextFrame)
