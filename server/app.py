@@ -167,6 +167,7 @@ async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
         languages=recognizer.languages,
         prompts=context.prompt_tokens > 0,
         left_context=context.left_context_s,
+        context_after_flush=context.context_after_flush,
         context_wait=context.context_wait_ms / 1000,
         context_languages=context.left_context_language_set,
         telemetry=state.metrics,

@@ -367,6 +367,7 @@ class SessionActor:
         elif control is ControlType.FINALIZE:
             received, cut = self.services.clock(), self._pipeline.cut()
             await self._handle(cut, flushed_at=received)
+            self._committer.flushed()  # after its cut: that final's speculation had context
             if self.acknowledge_finalize:
                 ended = [e.index for e in cut if isinstance(e, UtteranceEnded)]
                 last = f"{self.session_id}-{ended[-1]}" if ended else None

@@ -88,6 +88,8 @@ class CommitterConfig:
     prompts: bool = False  # decode each final after the source's previous finals' text
     # Most seconds of the previous utterance (and the gap) heard before each final; 0: off.
     left_context: float = 0.0
+    # Keep the left context once the client has flushed (False: its later finals go without).
+    context_after_flush: bool = False
     # Most seconds a final waits for the one before it (for its prompt or left context)
     # before it is sent without them; None: until that one is committed.
     context_wait: float | None = None
@@ -130,6 +132,7 @@ class CommitterConfig:
             model_languages=services.languages,
             prompts=services.prompts,
             left_context=services.left_context,
+            context_after_flush=services.context_after_flush,
             context_wait=services.context_wait if live else None,
             context_languages=services.context_languages,
             clock=services.clock,
@@ -206,6 +209,12 @@ class Committer:
     def hear_before(self, said: SaidBefore) -> None:
         """A resumed source's last utterances, heard again (session.resume_context)."""
         self._order.hear_before(said)
+
+    def flushed(self) -> None:
+        """The client flushed (its cut is submitted): the source's later finals go
+        without left context, unless `context_after_flush` keeps it."""
+        if not self.config.context_after_flush:
+            self._order.drop_left_context()
 
     def prompt_for_partial(self) -> str | None:
         """The prompt a partial of the utterance in progress decodes with

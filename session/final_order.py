@@ -17,6 +17,8 @@ Left context (`CommitterConfig.left_context` seconds, 0: off): each final carrie
 source's previous utterances' audio and final text (`session.said_before`), so the model
 hears them ahead of the utterance. Like prompts, a final is then sent once the one before
 it is committed; a final the guard emptied (or a lost one) leaves the next without.
+Once the source's client flushes (`drop_left_context`, CONTEXT_AFTER_FLUSH off), its later
+finals go without: a client that flushes waits on each final.
 
 How long a final waits for the one before it (`CommitterConfig.context_wait`): a file's
 as long as it takes (its text matters, not when it comes), a live source's at most a
@@ -102,6 +104,11 @@ class FinalOrder:
         self._waiting: deque[PendingFinal] = deque()  # cut, waiting for their prompt
         self._cut = asyncio.Event()  # a final started waiting
         self._said = SaidBefore()  # the next final's left context
+
+    def drop_left_context(self) -> None:
+        """The source's finals from now on go without left context (its client flushes:
+        it waits on each final, and a context doubles the final's encoder window)."""
+        self._left_context = 0.0
 
     def left_limit(self) -> float:
         """Most seconds of left context the source's next final carries: none with left

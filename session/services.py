@@ -33,6 +33,9 @@ class SessionServices:
     prompts: bool = False
     # Most seconds of a source's previous utterance heard before each final (0: off).
     left_context: float = 0.0
+    # Keep left context once a stream's client has flushed (False: its later finals go
+    # without, as a voice agent waits on each: CONTEXT_AFTER_FLUSH).
+    context_after_flush: bool = False
     # Most seconds a live final waits for the one before it (its prompt or context).
     context_wait: float = 1.0
     # The languages whose sources' finals carry left context; None: every language.

@@ -198,6 +198,15 @@ class ContextSettings:
         "default: it still costs capacity, and falls short of the full context's WER on "
         "dialogue (docs/performance.md#left-context).",
     )
+    context_after_flush: bool = setting(
+        False,
+        "Keep left context (LEFT_CONTEXT_S) for a stream's finals once its client has "
+        "flushed (finalize, Deepgram's Finalize, OpenAI's commit). Off by default: a "
+        "client that flushes waits on each final (a voice agent's turn), and a context "
+        "doubles the final's encoder window, so its speculation is seldom done by the "
+        "flush; on Finalize-driven clips its WER was no better with it "
+        "(docs/performance.md#a-flush-answered-from-a-speculation-benchttfs).",
+    )
     left_context_languages: str = setting(
         "en",
         "Languages (comma-separated codes, or `*` for all) whose sources get left context "
@@ -335,15 +344,16 @@ class SegmenterSettings:
         "(docs/performance.md#endpoint-and-vad).",
     )
     speculate_after_ms: float = setting(
-        100.0,
+        32.0,
         "Silence after which an utterance's final is decoded speculatively, before "
         "MIN_SILENCE_MS confirms its end or a client's flush (finalize, Deepgram's Finalize, "
         "OpenAI's commit) asks for it. It runs on model time no final or partial takes, is "
         "dropped (and stopped, if running) when speech resumes, and the utterance's final, "
         "at a flush or the endpoint in that silence, is answered from it. The default starts "
-        "it at the 100 ms post-roll; less (32: the first silent window, 64) starts it sooner "
-        "and makes the post-roll heard by then the final's (not measured faster on a loaded "
-        "2-core box; at 64 one corpus utterance of 56 decoded into a loop); 0: off "
+        "it at the first silent window, so the post-roll heard by then (32 ms) is the "
+        "final's: no WER lost against the 100 ms post-roll on the corpus, meeting and "
+        "dialogue sets, and a client's flush ~200 ms after the speech finds it further "
+        "along; 100 starts it at the full post-roll; 0: off "
         "(docs/performance.md#a-flush-answered-from-a-speculation-benchttfs).",
     )
     pre_roll_ms: float = setting(200.0, "Audio kept before the speech onset.")

@@ -98,6 +98,29 @@ async def test_left_context_off_submits_every_final_at_once(
     assert recognizer.lefts == []
 
 
+@pytest.mark.parametrize("context_after_flush", [False, True])
+async def test_a_source_whose_client_flushed_goes_on_without_left_context(
+    fake: tuple[FakeRecognizer, BatchScheduler], context_after_flush: bool
+) -> None:
+    """After the client's first flush, a source's finals (and what it speculates) carry no
+    left context and go to the engine as they are cut: its client waits on each final.
+    CONTEXT_AFTER_FLUSH keeps the context."""
+    recognizer, scheduler = fake
+    source = committer(scheduler, left_context=10.0, context_after_flush=context_after_flush)
+    first = await source.submit(utterance(0, 0.0, 2.0, 0.1))
+    await source.commit(first)
+    second = await source.submit(utterance(1, 2.5, 1.0, 0.2))  # cut by the flush
+    source.flushed()
+    await source.commit(second)
+    assert second.utterance.left is not None  # cut before the flush took effect
+    later = [await source.submit(utterance(i, 2.0 + 2.0 * i, 1.0, 0.3)) for i in (2, 3)]
+    assert [p.future is not None for p in later] == [True, not context_after_flush]
+    for p in later:
+        await source.commit(p)
+    assert [p.utterance.left is not None for p in later] == [context_after_flush] * 2
+    assert len(recognizer.lefts) == (3 if context_after_flush else 1)
+
+
 async def test_a_live_final_waits_for_the_one_before_it_at_most_context_wait() -> None:
     """A final cut while the one before it is held in the engine (and being committed):
     after `context_wait` it goes without context, beside that one (not behind it). A

@@ -40,6 +40,7 @@ def committer(
     context_wait: float | None = None,
     language: str | None = "en",
     context_languages: frozenset[str] | None = None,
+    context_after_flush: bool = False,
 ) -> Committer:
     """A source's committer on `scheduler` that logs to a MemoryStore and sends nowhere
     (`language` None: detected, by a model that knows en and es)."""
@@ -54,6 +55,7 @@ def committer(
         left_context=left_context,
         context_wait=context_wait,
         context_languages=context_languages,
+        context_after_flush=context_after_flush,
     )
     return Committer(config, scheduler, MemoryStore(), None, _Nowhere())
 
