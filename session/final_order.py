@@ -18,7 +18,8 @@ source's previous utterances' audio and final text (`session.said_before`), so t
 hears them ahead of the utterance. Like prompts, a final is then sent once the one before
 it is committed; a final the guard emptied (or a lost one) leaves the next without.
 Once the source's client flushes (`drop_left_context`, CONTEXT_AFTER_FLUSH off), its later
-finals go without: a client that flushes waits on each final.
+finals go without (a client that flushes waits on each final), but for one that goes on
+from a cut in mid-speech: its context is essential.
 
 How long a final waits for the one before it (`CommitterConfig.context_wait`): a file's
 as long as it takes (its text matters, not when it comes), a live source's at most a
@@ -96,6 +97,7 @@ class FinalOrder:
         self._send = send
         self._prompts = prompts
         self._left_context = left_context
+        self._essential_only = False  # left context only where essential (`drop_left_context`)
         self._context_wait = context_wait
         self._context_languages = context_languages
         self._clock = clock
@@ -107,8 +109,14 @@ class FinalOrder:
 
     def drop_left_context(self) -> None:
         """The source's finals from now on go without left context (its client flushes:
-        it waits on each final, and a context doubles the final's encoder window)."""
-        self._left_context = 0.0
+        it waits on each final, and a context doubles the final's encoder window), but for
+        those that go on from a cut in mid-speech (`_essential`)."""
+        self._essential_only = True
+
+    def _limit_for(self, continues: bool) -> float:
+        """Most seconds of left context a final carries that goes on from a cut in
+        mid-speech (`continues`) or not."""
+        return 0.0 if self._essential_only and not continues else self.left_limit()
 
     def left_limit(self) -> float:
         """Most seconds of left context the source's next final carries: none with left
@@ -137,7 +145,7 @@ class FinalOrder:
     ) -> Utterance | None:
         """`utterance` (with its prompt) as its final would go if cut now, with its left
         context; None while that is an open final's."""
-        limit = self.left_limit()
+        limit = self._limit_for(continues)
         if limit <= 0:
             return utterance
         if self._open:
@@ -161,7 +169,7 @@ class FinalOrder:
         language = pending.utterance.language or self._gate.language
         pending.utterance = dataclasses.replace(pending.utterance, language=language)
         if self.in_order():
-            limit = 0.0 if alone else self.left_limit()
+            limit = 0.0 if alone else self._limit_for(pending.continues)
             left = self._said.before(pending.index, pending.start, limit) if limit > 0 else None
             left = _essential(left, pending.continues)
             pending.utterance = dataclasses.replace(

@@ -16,7 +16,7 @@ from engine.api import SAMPLE_RATE, WordTiming
 from engine.scheduling.scheduler import BatchScheduler
 from session.final_order import PendingFinal
 from session.said_before import LEFT_UTTERANCES, MAX_GAP, SaidBefore
-from session.segmenter import UtteranceEnded
+from session.segmenter import UtteranceEnded, UtteranceMayEnd
 from tests.session.test_prompts import committer
 from tests.support.scheduling import scheduler_config
 from tests.support.tasks import blocked
@@ -102,10 +102,10 @@ async def test_left_context_off_submits_every_final_at_once(
 async def test_a_source_whose_client_flushed_goes_on_without_left_context(
     fake: tuple[FakeRecognizer, BatchScheduler], context_after_flush: bool
 ) -> None:
-    """After the client's first flush, a source's finals (and what it speculates) carry no
-    left context and go to the engine as they are cut: its client waits on each final.
-    CONTEXT_AFTER_FLUSH keeps the context."""
-    recognizer, scheduler = fake
+    """After the client's first flush, a source's finals carry no left context, nor does
+    what it speculates, but for one that goes on from a cut in mid-speech: its context is
+    essential. CONTEXT_AFTER_FLUSH keeps the context."""
+    _, scheduler = fake
     source = committer(scheduler, left_context=10.0, context_after_flush=context_after_flush)
     first = await source.submit(utterance(0, 0.0, 2.0, 0.1))
     await source.commit(first)
@@ -113,12 +113,19 @@ async def test_a_source_whose_client_flushed_goes_on_without_left_context(
     source.flushed()
     await source.commit(second)
     assert second.utterance.left is not None  # cut before the flush took effect
-    later = [await source.submit(utterance(i, 2.0 + 2.0 * i, 1.0, 0.3)) for i in (2, 3)]
-    assert [p.future is not None for p in later] == [True, not context_after_flush]
-    for p in later:
-        await source.commit(p)
-    assert [p.utterance.left is not None for p in later] == [context_after_flush] * 2
-    assert len(recognizer.lefts) == (3 if context_after_flush else 1)
+    event = utterance(2, 4.0, 1.0, 0.3)
+    speculated = source.speculative_utterance(
+        UtteranceMayEnd(event.index, event.start, event.end, event.audio), draft=""
+    )
+    assert speculated is not None and (speculated.left is not None) == context_after_flush
+    later = await source.submit(event)
+    await source.commit(later)
+    assert (later.utterance.left is not None) == context_after_flush
+    going_on = UtteranceEnded(3, event.end, event.end + SAMPLE_RATE, event.audio, continues=True)
+    cut_in_speech = await source.submit(going_on)
+    await source.commit(cut_in_speech)
+    left = cut_in_speech.utterance.left
+    assert left is not None and left.essential
 
 
 async def test_a_live_final_waits_for_the_one_before_it_at_most_context_wait() -> None:
