@@ -9,8 +9,8 @@ speaking, as the client's Silero VAD sees it: its stop event minus its `stop_sec
 The client sends Deepgram's `Finalize` at each VAD stop, as pipecat's `DeepgramSTTService`
 does on `VADUserStoppedSpeakingFrame`.
 
-This client follows that method with our own Deepgram-protocol client (not pipecat's
-service: see docs/performance.md): each corpus clip, then `--tail` seconds of silence, is
+`--client parley` (the default) follows that method with our own Deepgram-protocol
+client: each corpus clip, then `--tail` seconds of silence, is
 sent to `/v1/listen` in 20 ms frames at real time, one clip at a time; the VAD is Silero
 (the same ONNX model the server loads, run over the clip beforehand, which gives the same
 probabilities as running it live) with pipecat's `VADParams` defaults: speech at
@@ -18,7 +18,9 @@ confidence >= 0.7, start after 0.2 s of it, stop after `stop_secs` without it (p
 volume gate, `min_volume`, is left out). The last final (`is_final`) that arrives before
 the stream's `Metadata` is the clip's last segment. WER is pooled over the clips heard to
 their end (the finals joined, against the manifest's reference); a clip refused or cut short
-is counted apart.
+is counted apart. `--client pipecat` streams each clip through pipecat's own Silero VAD
+and `DeepgramSTTService` instead, as the benchmark does, and takes its TTFS as the
+benchmark does (bench/ttfs_pipecat.py; pipecat-ai is a dev extra).
 
 `--rooms 0,8`: alone, then beside 8 rooms of corpus meetings (`python -m loadgen`, real
 time, partials on) started first and kept running through the clips. The server's own
@@ -98,6 +100,9 @@ class ClipRun:
     answer: float | None = None  # the last final's receipt minus the last Finalize's sending
     by_flush: bool = False  # the last final answered a Finalize (not the server's endpoint)
     error: str = ""  # why the clip did not run to its end (refused, timed out)
+    # the last final's receipt minus the speech end: our client's TTFS; beside pipecat's
+    # metric (`--client pipecat`), the check on it
+    last_final: float | None = None
 
 
 async def run_clip(url: str, clip: Clip, params: VadParams, tail: float) -> ClipRun:
@@ -137,7 +142,7 @@ async def run_clip(url: str, clip: Clip, params: VadParams, tail: float) -> Clip
     segments = [final for final in run.finals if final[1].strip()]
     run.text = " ".join(text for _, text, _ in segments)
     if segments and speech_end is not None:
-        run.ttfs = segments[-1][0] - speech_end
+        run.ttfs = run.last_final = segments[-1][0] - speech_end
         run.answer = segments[-1][0] - run.flushes[-1]
         run.by_flush = segments[-1][2]
     return run
@@ -203,6 +208,7 @@ def summary(
                 "ttfs": r.ttfs,
                 "finalize_to_final": r.answer,
                 "last_final_answered_a_flush": r.by_flush,
+                "last_final_minus_speech_end": r.last_final,
                 "text": r.text,
                 "error": r.error,
             }
@@ -238,6 +244,11 @@ async def measure(args: argparse.Namespace, url: str, report_dir: Path) -> list[
     clips = select_clips(load_manifest(Path(args.corpus)), "en", args.max_clip_seconds)
     clips = clips[: args.clips]
     params = VadParams(stop_secs=args.stop_secs)
+    stream = run_clip
+    if args.client == "pipecat":
+        from bench import ttfs_pipecat  # pipecat-ai: a dev extra, imported only for it
+
+        stream = ttfs_pipecat.run_clip
     rows = []
     for rooms in args.rooms:
         load = None
@@ -255,14 +266,17 @@ async def measure(args: argparse.Namespace, url: str, report_dir: Path) -> list[
         runs = []
         for clip in clips:
             try:
-                run = await run_clip(url.replace("http", "ws", 1), clip, params, args.tail)
+                run = await stream(url.replace("http", "ws", 1), clip, params, args.tail)
             except (OSError, TimeoutError, InvalidStatus, ConnectionClosed) as exc:
                 run = ClipRun(clip.id, error=f"{type(exc).__name__}: {exc}")
             runs.append(run)
+            check = run.last_final
+            apart = check is not None and (run.ttfs is None or abs(check - run.ttfs) > 0.01)
             print(
                 f"  {rooms} rooms {clip.id}: TTFS {_ms(run.ttfs)} (Finalize → final "
                 f"{_ms(run.answer)}; {len(run.flushes)} flushes"
-                f"{'' if run.by_flush else '; the last final was no flush answer'}) {run.error}",
+                f"{'' if run.by_flush else '; the last final was no flush answer'}"
+                f"{f'; the last final − speech end {_ms(check)}' if apart else ''}) {run.error}",
                 flush=True,
             )
         flush = flush_figures(before, scrape(url))
@@ -291,6 +305,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds of load first")
     parser.add_argument("--load-duration", type=float, default=600.0)
     parser.add_argument("--report-dir", default="reports/ttfs")
+    parser.add_argument(
+        "--client",
+        choices=["parley", "pipecat"],
+        default="parley",
+        help="our Deepgram-protocol client, or pipecat's Silero VAD and DeepgramSTTService",
+    )
     args = parser.parse_args()
     env = dict(os.environ, PARLEY_LOG_LEVEL="warning")
     env.update(item.partition("=")[::2] for item in args.settings)
@@ -306,12 +326,16 @@ def main() -> int:
         try:
             wait_ready(url, server)
             print("settings:", " ".join(args.settings) or "(defaults)", flush=True)
+            print("client:", args.client, flush=True)
             rows = asyncio.run(measure(args, url, report_dir))
         finally:
             server.terminate()
             server.wait(60)
     (report_dir / "ttfs.json").write_bytes(
-        orjson.dumps({"settings": args.settings, "rows": rows}, option=orjson.OPT_INDENT_2)
+        orjson.dumps(
+            {"settings": args.settings, "client": args.client, "rows": rows},
+            option=orjson.OPT_INDENT_2,
+        )
     )
     print()
     print(markdown(rows))
