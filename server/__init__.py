@@ -9,3 +9,11 @@ import os
 # (docs/history/2026-12-01-diarization.md#diarization-speaker-labels). An operator's own
 # setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+# oneDNN (the bfloat16 encoder's kernels) keeps a JIT-compiled kernel per shape it has met,
+# up to 1,024 by default: a model worker's memory grew ~80 MiB as a day's shapes (batch
+# rows, encoder windows) filled it. 16 bounds it within minutes at no measured cost in
+# speed (`python -m bench.worker_memory`, docs/history/2026-12-07-worker-memory.md). Read
+# when oneDNN first runs: the server and its model workers (spawned with this
+# environment) inherit it. An operator's own setting wins.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
