@@ -198,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 flush=True,
             )
     sampler.stop()
-    floors = sampler.floors
+    whole = int((time.monotonic() - started) // 60)  # the last minute is cut short
+    floors = {minute: mib for minute, mib in sampler.floors.items() if minute < whole}
     slope = slope_percent_per_hour(floors, args.warmup)
     first, last = min(floors), max(floors)
     print(
