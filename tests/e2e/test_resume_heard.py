@@ -34,9 +34,11 @@ FRAME = BYTES_PER_SECOND // 50  # 20 ms
 def server() -> Iterator[ServerProcess]:
     """Left context on every final whatever the load (no gate, no budget, a final waits
     for the one before it), so the unbroken and the resumed runs decode alike on a busy
-    box."""
+    box; finals end at the 100 ms post-roll (speculation at the post-roll), the timeline
+    these cases were found on."""
     process = start_server(
         {
+            "PARLEY_SPECULATE_AFTER_MS": "100",
             "PARLEY_CONTEXT_BELOW_UTILIZATION": "0",
             "PARLEY_CONTEXT_BUDGET_MS": "0",
             "PARLEY_CONTEXT_WAIT_MS": "60000",
