@@ -25,13 +25,13 @@ class ServerProcess(processes.ServerProcess):
     process: memory and descriptors."""
 
     def rss_bytes(self) -> int:
-        return _status_kb(self.pid, "VmRSS:") * 1024
+        return status_kb(self.pid, "VmRSS:") * 1024
 
     def rss_anon_bytes(self) -> int:
         """The anonymous part of the RSS (heap, arenas, stacks): what a leak grows. The
         rest is file-backed (pages of the mapped libraries and model files, touched
         lazily as code paths first run): it rises in steps, bounded by the files' size."""
-        return _status_kb(self.pid, "RssAnon:") * 1024
+        return status_kb(self.pid, "RssAnon:") * 1024
 
     def process_rss_bytes(self) -> dict[str, int]:
         """The RSS of the server and of each process it started, by name: `server`, and
@@ -41,7 +41,7 @@ class ServerProcess(processes.ServerProcess):
         for child in _children(self.pid):
             try:
                 cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-                kb = _status_kb(child, "VmRSS:")
+                kb = status_kb(child, "VmRSS:")
             except (OSError, RuntimeError):
                 continue  # gone meanwhile
             kind = "worker" if b"spawn_main" in cmdline else "other"
@@ -85,7 +85,8 @@ def _children(pid: int) -> list[int]:
     return sorted(set(children))
 
 
-def _status_kb(pid: int, field: str) -> int:
+def status_kb(pid: int, field: str) -> int:
+    """A kB field of /proc/PID/status (`VmRSS:`, `RssAnon:`)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field):
             return int(line.split()[1])

@@ -107,16 +107,24 @@ def minute_floor_slopes(samples: list[Sample], warmup_s: float) -> dict[str, dic
         if len(by_minute) < 3:
             continue  # a process that lived a moment (a decoder, a restarted worker)
         minutes = sorted(by_minute)
-        t = np.array(minutes) / 60.0
-        floor = np.array([by_minute[m] for m in minutes])
-        slope = float(np.polyfit(t, floor, 1)[0])
         slopes[name] = {
-            "percent_per_hour": round(100.0 * slope / float(floor.mean()), 3),
-            "first_mib": float(floor[0]),
-            "last_mib": float(floor[-1]),
+            "percent_per_hour": round(floor_slope(by_minute), 3),
+            "first_mib": by_minute[minutes[0]],
+            "last_mib": by_minute[minutes[-1]],
             "minutes": float(len(minutes)),
         }
     return slopes
+
+
+def floor_slope(by_minute: dict[int, float]) -> float:
+    """The least-squares slope of minute floors (MiB by minute), as % of their mean per
+    hour; NaN for fewer than three minutes."""
+    if len(by_minute) < 3:
+        return float("nan")
+    minutes = sorted(by_minute)
+    floor = np.array([by_minute[m] for m in minutes])
+    slope = float(np.polyfit(np.array(minutes) / 60.0, floor, 1)[0])
+    return 100.0 * slope / float(floor.mean())
 
 
 def heap_reports(log: Path) -> list[dict[str, Any]]:

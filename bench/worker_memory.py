@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import random
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from bench.corpus import clips
+from bench.processes import status_kb
+from bench.soak import floor_slope
 from engine.api import SAMPLE_RATE, AudioArray, LeftContext, Utterance
 from engine.loading import load_whisper
 from engine.memory import malloc_trim
@@ -94,10 +96,8 @@ def where() -> Where:
                 else:
                     files += int(head[1]) / 1024
     info = _mallinfo2()
-    with open("/proc/self/statm", encoding="ascii") as statm:
-        rss_pages = int(statm.read().split()[1])
     return Where(
-        rss=rss_pages * 4096 / MIB,
+        rss=rss_mib(),
         heap_used=(info.uordblks + info.hblkhd) / MIB,
         heap_free=info.fordblks / MIB,
         anon=anon,
@@ -105,6 +105,11 @@ def where() -> Where:
         exec_anon_maps=exec_maps,
         files=files,
     )
+
+
+def rss_mib() -> float:
+    """This process's resident memory now."""
+    return status_kb(os.getpid(), "VmRSS:") / 1024
 
 
 class FloorSampler:
@@ -119,24 +124,13 @@ class FloorSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):
-            with open("/proc/self/statm", encoding="ascii") as statm:
-                rss = int(statm.read().split()[1]) * 4096 / MIB
+            rss = rss_mib()
             minute = int((time.monotonic() - self._started) // 60)
             self.floors[minute] = min(rss, self.floors.get(minute, rss))
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def slope_percent_per_hour(floors: dict[int, float], warmup_minutes: int) -> float:
-    """Least-squares slope of the minute floors after the warm-up, % of their mean per hour."""
-    minutes = sorted(m for m in floors if m >= warmup_minutes)
-    if len(minutes) < 3:
-        return float("nan")
-    floor = np.array([floors[m] for m in minutes])
-    slope = float(np.polyfit(np.array(minutes) / 60.0, floor, 1)[0])
-    return 100.0 * slope / float(floor.mean())
 
 
 def batch(rng: random.Random, audio: Sequence[AudioArray], texts: Sequence[str]) -> list[Utterance]:
@@ -200,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sampler.stop()
     whole = int((time.monotonic() - started) // 60)  # the last minute is cut short
     floors = {minute: mib for minute, mib in sampler.floors.items() if minute < whole}
-    slope = slope_percent_per_hour(floors, args.warmup)
+    slope = floor_slope({minute: mib for minute, mib in floors.items() if minute >= args.warmup})
     first, last = min(floors), max(floors)
     print(
         f"{batches} batches; floor {floors[first]:.0f} -> {floors[last]:.0f} MiB; "
