@@ -31,6 +31,11 @@ tells which of their tokens greedy decoding would pick anyway; each row keeps th
 and decodes on from there, one step at a time. The steps drop from one per token to about
 one per token the draft got wrong or lacked, plus one. Rows then sit at different
 positions, which the cache and the decoder step keep apart (`engine.whisper.decoder_step`).
+A draft that goes wrong at one token (a partial's comma the final drops, a capital, a word
+spelled otherwise) is mostly right after it: a row looks for each token it chooses itself
+in the next few tokens of its draft (`_Rejoin`), and where it finds it, the next pass
+checks the rest of the draft as the first did. A final whose partial differed from it by a
+comma took 21 passes, now 6 (docs/performance.md#a-flush-answered-from-a-speculation-benchttfs).
 
 The vocabulary projection and the choice of each token are the `head`'s
 (`engine.whisper.vocabulary`): every logit, or an int8 shortlist rescored in float32, whose tokens
@@ -72,6 +77,8 @@ from engine.whisper.decoder_step import DecoderStep, KVCache
 from engine.whisper.keyterms import Boost
 from engine.whisper.step_graphs import EagerSteps, StepGraphs
 from engine.whisper.vocabulary import Choice, VocabularyHead
+
+LOOKAHEAD = 4  # draft tokens a row's own token is looked for in, to find its way back
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +216,8 @@ class GreedyDecoder:
         `drafts[i]`, if given, is a guess at row i's first tokens (the text of an earlier,
         shorter transcription of the same utterance). All drafts are checked in one decoder
         pass: row i keeps the longest prefix of its draft that greedy decoding would have
-        produced anyway and decodes on from there, one token per step. In float32 the
+        produced anyway and decodes on from there, one token per step, checking the rest of
+        its draft again where it finds its way back to it (`_Rejoin`). In float32 the
         result is greedy decoding's whatever the drafts hold (see the module doc for
         int8); a good draft saves most of the steps.
 
@@ -235,14 +243,17 @@ class GreedyDecoder:
             fed = self._decoder.feed(
                 cache, torch.tensor(padded, dtype=torch.long, device=prompts.device)
             )
-            kept = self._keep(
+            tokens, logprobs, agreed = self._keep(
                 first, [fed[i, : len(guess)] for i, guess in enumerate(guesses)], guesses, boost
             )
-            for i, row in enumerate(kept[0]):
+            for i, row in enumerate(tokens):
                 cache.lengths[i] = base[i] + len(row) - 1
         else:
-            kept = ([[t] for t in first.tokens.tolist()], [[p] for p in first.logprobs.tolist()])
-        return self._steps(cache, *kept, budgets, should_stop, boost)
+            tokens = [[t] for t in first.tokens.tolist()]
+            logprobs = [[p] for p in first.logprobs.tolist()]
+            agreed = [0] * batch
+        rejoin = _Rejoin(guesses, agreed) if any(guesses) else None
+        return self._steps(cache, tokens, logprobs, budgets, should_stop, boost, rejoin)
 
     def start_and_decode(
         self,
@@ -291,12 +302,13 @@ class GreedyDecoder:
         ends = states[at, last]
         first = self._decoder.choose(ends, self._first_suppress, _bias(boost, ends))
         fed = [states[i, lead[i] : lead[i] + len(guess)] for i, guess in enumerate(guesses)]
-        tokens, logprobs = self._keep(first, fed, guesses, boost)
+        tokens, logprobs, agreed = self._keep(first, fed, guesses, boost)
         # Each row's cache ends before its last kept token, which the next step feeds.
         cache.lengths = torch.tensor(
             [lead[i] + len(row) - 1 for i, row in enumerate(tokens)], device=hidden.device
         )
-        return started, self._steps(cache, tokens, logprobs, budgets, should_stop, boost)
+        rejoin = _Rejoin(guesses, agreed) if any(guesses) else None
+        return started, self._steps(cache, tokens, logprobs, budgets, should_stop, boost, rejoin)
 
     def _plan(
         self, batch: int, room: int, budgets: list[int], drafts: list[list[int]] | None
@@ -326,10 +338,13 @@ class GreedyDecoder:
         budgets: list[int],
         should_stop: Callable[[], bool] | None,
         boost: Boost | None = None,
+        rejoin: _Rejoin | None = None,
     ) -> Greedy:
         """One greedy token per unfinished row per step, from each row's tokens so far
         (the last of which the cache does not hold yet), until every row has its end
-        token or has used its budget."""
+        token or has used its budget. With `rejoin` (the rows' drafts), a step in which a
+        row has found its way back to its draft checks the rest of that draft too
+        (`_check_drafts`); not under keyterms nor in step graphs, which take one token."""
         done = [row[-1] == self._end or len(row) >= budgets[i] for i, row in enumerate(tokens)]
         device = cache.lengths.device
         if boost is not None:
@@ -337,8 +352,20 @@ class GreedyDecoder:
                 boost.advance(i, row)
         graphs = None if all(done) else self._graphs
         steps = graphs.load(cache) if graphs is not None else EagerSteps(self._decoder, cache)
+        if graphs is not None or boost is not None:
+            rejoin = None
         while not all(done):
             _check(should_stop)
+            if rejoin is not None:
+                room = cache.keys.shape[3] - int(cache.lengths.max())
+                guesses = rejoin.guesses(tokens, done, budgets, room)
+                if any(guesses):
+                    rejoin.checked(self._check_drafts(cache, tokens, logprobs, guesses, done))
+                    done = [
+                        done[i] or row[-1] == self._end or len(row) >= budgets[i]
+                        for i, row in enumerate(tokens)
+                    ]
+                    continue
             pending = [self._end if done[i] else row[-1] for i, row in enumerate(tokens)]
             ids = torch.tensor(pending, dtype=torch.long, device=device)[:, None]
             before = steps.lengths.clone()
@@ -357,11 +384,59 @@ class GreedyDecoder:
                     if boost is not None:
                         boost.advance(i, [token])
                     done[i] = token == self._end or len(tokens[i]) >= budgets[i]
+            if rejoin is not None:
+                rejoin.stepped()
         width = max(len(row) for row in tokens)
         return Greedy(
             torch.tensor([row + [self._end] * (width - len(row)) for row in tokens]),
             torch.tensor([row + [0.0] * (width - len(row)) for row in logprobs]),
         )
+
+    def _check_drafts(
+        self,
+        cache: KVCache,
+        tokens: list[list[int]],
+        logprobs: list[list[float]],
+        guesses: list[list[int]],
+        done: list[bool],
+    ) -> list[int]:
+        """A step that checks drafts: each unfinished row feeds its last token and its
+        `guesses[i]` (the rest of its draft, maybe none) in one pass, and keeps, as after
+        the first pass (`_keep`), the guesses greedy decoding would pick anyway, or else the
+        one token a step would give; the cache then ends before its last kept token.
+        Returns how many guesses each row kept."""
+        before = cache.lengths.clone()
+        fed_rows = [
+            [self._end if done[i] else row[-1], *guesses[i]] for i, row in enumerate(tokens)
+        ]
+        width = max(map(len, fed_rows))
+        padded = [row + [self._end] * (width - len(row)) for row in fed_rows]
+        device = cache.lengths.device
+        states = self._decoder.feed(cache, torch.tensor(padded, dtype=torch.long, device=device))
+        at = [(i, k) for i, row in enumerate(fed_rows) if not done[i] for k in range(len(row))]
+        rows_at = torch.tensor([i for i, _ in at], dtype=torch.long, device=device)
+        cols_at = torch.tensor([k for _, k in at], dtype=torch.long, device=device)
+        choice = self._decoder.choose(states[rows_at, cols_at], self._suppress)
+        picks, probabilities = choice.tokens.tolist(), choice.logprobs.tolist()
+        lengths = before.clone()
+        kept_counts, offset = [], 0
+        for i, guess in enumerate(guesses):
+            if done[i]:
+                kept_counts.append(0)
+                continue
+            picked = picks[offset : offset + len(guess) + 1]
+            chosen = probabilities[offset : offset + len(guess) + 1]
+            offset += len(guess) + 1
+            kept = 0
+            while kept < len(guess) and picked[kept] == guess[kept]:
+                kept += 1
+            mine = max(kept, 1)  # the choice after the kept guesses is left to a single step
+            tokens[i].extend(picked[:mine])
+            logprobs[i].extend(chosen[:mine])
+            lengths[i] = before[i] + mine
+            kept_counts.append(kept)
+        cache.lengths.copy_(lengths)
+        return kept_counts
 
     def _feed(
         self, cache: KVCache, prompts: torch.Tensor, lengths: Sequence[int] | None
@@ -386,17 +461,19 @@ class GreedyDecoder:
         fed: Sequence[torch.Tensor],
         drafts: list[list[int]],
         boost: Boost | None = None,
-    ) -> tuple[list[list[int]], list[list[float]]]:
+    ) -> tuple[list[list[int]], list[list[float]], list[int]]:
         """Each row's agreeing draft prefix (at least the first token, which the prompt's
         logits pick). `first` is the choice at the first generated position; `fed[i]`
         the decoder states at row i's draft tokens, fed after its prompt. Returns each
-        row's tokens and log-probabilities."""
+        row's tokens and log-probabilities, and how many of its draft's tokens it kept."""
         tokens: list[list[int]] = []
         logprobs: list[list[float]] = []
+        agreed: list[int] = []
         for i, draft in enumerate(drafts):
             if not draft:
                 tokens.append(first.tokens[i : i + 1].tolist())
                 logprobs.append(first.logprobs[i : i + 1].tolist())
+                agreed.append(0)
                 continue
             # Position k's logits pick token k: the first from the prompt, then one per
             # draft token fed.
@@ -414,7 +491,55 @@ class GreedyDecoder:
             mine = max(kept, 1)
             tokens.append(picked[:mine].tolist())
             logprobs.append(chosen[:mine].tolist())
-        return tokens, logprobs
+            agreed.append(kept)
+        return tokens, logprobs, agreed
+
+
+class _Rejoin:
+    """Where each row of a batch stands in its draft once decoding has left it: a row
+    whose draft went wrong at one token (a comma, a capital, a word) mostly goes on as the
+    draft does after it. Each token a row chooses itself (not a draft token it kept) is
+    looked for in the next `LOOKAHEAD` tokens of its draft; where found, the draft after
+    it is the row's next guess (`GreedyDecoder._check_drafts`). A token is looked for
+    once; a draft token is used once."""
+
+    def __init__(self, drafts: list[list[int]], agreed: list[int]) -> None:
+        self._drafts = drafts
+        self._cursor = list(agreed)  # each row's first draft token not yet used
+        # Whether the row's last token is its own choice, still to be looked for: a kept
+        # draft token is not (decoding just left the draft after it).
+        self._own = [kept == 0 for kept in agreed]
+
+    def guesses(
+        self, tokens: list[list[int]], done: list[bool], budgets: list[int], room: int
+    ) -> list[list[int]]:
+        """Each row's next guess (maybe none): the draft after its last token, where the
+        row found its way back there, within its budget and the cache's `room`."""
+        guesses: list[list[int]] = []
+        for i, draft in enumerate(self._drafts):
+            guess: list[int] = []
+            if self._own[i] and not done[i]:
+                self._own[i] = False
+                start = self._cursor[i]
+                window = draft[start : start + LOOKAHEAD]
+                if tokens[i][-1] in window:
+                    at = start + window.index(tokens[i][-1]) + 1
+                    self._cursor[i] = at
+                    limit = min(budgets[i] - len(tokens[i]) - 1, room - 1)
+                    guess = draft[at : at + max(0, limit)]
+            guesses.append(guess)
+        return guesses
+
+    def checked(self, kept: list[int]) -> None:
+        """After `GreedyDecoder._check_drafts`: the guesses each row kept."""
+        for i, count in enumerate(kept):
+            self._cursor[i] += count
+            # No guess kept: the row took the model's own token instead.
+            self._own[i] = count == 0
+
+    def stepped(self) -> None:
+        """After a single step: every row's last token is its own choice."""
+        self._own = [True] * len(self._drafts)
 
 
 def _bias(boost: Boost | None, states: torch.Tensor) -> torch.Tensor | None:

@@ -113,6 +113,40 @@ def test_drafts_change_nothing_but_the_work(recognizer: WhisperRecognizer) -> No
     assert passes[0] == 4  # start, prompt, drafts, and the step after the kept prefix
 
 
+def test_a_row_finds_its_way_back_to_its_draft(recognizer: WhisperRecognizer) -> None:
+    """Drafts right but for one token in their middle (a partial's comma that the final
+    drops, a word it adds or spells otherwise): the tokens are those of no draft, and
+    after the token that differs each row goes on checking the rest of its draft, in a
+    handful of passes, not one step per token left."""
+    selected = clips(("en_ls_", "en_jfk", "en_lj_LJ0"))[:3]
+    batch = [Utterance(clip.audio()) for clip in selected]
+    greedy = recognizer.whisper.greedy
+    prompts = torch.tensor([recognizer.whisper.prompt_tail] * len(batch))
+    budgets = [80] * len(batch)
+    with torch.inference_mode():
+        hidden = recognizer.whisper.encoders.encode(30.0, recognizer.preprocess(batch, 30.0))
+        plain = greedy.decode(greedy.start(hidden), prompts, budgets)
+        truth = [[t for t in row if t < 50256] for row in plain.tokens.tolist()]
+        assert min(map(len, truth)) >= 16
+        mid = [len(row) // 2 for row in truth]
+        drafts = [
+            [*truth[0][: mid[0]], 11, *truth[0][mid[0] + 1 :]],  # one token spelled otherwise
+            [*truth[1][: mid[1]], *truth[1][mid[1] + 1 :]],  # one token left out
+            [*truth[2][: mid[2]], 11, *truth[2][mid[2] :]],  # one token too many
+        ]
+        for i, draft in enumerate(drafts):
+            with decoder_passes(greedy) as passes:
+                checked = greedy.decode(
+                    greedy.start(hidden[i : i + 1]), prompts[:1], budgets[:1], [draft]
+                )
+            assert [t for t in checked.tokens[0].tolist() if t < 50256] == truth[i], selected[i].id
+            n = len(truth[i]) + 1
+            assert torch.allclose(checked.logprobs[0, :n], plain.logprobs[i, :n], atol=1e-3)
+            # start, prompt, drafts, a step or two at the token that differs, the check of
+            # the rest, the step after it
+            assert passes[0] <= 7, (selected[i].id, passes[0], len(truth[i]))
+
+
 def test_a_started_batch_decodes_once(recognizer: WhisperRecognizer) -> None:
     with torch.inference_mode():
         hidden = recognizer.whisper.encoders.encode(
