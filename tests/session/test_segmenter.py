@@ -373,3 +373,44 @@ def test_finalize_in_silence_ends_with_the_speculated_audio_however_long_the_sil
     first, after = [e for e in events if isinstance(e, UtteranceEnded)]
     assert isinstance(events[0], SpeechStopped) and not after.continues
     assert first.end == 21 * WINDOW  # all it heard: the speech and its one silent window
+
+
+def test_a_dip_is_speculated_and_a_cut_in_it_ends_the_utterance_there() -> None:
+    """Windows under the threshold but in the hysteresis band (a recording's noise floor,
+    which a client's VAD hears as silence) keep the utterance open; two in a row speculate
+    the utterance as if it ended at its last window over the threshold (the post-roll heard
+    so far), pause the partials, and a client's cut in that dip ends the utterance with
+    exactly that audio. A window over the threshold withdraws it; a dip that turns into
+    silence is speculated again there, and its endpoint keeps the dip."""
+    config = SegmenterConfig(
+        pre_roll=0, post_roll=0.096, min_silence=0.4, partial_interval=0.1, speculate_after=0.032
+    )
+    seg = Segmenter(config)
+    feed(seg, [0.9] * 20)
+    assert not any(isinstance(e, UtteranceMayEnd) for e in feed(seg, [0.45]))  # one is no dip
+    (may_end,) = feed(seg, [0.45])
+    assert isinstance(may_end, UtteranceMayEnd)
+    assert may_end.end == 22 * WINDOW == seg.position  # the last strong window + 2 heard
+    held = feed(seg, [0.42] * 6)  # the dip goes on: it holds, and no partial is due
+    assert held == []
+    ended = [e for e in seg.finalize() if isinstance(e, UtteranceEnded)]
+    assert [(e.start, e.end) for e in ended] == [(may_end.start, may_end.end)]
+    assert np.array_equal(ended[0].audio, may_end.audio)
+    assert feed(seg, [0.45] * 10) == []  # the rest of the dip is no new speech
+
+    seg = Segmenter(config)
+    feed(seg, [0.9] * 20)
+    kinds = [type(e) for e in feed(seg, [0.45, 0.45, 0.9]) if not isinstance(e, PartialDue)]
+    assert kinds == [UtteranceMayEnd, UtteranceResumed]
+
+    seg = Segmenter(config)
+    feed(seg, [0.9] * 20 + [0.45] * 5)
+    (again,) = feed(seg, [0.1])  # the dip turned into silence: speculated afresh
+    assert isinstance(again, UtteranceMayEnd) and again.end == 26 * WINDOW
+    [ended_at_endpoint] = [e for e in feed(seg, [0.1] * 20) if isinstance(e, UtteranceEnded)]
+    assert ended_at_endpoint.end == again.end  # the dip is in the final
+
+    seg = Segmenter(SegmenterConfig(pre_roll=0, post_roll=0.096, partial_interval=0))
+    feed(seg, [0.9] * 20 + [0.45] * 5)  # speculation off: a cut in a dip ends it there too
+    [off] = [e for e in seg.finalize() if isinstance(e, UtteranceEnded)]
+    assert off.end == (20 + windows(0.096)) * WINDOW
