@@ -27,24 +27,29 @@ than the arithmetic, is what a pass costs on the CPU.
 Drafts (speculative decoding without a second model): a live utterance is transcribed
 again every fraction of a second as it grows, and each transcription mostly repeats the
 previous one's text. Given that text as a row's draft, one decoder pass over all drafts
-tells which of their tokens greedy decoding would pick anyway; each row keeps that prefix
-and decodes on from there, one step at a time. The steps drop from one per token to about
-one per token the draft got wrong or lacked, plus one. Rows then sit at different
-positions, which the cache and the decoder step keep apart (`engine.whisper.decoder_step`).
-A draft that goes wrong at one token (a partial's comma the final drops, a capital, a word
-spelled otherwise) is mostly right after it: a row looks for each token it chooses itself
-in the next few tokens of its draft (`_Rejoin`), and where it finds it, the next pass
-checks the rest of the draft as the first did. A final whose partial differed from it by a
-comma took 21 passes, now 6 (docs/performance.md#a-flush-answered-from-a-speculation-benchttfs).
+tells which of their tokens greedy decoding would pick anyway, and its choice after them;
+each row keeps those and decodes on from there, one step at a time. The passes drop from
+one per token to about one per token the draft got wrong or lacked (a right draft: its one
+pass, which also chooses the end). Rows then sit at different positions, which the cache
+and the decoder step keep apart (`engine.whisper.decoder_step`). A draft that goes wrong at
+one token (a partial's comma the final drops, a capital, a word spelled otherwise) is
+mostly right after it: a row looks for each token it chooses itself in the next few tokens
+of its draft (`_Rejoin`), and where it finds it, the next pass checks the rest of the draft
+as the first did. A speculation whose partial differed from it by a comma took 21 passes,
+now 5 (docs/performance.md#a-flush-answered-from-a-speculation-benchttfs).
 
 The vocabulary projection and the choice of each token are the `head`'s
-(`engine.whisper.vocabulary`): every logit, or an int8 shortlist rescored in float32, whose tokens
-are float32's. In float32 the tokens are greedy decoding's (27 of 27 corpus clips
-identical, drafts from simulated partials every 0.8 s). With int8 layers (`engine.whisper.int8`)
-activations are quantized per row, so every token of a many-token pass is computed as a
-single step computes it, in any batch: drafts change nothing there either
-(tests/engine/test_greedy.py; with the per-call scales of before, 6 of 27 clips differed
-by a word or a comma).
+(`engine.whisper.vocabulary`): every logit, or an int8 shortlist rescored in float32, whose
+tokens are float32's. A position of a many-token pass is computed as a single step computes
+it, up to the rounding of a product over more rows; so in float32 the tokens are greedy
+decoding's whatever the drafts (27 of 27 corpus clips, each with drafts of its first 50, 70
+and 85 %: finals identical to no draft). With int8 layers (`engine.whisper.int8`)
+activations are quantized per row, so a pass's rows do not change each other's scales
+(with the per-call scales of before, 6 of 27 clips differed by a word or a comma); the
+rounding still tips a near tie now and then: of those clips' 81 int8 partials drafted by
+half their text, 4 differ from their undrafted decoding ("books, which" against "books
+which"), 3 of them as before the pass chose the token after a draft
+(tests/engine/test_greedy.py).
 
 Prompts of previous text (Whisper's `<|startofprev|>` prefix): `start` takes each row's
 tokens before <|startoftranscript|>, of any length. Rows then start at different
@@ -402,9 +407,9 @@ class GreedyDecoder:
     ) -> list[int]:
         """A step that checks drafts: each unfinished row feeds its last token and its
         `guesses[i]` (the rest of its draft, maybe none) in one pass, and keeps, as after
-        the first pass (`_keep`), the guesses greedy decoding would pick anyway, or else the
-        one token a step would give; the cache then ends before its last kept token.
-        Returns how many guesses each row kept."""
+        the first pass (`_keep`), the guesses greedy decoding would pick anyway and the
+        choice after them; the cache then ends before that choice. Returns how many
+        guesses each row kept."""
         before = cache.lengths.clone()
         fed_rows = [
             [self._end if done[i] else row[-1], *guesses[i]] for i, row in enumerate(tokens)
@@ -430,10 +435,10 @@ class GreedyDecoder:
             kept = 0
             while kept < len(guess) and picked[kept] == guess[kept]:
                 kept += 1
-            mine = max(kept, 1)  # the choice after the kept guesses is left to a single step
-            tokens[i].extend(picked[:mine])
-            logprobs[i].extend(chosen[:mine])
-            lengths[i] = before[i] + mine
+            # The kept guesses and the choice after them (the cache ends before it).
+            tokens[i].extend(picked[: kept + 1])
+            logprobs[i].extend(chosen[: kept + 1])
+            lengths[i] = before[i] + kept + 1
             kept_counts.append(kept)
         cache.lengths.copy_(lengths)
         return kept_counts
@@ -484,13 +489,12 @@ class GreedyDecoder:
             chosen = torch.cat([first.logprobs[i : i + 1], later.logprobs])
             agree = picked[: len(draft)].eq(torch.tensor(draft, device=picked.device))
             kept = len(draft) if bool(agree.all()) else int(agree.long().argmin())
-            # The token after the kept prefix is left to a single step (the last kept token
-            # is fed again), not taken from this pass: that choice (often: end here, or
-            # say more) is a near tie, and a single step is what decoding without a draft
-            # takes (int8 with per-call scales once tipped it: a sentence said twice).
-            mine = max(kept, 1)
-            tokens.append(picked[:mine].tolist())
-            logprobs.append(chosen[:mine].tolist())
+            # The kept prefix and the choice after it, which this pass made as a single
+            # step would: every position of a pass is computed as a step computes it (with
+            # int8 layers, activations are quantized per row for that: per-call scales once
+            # tipped a near tie, and a sentence was said twice).
+            tokens.append(picked[: kept + 1].tolist())
+            logprobs.append(chosen[: kept + 1].tolist())
             agreed.append(kept)
         return tokens, logprobs, agreed
 
@@ -500,15 +504,14 @@ class _Rejoin:
     whose draft went wrong at one token (a comma, a capital, a word) mostly goes on as the
     draft does after it. Each token a row chooses itself (not a draft token it kept) is
     looked for in the next `LOOKAHEAD` tokens of its draft; where found, the draft after
-    it is the row's next guess (`GreedyDecoder._check_drafts`). A token is looked for
-    once; a draft token is used once."""
+    it is the row's next guess (`GreedyDecoder._check_drafts`). Every pass ends on a token
+    of the row's own choosing (the one after its kept guesses); each is looked for once,
+    and a draft token is used once."""
 
     def __init__(self, drafts: list[list[int]], agreed: list[int]) -> None:
         self._drafts = drafts
         self._cursor = list(agreed)  # each row's first draft token not yet used
-        # Whether the row's last token is its own choice, still to be looked for: a kept
-        # draft token is not (decoding just left the draft after it).
-        self._own = [kept == 0 for kept in agreed]
+        self._own = [True] * len(drafts)  # the row's last token is still to be looked for
 
     def guesses(
         self, tokens: list[list[int]], done: list[bool], budgets: list[int], room: int
@@ -534,11 +537,10 @@ class _Rejoin:
         """After `GreedyDecoder._check_drafts`: the guesses each row kept."""
         for i, count in enumerate(kept):
             self._cursor[i] += count
-            # No guess kept: the row took the model's own token instead.
-            self._own[i] = count == 0
+        self.stepped()
 
     def stepped(self) -> None:
-        """After a single step: every row's last token is its own choice."""
+        """After a pass: every row's last token is its own choice."""
         self._own = [True] * len(self._drafts)
 
 
