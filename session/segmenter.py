@@ -1,3 +1,5 @@
+# One concept, 482 lines: one state machine over VAD windows; speech, pauses, dips, cuts,
+# speculation and turns all read and move the same counters at each window.
 """Sans-I/O utterance segmenter: VAD windows in, typed events out.
 
 `Segmenter.push(window, probability)` takes each 32 ms window with its speech

@@ -1,3 +1,5 @@
+# One concept, 555 lines: greedy decoding of a batch; the passes that check drafts (the first
+# and `_check_drafts`) share each row's cache, budget and choices with the single steps.
 """Greedy decoding of a batch, with drafts, over `engine.whisper.decoder_step`.
 
 The decoder passes are `engine.whisper.decoder_step.DecoderStep`'s (the model's own layers over a
