@@ -37,8 +37,8 @@ and the decoder step keep apart (`engine.whisper.decoder_step`). A draft that go
 one token (a partial's comma the final drops, a capital, a word spelled otherwise) is
 mostly right after it: a row looks for each token it chooses itself in the next few tokens
 of its draft (`_Rejoin`), and where it finds it, the next pass checks the rest of the draft
-as the first did. A speculation whose partial differed from it by a comma took 21 passes,
-now 5 (docs/performance.md#a-flush-answered-from-a-speculation-benchttfs).
+as the first did. A speculation whose partial differed from it by commas took 21 passes,
+now 3 (docs/performance.md#a-flush-answered-from-a-speculation-benchttfs).
 
 The vocabulary projection and the choice of each token are the `head`'s
 (`engine.whisper.vocabulary`): every logit, or an int8 shortlist rescored in float32, whose
@@ -492,9 +492,9 @@ class GreedyDecoder:
             agree = picked[: len(draft)].eq(torch.tensor(draft, device=picked.device))
             kept = len(draft) if bool(agree.all()) else int(agree.long().argmin())
             # The kept prefix and the choice after it, which this pass made as a single
-            # step would: every position of a pass is computed as a step computes it (with
-            # int8 layers, activations are quantized per row for that: per-call scales once
-            # tipped a near tie, and a sentence was said twice).
+            # step would, up to rounding (the module doc: with int8 layers activations are
+            # quantized per row for that; per-call scales once tipped a near tie, and a
+            # sentence was said twice).
             tokens.append(picked[: kept + 1].tolist())
             logprobs.append(chosen[: kept + 1].tolist())
             agreed.append(kept)
