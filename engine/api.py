@@ -135,7 +135,8 @@ class Priority(enum.IntEnum):
     SPECULATIVE is a final decoded before its endpoint is confirmed (the utterance has
     gone silent; it may yet resume): it runs when no final or file request needs a
     worker, finals stop it as they stop partials, and `promote` makes it a final once the
-    endpoint comes."""
+    endpoint comes. One whose client flushes (`RecognitionRequest.awaited`) starts before
+    partials."""
 
     FINAL = 0
     FILE = 1
@@ -151,6 +152,9 @@ class RecognitionRequest:
     # When a final's utterance was cut (time.monotonic, the scheduler's clock): a live
     # final's latency budget for its left context counts from it. None: from its submit.
     closed_at: float | None = None
+    # A SPECULATIVE final its client is expected to ask for soon (the client flushes): the
+    # policy starts it before partials (engine/scheduling/policy.py, rule 3).
+    awaited: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,6 +123,8 @@ class SessionActor:
         )
         # The committer submits through it: a final that was speculated takes its result.
         self._speculator = Speculator(services.scheduler, services.telemetry, services.clock)
+        # The compat protocols' clients flush (Deepgram's Finalize, OpenAI's commit).
+        self._speculator.awaited = self.acknowledge_finalize
         labeller = None
         if config.diarize and services.speakers is not None:
             labeller = SpeakerLabeller(services.speakers, services.diarizer, self.enrolled)
@@ -366,6 +368,7 @@ class SessionActor:
             return STOPPED
         elif control is ControlType.FINALIZE:
             received, cut = self.services.clock(), self._pipeline.cut()
+            self._speculator.awaited = True  # it flushes: its next finals will be asked for
             await self._handle(cut, flushed_at=received)
             self._committer.flushed()  # after its cut: that final's speculation had context
             if self.acknowledge_finalize:

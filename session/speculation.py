@@ -84,6 +84,9 @@ class Speculator:
         # when it was submitted.
         self._served: dict[asyncio.Future[RecognitionResult], tuple[str, float]] = {}
         self.outcomes: dict[str, int] = {"used": 0, "discarded": 0, "cancelled": 0}
+        # The client flushes (its protocol's clients do, or it has): its final will be asked
+        # for soon, so speculations go before partials (`RecognitionRequest.awaited`).
+        self.awaited = False
 
     async def speculate(self, key: str, utterance: Utterance | None) -> None:
         """Decode `utterance` (None: its final's decoding is not known yet) as the final
@@ -91,7 +94,7 @@ class Speculator:
         self.withdraw()
         if utterance is None:
             return
-        request = RecognitionRequest(key, Priority.SPECULATIVE, utterance)
+        request = RecognitionRequest(key, Priority.SPECULATIVE, utterance, awaited=self.awaited)
         withdrawals = self._withdrawals
         try:
             future = await self._recognition.submit(request)

@@ -33,6 +33,14 @@ when to look again. The rules:
    speculation spends idle model time: it never delays a final by more than a step, and
    it does not thin the partials, whose text is the finals' decoding draft. Under
    overload it does not run, and its final is decoded as a final.
+   An *awaited* speculation (`Queued.awaited`: its client flushes, so it will ask for
+   this final within ~0.2 s, when its own VAD has heard the silence) is a final that
+   is about to be asked for: it starts before partials (after finals and file
+   requests) and, when no worker is free, stops a partial batch (the newest), not on
+   flat batches (rule 5: there a partial batch is short and many rows' work); finals
+   stop it last, after partial batches. Behind partials it waited for one to end and
+   was stopped by other rooms' finals, and beside 8 rooms most flushes found it
+   unfinished (docs/performance.md#beside-other-rooms).
 4. **Partials share a budget, first partials, then the stalest.** Partials run only on
    a worker no final or file request needs, and only while `PartialBudget` has credit:
    partials may take at most `partial_share` of the model's time (all workers
@@ -163,18 +171,21 @@ def moving_average(previous: float | None, sample: float, weight: float) -> floa
 class Queued:
     """A request as the policy sees it. `since`: a final's submit time; a partial's
     time since its session has been waiting (kept when a newer partial replaces it).
-    `first`: a partial of an utterance that has shown no partial yet."""
+    `first`: a partial of an utterance that has shown no partial yet. `awaited`: a
+    speculative final whose client flushes (rule 3)."""
 
     key: int
     priority: Priority
     since: float
     first: bool = False
+    awaited: bool = False  # a speculative final its client's flush will ask for (rule 3)
 
 
 @dataclass(frozen=True, slots=True)
 class Running:
     """A busy worker: what kind of batch it runs, and whether it was told to stop.
-    `speculative`: a batch of speculative finals none of which was promoted yet.
+    `speculative`: a batch of speculative finals none of which was promoted yet;
+    `awaited`: one of them is awaited (rule 3).
     `expected_end`: a partial batch's (`PartialCost`), None if not known."""
 
     worker: int
@@ -182,6 +193,7 @@ class Running:
     stopping: bool = False
     speculative: bool = False
     expected_end: float | None = None
+    awaited: bool = False
 
     @property
     def preemptible(self) -> bool:
@@ -227,7 +239,9 @@ def plan(
         (q for q in queued if q.priority in (Priority.FINAL, Priority.FILE)),
         key=lambda q: (q.priority, q.since),
     )
-    early = sorted((q for q in queued if q.priority is Priority.SPECULATIVE), key=_staleness)
+    speculative = sorted((q for q in queued if q.priority is Priority.SPECULATIVE), key=_staleness)
+    awaited = [q for q in speculative if q.awaited]
+    early = [q for q in speculative if not q.awaited]
     partials = sorted((q for q in queued if q.priority is Priority.PARTIAL), key=_partial_order)
     result = Plan()
     workers = list(free)
@@ -244,9 +258,10 @@ def plan(
         result.starts.append(Start(workers.pop(0), tuple(q.key for q in batch), partial=False))
     finals_left = any(q.priority is Priority.FINAL for q in urgent)
     if finals_left and not workers and not wake:
-        # Stop speculative batches, then partial ones, the newest first, as many as the
-        # finals left need; not a partial batch that ends before the oldest final has
-        # waited `partial_wait`, until it has (rule 2).
+        # Stop speculative batches, then partial ones, then awaited speculations (rule
+        # 3), the newest first, as many as the finals left need; not a partial batch
+        # that ends before the oldest final has waited `partial_wait`, until it has
+        # (rule 2).
         finals = [q for q in urgent if q.priority is Priority.FINAL]
         needed = -(-len(finals) // config.max_batch_size)
         deadline = min(q.since for q in finals) + config.partial_wait
@@ -255,12 +270,19 @@ def plan(
         left = {r.worker for r in eligible if config.partial_wait > 0 and r.ends_by(deadline, now)}
         candidates = [
             r.worker
-            for r in sorted(reversed(eligible), key=lambda r: r.partial)
+            for r in sorted(reversed(eligible), key=lambda r: (r.awaited, r.partial))
             if r.worker not in left
         ]
         result.preempt.extend(candidates[: max(0, needed - stopping)])
         if left and len(result.preempt) < needed - stopping:
             wake.append(deadline)  # stop what is still running then
+    while awaited and workers and not urgent:  # one row a batch: see rule 3
+        result.starts.append(Start(workers.pop(0), (awaited.pop(0).key,), partial=False))
+    if awaited and not workers and not urgent and not config.flat_batches:
+        # An awaited speculation stops a partial batch, the newest first (rule 3).
+        stopping = sum(1 for r in running if r.partial and r.stopping)
+        batches = [r.worker for r in reversed(running) if r.partial and not r.stopping]
+        result.preempt.extend(batches[: max(0, len(awaited) - stopping)])
     slots = config.partial_workers - sum(1 for r in running if r.partial and not r.stopping)
     if partials and workers and not urgent and slots > 0:
         if budget.credit(now) > 0:

@@ -40,7 +40,8 @@ class Entry:
             and not request.utterance.draft
             and not self.drafted
         )
-        return Queued(self.key, request.priority, self.since, first)
+        awaited = request.priority is Priority.SPECULATIVE and request.awaited
+        return Queued(self.key, request.priority, self.since, first, awaited)
 
     def fail(self, error: Exception) -> None:
         if not self.future.done():
@@ -65,7 +66,10 @@ class Worker:
 
     def view(self) -> Running:
         speculative = all(e.request.priority is Priority.SPECULATIVE for e in self.batch)
-        return Running(self.index, self.partial, self.stop.is_set(), speculative, self.expected_end)
+        awaited = speculative and any(e.request.awaited for e in self.batch)
+        return Running(
+            self.index, self.partial, self.stop.is_set(), speculative, self.expected_end, awaited
+        )
 
     def holds_finals(self) -> bool:
         """Whether the batch holds a final or a file request (not only partials or

@@ -347,8 +347,8 @@ class SegmenterSettings:
         32.0,
         "Silence after which an utterance's final is decoded speculatively, before "
         "MIN_SILENCE_MS confirms its end or a client's flush (finalize, Deepgram's Finalize, "
-        "OpenAI's commit) asks for it. It runs on model time no final or partial takes, is "
-        "dropped (and stopped, if running) when speech resumes, and the utterance's final, "
+        "OpenAI's commit) asks for it. It runs on model time no final or partial takes (a "
+        "client that flushes: before partials, which it may stop), is dropped (and stopped, if running) when speech resumes, and the utterance's final, "
         "at a flush or the endpoint in that silence, is answered from it. The default starts "
         "it at the first silent window, so the post-roll heard by then (32 ms) is the "
         "final's: no WER lost against the 100 ms post-roll on the corpus, meeting and "

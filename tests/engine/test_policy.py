@@ -321,3 +321,50 @@ def test_speculation_never_outranks_a_final_nor_a_partial(flat: bool) -> None:
     running = [Running(0, partial=False, speculative=True), Running(1, partial=True)]
     stopped = plan([Queued(3, FINAL, 1.0)], [], running, PartialBudget(two, 0.0), two, now=2.0)
     assert stopped.preempt == [0] and stopped.starts == []
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_an_awaited_speculation_goes_before_partials_and_is_stopped_last(flat: bool) -> None:
+    """A speculative final its client will flush for starts before a queued partial (a
+    plain one does not), never before a final; finals with no worker free stop a plain
+    speculative batch, then a partial one, and the awaited one only when they need more."""
+    SPECULATIVE = Priority.SPECULATIVE
+    cfg = config(workers=1, partial_share=1.0, flat_batches=flat)
+    budget = PartialBudget(cfg, 0.0)
+    awaited = Queued(1, SPECULATIVE, 1.0, awaited=True)
+    plain, partial = Queued(4, SPECULATIVE, 0.0), Queued(2, PARTIAL, 0.5)
+    final = Queued(3, FINAL, 1.5)
+    assert plan([partial, plain, awaited], [0], [], budget, cfg, now=2.0).starts == [
+        Start(0, (1,), partial=False)
+    ]
+    assert plan([partial, awaited, final], [0], [], budget, cfg, now=2.0).starts == [
+        Start(0, (3,), partial=False)
+    ]
+    three = config(workers=3, partial_share=1.0, flat_batches=flat)
+    running = [
+        Running(0, partial=False, speculative=True, awaited=True),
+        Running(1, partial=True),
+        Running(2, partial=False, speculative=True),
+    ]
+    finals = [Queued(5 + i, FINAL, 1.0) for i in range(9)]  # three batches of four or fewer
+    for needed, stopped in ((1, [2]), (2, [2, 1]), (3, [2, 1, 0])):
+        wanted = finals[: 4 * needed]
+        result = plan(wanted, [], running, PartialBudget(three, 0.0), three, now=2.0)
+        assert result.preempt == stopped
+
+
+def test_an_awaited_speculation_stops_a_partial_batch_on_the_cpu_only() -> None:
+    """No worker free: an awaited speculation stops the newest partial batch (not one
+    already stopping, not a speculative one) on the CPU's policy; a plain speculation
+    stops nothing, and on flat batches (a GPU) it waits for a short partial batch."""
+    SPECULATIVE = Priority.SPECULATIVE
+    awaited, plain = Queued(1, SPECULATIVE, 1.0, awaited=True), Queued(2, SPECULATIVE, 1.0)
+    running = [Running(0, partial=True), Running(1, partial=True), Running(2, partial=False)]
+    for flat, stopped in ((False, [1]), (True, [])):
+        cfg = config(workers=3, partial_share=1.0, flat_batches=flat)
+        budget = PartialBudget(cfg, 0.0)
+        assert plan([awaited], [], running, budget, cfg, now=2.0).preempt == stopped
+        assert plan([plain], [], running, budget, cfg, now=2.0).preempt == []
+    cfg = config(workers=3, partial_share=1.0)
+    one_stopping = [Running(0, partial=True), Running(1, partial=True, stopping=True)]
+    assert plan([awaited], [], one_stopping, PartialBudget(cfg, 0.0), cfg, now=2.0).preempt == []

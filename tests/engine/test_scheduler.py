@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -534,6 +535,23 @@ async def test_speculation_waits_for_finals_and_partials(
     fake.release(4)
     await asyncio.wait_for(asyncio.gather(busy, partial, early, final), TIMEOUT)
     assert fake.batches == [[1], [20], [30], [11]]
+
+
+async def test_an_awaited_speculation_runs_before_partials(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """A speculation whose client flushes (`awaited`) is queued behind a busy worker with
+    a partial: it runs right after the finals, before the partial."""
+    scheduler, fake = gated
+    busy = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    partial = await scheduler.submit(request("p", 30, Priority.PARTIAL))
+    awaited = dataclasses.replace(request("s", 11, SPECULATIVE), awaited=True)
+    early = await scheduler.submit(awaited)
+    final = await scheduler.submit(request("f", 20))
+    fake.release(4)
+    await asyncio.wait_for(asyncio.gather(busy, partial, early, final), TIMEOUT)
+    assert fake.batches == [[1], [20], [11], [30]]
 
 
 async def test_promoted_speculation_is_served_as_a_final(

@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+from websockets.asyncio.client import connect
 
 from bench.fake_recognizer import FakeRecognizer
-from engine.api import LeftContext, Priority, RecognitionRequest, Utterance
+from engine.api import LeftContext, Priority, RecognitionRequest, RecognitionResult, Utterance
 from engine.scheduling.scheduler import BatchScheduler
 from session.speculation import Speculator
 from session.telemetry import NullTelemetry
@@ -19,7 +20,7 @@ from tests.support.appserver import serve_app, serving
 from tests.support.corpus import clip
 from tests.support.scheduling import scheduler_config
 from tests.support.timeouts import EVENT_TIMEOUT
-from tests.support.wsclient import StreamResult, stream_pcm
+from tests.support.wsclient import StreamResult, stream_pcm, stream_url
 
 TIMEOUT = EVENT_TIMEOUT
 
@@ -218,3 +219,49 @@ async def test_a_speculation_before_the_post_roll_is_the_final_with_that_post_ro
         assert n_on == n_off - 2 * 512  # one window of post-roll instead of three
         assert on_fake.timed.count(n_on) == 1  # the speculation was the final
     assert metric(metrics, "used") == len(on)
+
+
+async def test_a_flushing_clients_speculations_are_awaited() -> None:
+    """JFK through the real app: a native stream that sends no finalize speculates at the
+    plain rank; over Deepgram's /v1/listen (whose clients send Finalize) and on a native
+    stream from its first finalize on, every speculation is awaited (before partials)."""
+    async with serve_app(serving(FakeRecognizer())) as server:
+        scheduler = server.state.scheduler
+        assert scheduler is not None
+        submit, seen = scheduler.submit, []
+
+        async def recording(request: RecognitionRequest) -> asyncio.Future[RecognitionResult]:
+            if request.priority is Priority.SPECULATIVE:
+                seen.append((request.session_id.split("/")[0], request.awaited))
+            return await submit(request)
+
+        scheduler.submit = recording  # type: ignore[method-assign]
+        pcm = clip("en_jfk").pcm16()
+        await stream_pcm(server.ws_url, "plain", pcm, speed=4, trailing_silence=1.0)
+        plain = list(seen)
+        assert len(plain) >= 3 and not any(awaited for _, awaited in plain)
+        seen.clear()
+        async with connect(f"{server.ws_url}/v1/listen?encoding=linear16&sample_rate=16000") as ws:
+            for at in range(0, len(pcm), 2560):  # 80 ms frames at 4x real time
+                await ws.send(pcm[at : at + 2560])
+                await asyncio.sleep(0.02)
+            await ws.send(bytes(32000))
+            await ws.send('{"type": "CloseStream"}')
+            async for _ in ws:  # drain until the server closes
+                pass
+        assert len(seen) >= 3 and all(awaited for _, awaited in seen)
+        seen.clear()
+        async with connect(stream_url(server.ws_url, "flush", participant="p")) as ws:
+            half = len(pcm) // 2 // 2 * 2
+            for part in (pcm[:half], pcm[half:]):
+                for at in range(0, len(part), 2560):
+                    await ws.send(part[at : at + 2560])
+                    await asyncio.sleep(0.02)
+                await ws.send(bytes(16000))
+                await ws.send('{"type": "finalize"}')
+            await ws.send('{"type": "stop"}')
+            async for _ in ws:
+                pass
+        flags = [awaited for _, awaited in seen]  # plain until the first finalize, then awaited
+        assert False in flags and True in flags, flags
+        assert flags == sorted(flags), flags
