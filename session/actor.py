@@ -123,8 +123,6 @@ class SessionActor:
         )
         # The committer submits through it: a final that was speculated takes its result.
         self._speculator = Speculator(services.scheduler, services.telemetry, services.clock)
-        # The compat protocols' clients flush (Deepgram's Finalize, OpenAI's commit).
-        self._speculator.awaited = self.acknowledge_finalize
         labeller = None
         if config.diarize and services.speakers is not None:
             labeller = SpeakerLabeller(services.speakers, services.diarizer, self.enrolled)
@@ -145,6 +143,8 @@ class SessionActor:
             OutboxDelivery(self._outbox),
             labeller,
         )
+        if self.acknowledge_finalize:  # the compat protocols: their clients flush
+            self._client_flushes()
         self._partials = PartialSender(
             self._committer,
             self.meeting_id,
@@ -368,14 +368,20 @@ class SessionActor:
             return STOPPED
         elif control is ControlType.FINALIZE:
             received, cut = self.services.clock(), self._pipeline.cut()
-            self._speculator.awaited = True  # it flushes: its next finals will be asked for
             await self._handle(cut, flushed_at=received)
-            self._committer.flushed()  # after its cut: that final's speculation had context
+            self._client_flushes()  # after its cut: that final's speculation had context
             if self.acknowledge_finalize:
                 ended = [e.index for e in cut if isinstance(e, UtteranceEnded)]
                 last = f"{self.session_id}-{ended[-1]}" if ended else None
                 await self._finals.put(FinalizeAck(last))
         return None  # keepalive: receiving it was the point
+
+    def _client_flushes(self) -> None:
+        """The client flushes (Deepgram's Finalize, OpenAI's commit, `finalize`): it waits
+        on each final, so its speculations go before partials and its later finals go
+        without left context (unless CONTEXT_AFTER_FLUSH keeps it)."""
+        self._speculator.awaited = True
+        self._committer.flushed()
 
     async def _handle(self, events: list[SegmentEvent], flushed_at: float | None = None) -> None:
         for event in events:

@@ -201,7 +201,8 @@ class ContextSettings:
     context_after_flush: bool = setting(
         False,
         "Keep left context (LEFT_CONTEXT_S) for a stream's finals once its client has "
-        "flushed (finalize, Deepgram's Finalize, OpenAI's commit). Off by default: a "
+        "flushed (finalize), and on the compat protocols, whose clients flush (Deepgram's "
+        "Finalize, OpenAI's commit), from the start. Off by default: a "
         "client that flushes waits on each final (a voice agent's turn), and a context "
         "doubles the final's encoder window, so its speculation is seldom done by the "
         "flush; on Finalize-driven clips its WER was no better with it "

@@ -223,16 +223,21 @@ async def test_a_speculation_before_the_post_roll_is_the_final_with_that_post_ro
 
 async def test_a_flushing_clients_speculations_are_awaited() -> None:
     """JFK through the real app: a native stream that sends no finalize speculates at the
-    plain rank; over Deepgram's /v1/listen (whose clients send Finalize) and on a native
-    stream from its first finalize on, every speculation is awaited (before partials)."""
+    plain rank and decodes its finals behind the ones before; over Deepgram's /v1/listen
+    (whose clients send Finalize) every speculation is awaited (before partials) and no
+    final has left context, as on a native stream from its first finalize on."""
     async with serve_app(serving(FakeRecognizer())) as server:
         scheduler = server.state.scheduler
         assert scheduler is not None
-        submit, seen = scheduler.submit, []
+        submit = scheduler.submit
+        seen: list[tuple[str, bool]] = []
+        behind: list[bool] = []
 
         async def recording(request: RecognitionRequest) -> asyncio.Future[RecognitionResult]:
             if request.priority is Priority.SPECULATIVE:
                 seen.append((request.session_id.split("/")[0], request.awaited))
+            if request.priority in (Priority.SPECULATIVE, Priority.FINAL):
+                behind.append(request.utterance.left is not None)
             return await submit(request)
 
         scheduler.submit = recording  # type: ignore[method-assign]
@@ -240,7 +245,9 @@ async def test_a_flushing_clients_speculations_are_awaited() -> None:
         await stream_pcm(server.ws_url, "plain", pcm, speed=4, trailing_silence=1.0)
         plain = list(seen)
         assert len(plain) >= 3 and not any(awaited for _, awaited in plain)
+        assert any(behind)  # its later finals heard the earlier ones
         seen.clear()
+        behind.clear()
         async with connect(f"{server.ws_url}/v1/listen?encoding=linear16&sample_rate=16000") as ws:
             for at in range(0, len(pcm), 2560):  # 80 ms frames at 4x real time
                 await ws.send(pcm[at : at + 2560])
@@ -250,6 +257,7 @@ async def test_a_flushing_clients_speculations_are_awaited() -> None:
             async for _ in ws:  # drain until the server closes
                 pass
         assert len(seen) >= 3 and all(awaited for _, awaited in seen)
+        assert len(behind) >= 3 and not any(behind)  # a client that flushes: no left context
         seen.clear()
         async with connect(stream_url(server.ws_url, "flush", participant="p")) as ws:
             half = len(pcm) // 2 // 2 * 2
