@@ -324,10 +324,12 @@ def test_speculation_never_outranks_a_final_nor_a_partial(flat: bool) -> None:
 
 
 @pytest.mark.parametrize("flat", [False, True])
-def test_an_awaited_speculation_goes_before_partials_and_is_stopped_last(flat: bool) -> None:
+def test_an_awaited_speculation_goes_before_partials_and_finals_do_not_stop_it(
+    flat: bool,
+) -> None:
     """A speculative final its client will flush for starts before a queued partial (a
     plain one does not), never before a final; finals with no worker free stop a plain
-    speculative batch, then a partial one, and the awaited one only when they need more."""
+    speculative batch, then a partial one, never the awaited one."""
     SPECULATIVE = Priority.SPECULATIVE
     cfg = config(workers=1, partial_share=1.0, flat_batches=flat)
     budget = PartialBudget(cfg, 0.0)
@@ -347,7 +349,7 @@ def test_an_awaited_speculation_goes_before_partials_and_is_stopped_last(flat: b
         Running(2, partial=False, speculative=True),
     ]
     finals = [Queued(5 + i, FINAL, 1.0) for i in range(9)]  # three batches of four or fewer
-    for needed, stopped in ((1, [2]), (2, [2, 1]), (3, [2, 1, 0])):
+    for needed, stopped in ((1, [2]), (2, [2, 1]), (3, [2, 1])):
         wanted = finals[: 4 * needed]
         result = plan(wanted, [], running, PartialBudget(three, 0.0), three, now=2.0)
         assert result.preempt == stopped

@@ -554,6 +554,24 @@ async def test_an_awaited_speculation_runs_before_partials(
     assert fake.batches == [[1], [20], [11], [30]]
 
 
+async def test_a_final_waits_for_a_running_awaited_speculation(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """An awaited speculation (its client's flush is ~0.1 s away) is not stopped by a
+    final, which runs after it: nothing of it is thrown away."""
+    scheduler, fake = gated
+    awaited = dataclasses.replace(request("s", 10, SPECULATIVE), awaited=True)
+    early = await scheduler.submit(awaited)
+    await wait_entered(fake)
+    final = await scheduler.submit(request("f", 20))
+    fake.release()
+    assert (await asyncio.wait_for(early, TIMEOUT)).transcription.text == "n=10"
+    await wait_entered(fake)
+    fake.release()
+    await asyncio.wait_for(final, TIMEOUT)
+    assert fake.stopped == [] and fake.batches == [[10], [20]]
+
+
 async def test_promoted_speculation_is_served_as_a_final(
     gated: tuple[BatchScheduler, FakeRecognizer],
 ) -> None:
