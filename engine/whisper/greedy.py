@@ -1,4 +1,4 @@
-# One concept, 555 lines: greedy decoding of a batch; the passes that check drafts (the first
+# One concept, 564 lines: greedy decoding of a batch; the passes that check drafts (the first
 # and `_check_drafts`) share each row's cache, budget and choices with the single steps.
 """Greedy decoding of a batch, with drafts, over `engine.whisper.decoder_step`.
 
@@ -352,7 +352,7 @@ class GreedyDecoder:
         token or has used its budget. With `rejoin` (the rows' drafts), a step in which a
         row has found its way back to its draft checks the rest of that draft too
         (`_check_drafts`); not under keyterms nor in step graphs, which take one token."""
-        done = [row[-1] == self._end or len(row) >= budgets[i] for i, row in enumerate(tokens)]
+        done = [self._finished(row, budgets[i]) for i, row in enumerate(tokens)]
         device = cache.lengths.device
         if boost is not None:
             for i, row in enumerate(tokens):
@@ -369,8 +369,7 @@ class GreedyDecoder:
                 if any(guesses):
                     rejoin.checked(self._check_drafts(cache, tokens, logprobs, guesses, done))
                     done = [
-                        done[i] or row[-1] == self._end or len(row) >= budgets[i]
-                        for i, row in enumerate(tokens)
+                        done[i] or self._finished(row, budgets[i]) for i, row in enumerate(tokens)
                     ]
                     continue
             pending = [self._end if done[i] else row[-1] for i, row in enumerate(tokens)]
@@ -390,7 +389,7 @@ class GreedyDecoder:
                     logprobs[i].append(logprob)
                     if boost is not None:
                         boost.advance(i, [token])
-                    done[i] = token == self._end or len(tokens[i]) >= budgets[i]
+                    done[i] = self._finished(tokens[i], budgets[i])
             if rejoin is not None:
                 rejoin.stepped()
         width = max(len(row) for row in tokens)
@@ -398,6 +397,10 @@ class GreedyDecoder:
             torch.tensor([row + [self._end] * (width - len(row)) for row in tokens]),
             torch.tensor([row + [0.0] * (width - len(row)) for row in logprobs]),
         )
+
+    def _finished(self, row: list[int], budget: int) -> bool:
+        """A row that has its end token or has used its budget."""
+        return row[-1] == self._end or len(row) >= budget
 
     def _check_drafts(
         self,
@@ -434,9 +437,7 @@ class GreedyDecoder:
             picked = picks[offset : offset + len(guess) + 1]
             chosen = probabilities[offset : offset + len(guess) + 1]
             offset += len(guess) + 1
-            kept = 0
-            while kept < len(guess) and picked[kept] == guess[kept]:
-                kept += 1
+            kept = _agreeing(picked, guess)
             # The kept guesses and the choice after them (the cache ends before it).
             tokens[i].extend(picked[: kept + 1])
             logprobs[i].extend(chosen[: kept + 1])
@@ -487,16 +488,15 @@ class GreedyDecoder:
             # With keyterms, position k's bias is the row's after the draft's first k tokens.
             bias = None if boost is None else boost.along(i, draft, fed[i].device)[1:]
             later = self._decoder.choose(fed[i], self._suppress, bias)
-            picked = torch.cat([first.tokens[i : i + 1], later.tokens])
-            chosen = torch.cat([first.logprobs[i : i + 1], later.logprobs])
-            agree = picked[: len(draft)].eq(torch.tensor(draft, device=picked.device))
-            kept = len(draft) if bool(agree.all()) else int(agree.long().argmin())
+            picked = torch.cat([first.tokens[i : i + 1], later.tokens]).tolist()
+            chosen = torch.cat([first.logprobs[i : i + 1], later.logprobs]).tolist()
+            kept = _agreeing(picked, draft)
             # The kept prefix and the choice after it, which this pass made as a single
             # step would, up to rounding (the module doc: with int8 layers activations are
             # quantized per row for that; per-call scales once tipped a near tie, and a
             # sentence was said twice).
-            tokens.append(picked[: kept + 1].tolist())
-            logprobs.append(chosen[: kept + 1].tolist())
+            tokens.append(picked[: kept + 1])
+            logprobs.append(chosen[: kept + 1])
             agreed.append(kept)
         return tokens, logprobs, agreed
 
@@ -544,6 +544,15 @@ class _Rejoin:
     def stepped(self) -> None:
         """After a pass: every row's last token is its own choice."""
         self._own = [True] * len(self._drafts)
+
+
+def _agreeing(picked: Sequence[int], draft: Sequence[int]) -> int:
+    """How many of `draft`'s tokens, from its first, the pass picked (`picked[k]`: its
+    choice at the position where draft token k stands) as greedy decoding would."""
+    kept = 0
+    while kept < len(draft) and picked[kept] == draft[kept]:
+        kept += 1
+    return kept
 
 
 def _bias(boost: Boost | None, states: torch.Tensor) -> torch.Tensor | None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -11,9 +9,10 @@ import torch
 from transformers.modeling_outputs import BaseModelOutput
 
 from bench.corpus import clips
+from bench.flush_lead import counted_passes
 from engine.api import Utterance
 from engine.whisper.decoding import read_row
-from engine.whisper.greedy import Greedy, GreedyDecoder
+from engine.whisper.greedy import Greedy
 from engine.whisper.recognizer import WhisperRecognizer, WhisperRecognizerConfig
 
 pytestmark = pytest.mark.slow
@@ -22,24 +21,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def recognizer(tiny_en: Path) -> WhisperRecognizer:
     return WhisperRecognizer(tiny_en)
-
-
-@contextmanager
-def decoder_passes(greedy: GreedyDecoder) -> Iterator[list[int]]:
-    """Counts the decoder passes `greedy` runs inside the block (the list's one item)."""
-    passes = [0]
-    decoder = greedy.step
-    feed = decoder.feed
-
-    def counted(*args: object) -> torch.Tensor:
-        passes[0] += 1
-        return feed(*args)  # type: ignore[arg-type]
-
-    decoder.feed = counted  # type: ignore[method-assign,assignment]
-    try:
-        yield passes
-    finally:
-        del decoder.feed
 
 
 def test_greedy_tokens_equal_generate_on_a_mixed_batch(recognizer: WhisperRecognizer) -> None:
@@ -97,7 +78,7 @@ def test_drafts_change_nothing_but_the_work(recognizer: WhisperRecognizer) -> No
             [],  # none
             truth[4] + [13, 13, 13, 13],  # right, then more than there is
         ]
-        with decoder_passes(greedy) as passes:
+        with counted_passes() as passes:
             checked = greedy.decode(greedy.start(hidden), prompts, budgets, drafts)
     for i in range(len(batch)):
         assert [t for t in checked.tokens[i].tolist() if t < 50256] == truth[i], selected[i].id
@@ -107,7 +88,7 @@ def test_drafts_change_nothing_but_the_work(recognizer: WhisperRecognizer) -> No
     # or the wrong one) still needs; far fewer than without drafts only if every row had
     # a good draft, so check a batch of right drafts alone too.
     assert passes[0] <= 3 + max(len(row) for row in truth)
-    with torch.inference_mode(), decoder_passes(greedy) as passes:
+    with torch.inference_mode(), counted_passes() as passes:
         again = greedy.decode(greedy.start(hidden), prompts, budgets, truth)
     assert again.tokens.tolist() == plain.tokens[:, : again.tokens.shape[1]].tolist()
     assert passes[0] == 3  # start, prompt, drafts (whose pass also chooses the end)
@@ -135,7 +116,7 @@ def test_a_row_finds_its_way_back_to_its_draft(recognizer: WhisperRecognizer) ->
             [*truth[2][: mid[2]], 11, *truth[2][mid[2] :]],  # one token too many
         ]
         for i, draft in enumerate(drafts):
-            with decoder_passes(greedy) as passes:
+            with counted_passes() as passes:
                 checked = greedy.decode(
                     greedy.start(hidden[i : i + 1]), prompts[:1], budgets[:1], [draft]
                 )
@@ -323,6 +304,6 @@ def test_one_pass_start_decodes_as_start_then_decode(recognizer: WhisperRecogniz
             assert fused.tokens.tolist() == plain.tokens[:, :width].tolist()
             assert torch.allclose(fused.logprobs, plain.logprobs[:, :width], atol=1e-4)
         assert drafted.tokens.tolist() == fused.tokens.tolist()
-        with decoder_passes(greedy) as passes:
+        with counted_passes() as passes:
             greedy.start_and_decode(hidden[:1], 120, None, [tail], [60], [truth[0]])
     assert passes[0] == 1
