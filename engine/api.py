@@ -152,8 +152,9 @@ class RecognitionRequest:
     # When a final's utterance was cut (time.monotonic, the scheduler's clock): a live
     # final's latency budget for its left context counts from it. None: from its submit.
     closed_at: float | None = None
-    # A SPECULATIVE final its client is expected to ask for soon (the client flushes): the
-    # policy starts it before partials (engine/scheduling/policy.py, rule 3).
+    # A FINAL or SPECULATIVE final whose client waits on it (the client flushes): the
+    # policy starts it before other finals and partials (engine/scheduling/policy.py,
+    # rules 1 and 3).
     awaited: bool = False
 
 

@@ -34,6 +34,7 @@ queued) or `decoded` (no speculation matched: decoded at the flush).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -84,8 +85,9 @@ class Speculator:
         # when it was submitted.
         self._served: dict[asyncio.Future[RecognitionResult], tuple[str, float]] = {}
         self.outcomes: dict[str, int] = {"used": 0, "discarded": 0, "cancelled": 0}
-        # The client flushes (its protocol's clients do, or it has): its final will be asked
-        # for soon, so speculations go before partials (`RecognitionRequest.awaited`).
+        # The client flushes (its protocol's clients do, or it has): it waits on each
+        # final, so its finals go first and its speculations before partials
+        # (`RecognitionRequest.awaited`).
         self.awaited = False
 
     async def speculate(self, key: str, utterance: Utterance | None) -> None:
@@ -152,6 +154,8 @@ class Speculator:
             self._count("discarded")  # it failed: the final is decoded anew
         elif request.priority is Priority.FINAL and logger.isEnabledFor(logging.DEBUG):
             logger.debug("a final decoded anew: %s", _mismatch(held, self._wanted, request))
+        if request.priority is Priority.FINAL and self.awaited:
+            request = dataclasses.replace(request, awaited=True)
         return await self._recognition.submit(request)
 
     def answered(self, future: asyncio.Future[RecognitionResult] | None, since: float) -> None:

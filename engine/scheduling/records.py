@@ -40,8 +40,7 @@ class Entry:
             and not request.utterance.draft
             and not self.drafted
         )
-        awaited = request.priority is Priority.SPECULATIVE and request.awaited
-        return Queued(self.key, request.priority, self.since, first, awaited)
+        return Queued(self.key, request.priority, self.since, first, request.awaited)
 
     def fail(self, error: Exception) -> None:
         if not self.future.done():

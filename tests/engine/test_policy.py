@@ -370,3 +370,20 @@ def test_an_awaited_speculation_stops_a_partial_batch_on_the_cpu_only() -> None:
     cfg = config(workers=3, partial_share=1.0)
     one_stopping = [Running(0, partial=True), Running(1, partial=True, stopping=True)]
     assert plan([awaited], [], one_stopping, PartialBudget(cfg, 0.0), cfg, now=2.0).preempt == []
+
+
+def test_a_final_its_client_waits_on_goes_first_alone_and_at_once() -> None:
+    """An awaited final (its client flushes) starts ahead of older finals and without
+    waiting `max_wait` for a batch to fill, in a batch of its own on the CPU; on flat
+    batches (a GPU) it leads the one batch of every final."""
+    cfg = config(workers=1, max_wait=0.05)
+    older = [Queued(1, FINAL, 1.0), Queued(2, FINAL, 1.01)]
+    awaited = Queued(3, FINAL, 1.02, awaited=True)
+    starts = plan([*older, awaited], [0], [], PartialBudget(cfg, 0.0), cfg, now=1.03).starts
+    assert starts == [Start(0, (3,), partial=False)]
+    two = config(workers=2, max_wait=0.05)
+    starts = plan([*older, awaited], [0, 1], [], PartialBudget(two, 0.0), two, now=1.06).starts
+    assert starts == [Start(0, (3,), partial=False), Start(1, (1, 2), partial=False)]
+    flat = config(workers=1, max_wait=0.0, flat_batches=True)
+    starts = plan([*older, awaited], [0], [], PartialBudget(flat, 0.0), flat, now=1.03).starts
+    assert starts == [Start(0, (3, 1, 2), partial=False)]

@@ -273,3 +273,24 @@ async def test_a_flushing_clients_speculations_are_awaited() -> None:
         flags = [awaited for _, awaited in seen]  # plain until the first finalize, then awaited
         assert False in flags and True in flags, flags
         assert flags == sorted(flags), flags
+
+
+async def test_a_flushing_clients_finals_are_awaited(
+    engine: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """A final no speculation served goes to the scheduler marked awaited once the client
+    flushes (it waits on it: it goes first), unmarked before."""
+    scheduler, _ = engine
+    submitted: list[RecognitionRequest] = []
+    submit = scheduler.submit
+
+    async def recording(request: RecognitionRequest) -> asyncio.Future[RecognitionResult]:
+        submitted.append(request)
+        return await submit(request)
+
+    scheduler.submit = recording  # type: ignore[method-assign]
+    speculator = Speculator(scheduler, NullTelemetry())
+    await asyncio.wait_for(await speculator.submit(final(1000)), TIMEOUT)
+    speculator.awaited = True
+    await asyncio.wait_for(await speculator.submit(final(2000)), TIMEOUT)
+    assert [r.awaited for r in submitted] == [False, True]
