@@ -143,8 +143,9 @@ class SessionActor:
             OutboxDelivery(self._outbox),
             labeller,
         )
-        if self.acknowledge_finalize:  # the compat protocols: their clients flush
-            self._client_flushes()
+        if self.acknowledge_finalize:  # compat clients flush: they wait on each final
+            self._speculator.awaited = True  # its finals go first (policy rules 1 and 3)
+            self._committer.flushed()  # and without left context
         self._partials = PartialSender(
             self._committer,
             self.meeting_id,
@@ -369,19 +370,13 @@ class SessionActor:
         elif control is ControlType.FINALIZE:
             received, cut = self.services.clock(), self._pipeline.cut()
             await self._handle(cut, flushed_at=received)
-            self._client_flushes()  # after its cut: that final's speculation had context
+            self._speculator.awaited = True  # it waits on each final: they go first
+            self._committer.flushed()  # after its cut: that final's speculation had context
             if self.acknowledge_finalize:
                 ended = [e.index for e in cut if isinstance(e, UtteranceEnded)]
                 last = f"{self.session_id}-{ended[-1]}" if ended else None
                 await self._finals.put(FinalizeAck(last))
         return None  # keepalive: receiving it was the point
-
-    def _client_flushes(self) -> None:
-        """The client flushes (Deepgram's Finalize, OpenAI's commit, `finalize`): it waits
-        on each final, so its speculations go before partials and its later finals go
-        without left context (unless CONTEXT_AFTER_FLUSH keeps it)."""
-        self._speculator.awaited = True
-        self._committer.flushed()
 
     async def _handle(self, events: list[SegmentEvent], flushed_at: float | None = None) -> None:
         for event in events:
