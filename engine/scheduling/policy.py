@@ -22,9 +22,8 @@ when to look again. The rules:
    save the final less than that (under load on the CPU, stopped partial batches were most
    of the partials' model time: docs/performance.md#partials). It is left only until then:
    one that overruns is stopped when the final has waited `partial_wait` (the plan wakes
-   then), so `partial_wait` bounds a final's wait for partials. A final whose client
-   waits on it (rule 1) stops a partial batch at once: its flush has ~0.1 s to spare.
-   A partial batch's expected end is its start plus its rows times `PartialCost`'s
+   then), so `partial_wait` bounds a final's wait for partials. Its expected end is its
+   start plus its rows times `PartialCost`'s
    measure of a partial row; partial batches are sized to fit `partial_wait` (rule 4),
    so on the CPU, where a row costs ~0.1-0.3 s, they are single rows left to finish,
    while larger batches (on a GPU, or before any cost is known) are stopped as before.
@@ -270,12 +269,10 @@ def plan(
         # before the oldest final has waited `partial_wait`, until it has (rule 2).
         finals = [q for q in urgent if q.priority is Priority.FINAL]
         needed = -(-len(finals) // config.max_batch_size)
-        # A final whose client waits on it (rule 1) waits for no partial batch.
-        grace = 0.0 if any(q.awaited for q in finals) else config.partial_wait
-        deadline = min(q.since for q in finals) + grace
+        deadline = min(q.since for q in finals) + config.partial_wait
         stopping = sum(1 for r in running if r.preemptible and r.stopping)
         eligible = [r for r in running if r.preemptible and not r.stopping]
-        left = {r.worker for r in eligible if grace > 0 and r.ends_by(deadline, now)}
+        left = {r.worker for r in eligible if config.partial_wait > 0 and r.ends_by(deadline, now)}
         candidates = [
             r.worker
             for r in sorted(reversed(eligible), key=lambda r: r.partial)

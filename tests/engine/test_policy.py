@@ -387,13 +387,3 @@ def test_a_final_its_client_waits_on_goes_first_alone_and_at_once() -> None:
     flat = config(workers=1, max_wait=0.0, flat_batches=True)
     starts = plan([*older, awaited], [0], [], PartialBudget(flat, 0.0), flat, now=1.03).starts
     assert starts == [Start(0, (3, 1, 2), partial=False)]
-
-
-def test_a_final_its_client_waits_on_stops_a_partial_batch_at_once() -> None:
-    """No worker free: a plain final leaves a partial batch that ends within
-    `partial_wait` to finish; an awaited one stops it at once."""
-    cfg = config(workers=1, partial_share=1.0, partial_wait=0.25)
-    running = [Running(0, partial=True, expected_end=2.1)]
-    plain, awaited = Queued(1, FINAL, 2.0), Queued(2, FINAL, 2.0, awaited=True)
-    assert plan([plain], [], running, PartialBudget(cfg, 0.0), cfg, now=2.0).preempt == []
-    assert plan([awaited], [], running, PartialBudget(cfg, 0.0), cfg, now=2.0).preempt == [0]
