@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from bench.fake_recognizer import FakeRecognizer
 from engine.api import LeftContext, Priority, RecognitionRequest, RecognitionResult, Utterance
@@ -221,6 +221,37 @@ async def test_a_speculation_before_the_post_roll_is_the_final_with_that_post_ro
     assert metric(metrics, "used") == len(on)
 
 
+def record_submits(scheduler: BatchScheduler) -> list[RecognitionRequest]:
+    """Every request submitted to `scheduler` from now on, in order (it still runs them)."""
+    submitted: list[RecognitionRequest] = []
+    submit = scheduler.submit
+
+    async def recording(request: RecognitionRequest) -> asyncio.Future[RecognitionResult]:
+        submitted.append(request)
+        return await submit(request)
+
+    scheduler.submit = recording  # type: ignore[method-assign]
+    return submitted
+
+
+async def send_paced(ws: ClientConnection, pcm: bytes) -> None:
+    """`pcm` in 80 ms frames at 4x real time."""
+    for at in range(0, len(pcm), 2560):
+        await ws.send(pcm[at : at + 2560])
+        await asyncio.sleep(0.02)
+
+
+def awaited_speculations(requests: list[RecognitionRequest]) -> list[bool]:
+    """Whether each speculation among `requests` was awaited."""
+    return [r.awaited for r in requests if r.priority is Priority.SPECULATIVE]
+
+
+def behind_context(requests: list[RecognitionRequest]) -> list[bool]:
+    """Whether each final or speculation among `requests` carried left context."""
+    finals = (Priority.SPECULATIVE, Priority.FINAL)
+    return [r.utterance.left is not None for r in requests if r.priority in finals]
+
+
 async def test_a_flushing_clients_speculations_are_awaited() -> None:
     """JFK through the real app: a native stream that sends no finalize speculates at the
     plain rank and decodes its finals behind the ones before; over Deepgram's /v1/listen
@@ -229,48 +260,34 @@ async def test_a_flushing_clients_speculations_are_awaited() -> None:
     async with serve_app(serving(FakeRecognizer())) as server:
         scheduler = server.state.scheduler
         assert scheduler is not None
-        submit = scheduler.submit
-        seen: list[tuple[str, bool]] = []
-        behind: list[bool] = []
-
-        async def recording(request: RecognitionRequest) -> asyncio.Future[RecognitionResult]:
-            if request.priority is Priority.SPECULATIVE:
-                seen.append((request.session_id.split("/")[0], request.awaited))
-            if request.priority in (Priority.SPECULATIVE, Priority.FINAL):
-                behind.append(request.utterance.left is not None)
-            return await submit(request)
-
-        scheduler.submit = recording  # type: ignore[method-assign]
+        submitted = record_submits(scheduler)
         pcm = clip("en_jfk").pcm16()
         await stream_pcm(server.ws_url, "plain", pcm, speed=4, trailing_silence=1.0)
-        plain = list(seen)
-        assert len(plain) >= 3 and not any(awaited for _, awaited in plain)
-        assert any(behind)  # its later finals heard the earlier ones
-        seen.clear()
-        behind.clear()
+        plain = awaited_speculations(submitted)
+        assert len(plain) >= 3 and not any(plain)
+        assert any(behind_context(submitted))  # its later finals heard the earlier ones
+        submitted.clear()
         async with connect(f"{server.ws_url}/v1/listen?encoding=linear16&sample_rate=16000") as ws:
-            for at in range(0, len(pcm), 2560):  # 80 ms frames at 4x real time
-                await ws.send(pcm[at : at + 2560])
-                await asyncio.sleep(0.02)
+            await send_paced(ws, pcm)
             await ws.send(bytes(32000))
             await ws.send('{"type": "CloseStream"}')
             async for _ in ws:  # drain until the server closes
                 pass
-        assert len(seen) >= 3 and all(awaited for _, awaited in seen)
+        deepgram = awaited_speculations(submitted)
+        assert len(deepgram) >= 3 and all(deepgram)
+        behind = behind_context(submitted)
         assert len(behind) >= 3 and not any(behind)  # a client that flushes: no left context
-        seen.clear()
+        submitted.clear()
         async with connect(stream_url(server.ws_url, "flush", participant="p")) as ws:
             half = len(pcm) // 2 // 2 * 2
             for part in (pcm[:half], pcm[half:]):
-                for at in range(0, len(part), 2560):
-                    await ws.send(part[at : at + 2560])
-                    await asyncio.sleep(0.02)
+                await send_paced(ws, part)
                 await ws.send(bytes(16000))
                 await ws.send('{"type": "finalize"}')
             await ws.send('{"type": "stop"}')
             async for _ in ws:
                 pass
-        flags = [awaited for _, awaited in seen]  # plain until the first finalize, then awaited
+        flags = awaited_speculations(submitted)  # plain until the first finalize, then awaited
         assert False in flags and True in flags, flags
         assert flags == sorted(flags), flags
 
@@ -281,14 +298,7 @@ async def test_a_flushing_clients_finals_are_awaited(
     """A final no speculation served goes to the scheduler marked awaited once the client
     flushes (it waits on it: it goes first), unmarked before."""
     scheduler, _ = engine
-    submitted: list[RecognitionRequest] = []
-    submit = scheduler.submit
-
-    async def recording(request: RecognitionRequest) -> asyncio.Future[RecognitionResult]:
-        submitted.append(request)
-        return await submit(request)
-
-    scheduler.submit = recording  # type: ignore[method-assign]
+    submitted = record_submits(scheduler)
     speculator = Speculator(scheduler, NullTelemetry())
     await asyncio.wait_for(await speculator.submit(final(1000)), TIMEOUT)
     speculator.awaited = True
