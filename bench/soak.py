@@ -9,7 +9,11 @@ stand-in model sleeps instead of computing) on the Redis store with a short meet
 `--minutes` of conversation per room, in back-to-back rounds of at most 10 minutes (new
 meetings each round: meetings come and go as in production). Every 10 s it samples the
 server's RSS, open file descriptors, asyncio tasks (`parley_event_loop_tasks`) and the
-Redis key count. At the end it waits for every meeting to expire and counts the keys left.
+Redis key count; every second, each process's RSS and its anonymous part, kept as each
+minute's lowest (a model worker gives its free heap pages back once a minute and whenever it
+waits a second for work, and takes them again within seconds of load: a floor from six
+samples a minute mostly missed that moment and swung ±35 MiB with it). At the end it waits
+for every meeting to expire and counts the keys left.
 
 Printed (and written to `REPORT_DIR/soak.json`): the RSS slope after the warm-up (the
 first `--warmup-minutes`), as % of the mean RSS per hour, from a least-squares line, and
@@ -25,6 +29,7 @@ growth in tasks, descriptors or keys (docs/performance.md#long-runs-memory).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -90,20 +95,32 @@ def slope_percent_per_hour(samples: list[Sample], warmup_s: float, field: str = 
     return 100.0 * slope / float(rss.mean())
 
 
-def minute_floor_slopes(samples: list[Sample], warmup_s: float) -> dict[str, dict[str, float]]:
-    """Per process: the least-squares slope of each minute's lowest RSS after the warm-up,
-    as % of its mean per hour (a minute's floor leaves out the buffers of the decode in
-    flight), and that floor at the first and the last minute after the warm-up."""
-    floors: dict[str, dict[int, float]] = {}
-    for s in samples:
-        if s.at < warmup_s:
-            continue
-        for name, mib in s.processes.items():
-            minute = int(s.at // 60)
-            kept = floors.setdefault(name, {})
-            kept[minute] = min(mib, kept.get(minute, mib))
+class MinuteFloors:
+    """Each process's lowest RSS (and lowest anonymous RSS) in each minute of the load,
+    in MiB, from a sample a second: `rss[name][minute]`, `anon[name][minute]`."""
+
+    def __init__(self) -> None:
+        self.rss: dict[str, dict[int, float]] = {}
+        self.anon: dict[str, dict[int, float]] = {}
+
+    def add(self, server: ServerProcess, started: float) -> None:
+        minute = int((time.monotonic() - started) // 60)
+        for name, (rss, anon) in server.process_memory_bytes().items():
+            for floors, value in ((self.rss, rss), (self.anon, anon)):
+                kept = floors.setdefault(name, {})
+                mib = round(value / 2**20, 2)
+                kept[minute] = min(mib, kept.get(minute, mib))
+
+
+def minute_floor_slopes(
+    floors: dict[str, dict[int, float]], warmup_s: float
+) -> dict[str, dict[str, float]]:
+    """Per process: the least-squares slope of each minute's lowest value after the
+    warm-up, as % of its mean per hour (a minute's floor leaves out the buffers of the
+    decode in flight), and that floor at the first and the last minute after the warm-up."""
     slopes: dict[str, dict[str, float]] = {}
-    for name, by_minute in floors.items():
+    for name, every_minute in floors.items():
+        by_minute = {m: mib for m, mib in every_minute.items() if m * 60 >= warmup_s}
         if len(by_minute) < 3:
             continue  # a process that lived a moment (a decoder, a restarted worker)
         minutes = sorted(by_minute)
@@ -212,13 +229,23 @@ def main(argv: list[str] | None = None) -> int:
                     os.kill(server.pid, signal.SIGUSR1)
                     next_heap_report = samples[-1].at + 60 * args.heap_every_minutes
 
+        floors = MinuteFloors()
+
+        def floor_sampler() -> None:
+            while not done.wait(1.0):
+                with contextlib.suppress(OSError, RuntimeError):  # a process gone meanwhile
+                    floors.add(server, started)
+
         thread = threading.Thread(target=sampler, daemon=True)
         thread.start()
+        floor_thread = threading.Thread(target=floor_sampler, daemon=True)
+        floor_thread.start()
         try:
             totals = load_rounds(args, server, args.report_dir)
             at_end = sample(server, redis, started)
             done.set()
             thread.join()
+            floor_thread.join()
             deadline = time.monotonic() + 3 * args.ttl_s + 30.0
             while redis_keys(redis) > 0 and time.monotonic() < deadline:
                 time.sleep(5.0)
@@ -232,8 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         "minutes": args.minutes,
         "engine": args.engine,
         "warmup_minutes": args.warmup_minutes,
-        # The issue's measure: per process, the slope of each minute's lowest RSS.
-        "minute_floor_slopes": minute_floor_slopes(samples, args.warmup_minutes * 60),
+        # The issue's measure: per process, the slope of each minute's lowest RSS; then
+        # the same for the anonymous part alone (what a leak grows).
+        "minute_floor_slopes": minute_floor_slopes(floors.rss, args.warmup_minutes * 60),
+        "minute_floor_anon_slopes": minute_floor_slopes(floors.anon, args.warmup_minutes * 60),
         "rss_slope_percent_per_hour": round(
             slope_percent_per_hour(samples, args.warmup_minutes * 60), 3
         ),
@@ -280,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "missed_samples": missed,
         "heap_reports": heap_reports(args.report_dir / "server.log"),
         "samples": [asdict(s) for s in samples],
+        "minute_floors": {"rss_mib": floors.rss, "anon_mib": floors.anon},
     }
     (args.report_dir / "soak.json").write_text(json.dumps(result, indent=2))
     shown = {k: v for k, v in result.items() if k not in ("samples", "rounds", "heap_reports")}

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from bench.corpus import clips
+from bench.processes import status_kb
 from engine.api import Utterance
 from engine.loading import ModelConfig, load_whisper
 from engine.recognizer import Interrupted
+from engine.workers.child import IDLE_TRIM_S
 from engine.workers.processes import ProcessRecognizer
 from server.engine_plan import model_config_with
 
@@ -124,3 +126,19 @@ def test_a_model_that_fails_to_load_fails_the_start(config: ModelConfig) -> None
     with pytest.raises(RuntimeError, match="int8 runs on the CPU in float32 only"):
         ProcessRecognizer(bad, processes=1, threads=1)
     assert set(multiprocessing.active_children()) == before
+
+
+def test_an_idle_child_gives_its_free_heap_back(config: ModelConfig, jfk: Utterance) -> None:
+    """A batch leaves its buffers' pages in the child's heap; with no trim due for an hour,
+    the child still gives them back once no batch has come for `IDLE_TRIM_S`."""
+    recognizer = ProcessRecognizer(config, processes=1, threads=1, trim_interval=3600.0)
+    try:
+        (pid,) = recognizer.health().pids
+        recognizer.transcribe([jfk] * 4)
+        after_batch = status_kb(pid, "RssAnon:") / 1024
+        deadline = time.monotonic() + IDLE_TRIM_S + 5.0
+        while (now := status_kb(pid, "RssAnon:") / 1024) > after_batch - 20:
+            assert time.monotonic() < deadline, (after_batch, now)
+            time.sleep(0.05)
+    finally:
+        recognizer.close()
