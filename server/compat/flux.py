@@ -134,9 +134,12 @@ def parse_options(
 class FluxCodec:
     """One `/v2/listen` stream's translation, both ways."""
 
-    def __init__(self, options: FluxOptions, *, request_id: str) -> None:
+    def __init__(self, options: FluxOptions, *, request_id: str, server_threshold: float) -> None:
+        """`server_threshold`: the server's `TURN_THRESHOLD`, which the stream's turns end
+        by when the query sets no `eot_threshold`."""
         self.options = options
         self.request_id = request_id
+        self.threshold = options.eot_threshold or server_threshold
         self.state = TurnState.INITIAL
         self.turn_index = 0
         self._sequence = 0
@@ -212,7 +215,7 @@ class FluxCodec:
     def _started(self, t: float) -> list[str]:
         out: list[str] = []
         if self._ending is not None:  # the last turn's final was empty: close it as it is
-            out += self._end(self._ending[1] or 1.0, _trigger(self._ending[1]))
+            out += self._end(self._ending[1] or 1.0, self._trigger(self._ending[1]))
         if self.state is not TurnState.INITIAL:
             return out
         self.state = TurnState.ONGOING
@@ -242,7 +245,9 @@ class FluxCodec:
                 return []
             return [self._turn_info("Update", end=message["end"])]
         probability = self._ending[1]
-        return self._end(probability if probability is not None else 1.0, _trigger(probability))
+        return self._end(
+            probability if probability is not None else 1.0, self._trigger(probability)
+        )
 
     def _end(self, confidence: float, trigger: str) -> list[str]:
         """EndOfTurn with the turn's finals; an eager transcript they changed is withdrawn
@@ -258,6 +263,11 @@ class FluxCodec:
         self.state, self._ending = TurnState.INITIAL, None
         self.turn_index += 1
         return out
+
+    def _trigger(self, probability: float | None) -> str:
+        """What ended a turn: the turn model's judgement (a probability at the stream's
+        threshold or above), or a silence past its bound (a lower one: the hold ran out)."""
+        return "model" if probability is not None and probability >= self.threshold else "timeout"
 
     # ------------------------------------------------------------------ messages
 
@@ -310,8 +320,3 @@ def farewell(request_id: str, error: ProtocolError) -> str:
     """A refusal after the upgrade, before any other message (its `sequence_id` is 0)."""
     body = {"type": "Error", "request_id": request_id, "sequence_id": 0}
     return orjson.dumps({**body, "code": error.code.value, "description": error.message}).decode()
-
-
-def _trigger(probability: float | None) -> str:
-    """What ended a turn: the turn model's judgement, or a silence past its bound."""
-    return "model" if probability is not None and probability >= 0.5 else "timeout"

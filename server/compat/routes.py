@@ -122,7 +122,9 @@ async def flux_endpoint(websocket: WebSocket) -> None:
     except ProtocolError as exc:
         await refuse(state, handshake, exc)
         return
-    codec = flux.FluxCodec(options, request_id=request_id)
+    codec = flux.FluxCodec(
+        options, request_id=request_id, server_threshold=state.settings.turns.turn_threshold
+    )
     connection = TranslatingConnection(
         websocket, codec, max_frame_bytes=state.settings.streams.max_frame_bytes
     )

@@ -17,7 +17,7 @@ UID = "s1-0"
 
 def codec(**query: str) -> FluxCodec:
     options = parse_options({"model": "flux-general-en", **query}, meeting_id="m1")
-    return FluxCodec(options, request_id="r1")
+    return FluxCodec(options, request_id="r1", server_threshold=0.5)
 
 
 def feed(flux: FluxCodec, *messages: Any) -> list[dict[str, Any]]:
@@ -152,3 +152,28 @@ def test_options_map_onto_the_turn_model() -> None:
     config = options.stream_config("en")
     assert (config.turn_threshold, config.turn_eager, config.turn_hold) == (0.8, 0.5, 3.0)
     assert config.turn_events and config.turn_model
+
+
+@pytest.mark.parametrize(
+    ("query", "server_threshold", "probability", "trigger"),
+    [
+        ({"eot_threshold": "0.8"}, 0.5, 0.6, "timeout"),  # under the stream's threshold
+        ({"eot_threshold": "0.8"}, 0.5, 0.85, "model"),
+        ({}, 0.7, 0.6, "timeout"),  # no eot_threshold: the server's
+        ({}, 0.7, 0.75, "model"),
+    ],
+)
+def test_the_trigger_is_judged_by_the_threshold_the_turn_ended_by(
+    query: dict[str, str], server_threshold: float, probability: float, trigger: str
+) -> None:
+    """A turn the model judged under the threshold ended when the hold ran out: "timeout",
+    even where the probability is over one half."""
+    options = parse_options({"model": "flux-general-en", **query}, meeting_id="m1")
+    flux = FluxCodec(options, request_id="r1", server_threshold=server_threshold)
+    out = feed(
+        flux,
+        build.speech_started(0.5, UID),
+        build.turn_ended(UID, 2.4, probability),
+        final("We should move the meeting."),
+    )
+    assert out[-1]["event"] == "EndOfTurn" and out[-1]["trigger"] == trigger
