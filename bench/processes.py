@@ -48,14 +48,12 @@ class ServerProcess(processes.ServerProcess):
             rss[f"{kind}-{child}"] = kb * 1024
         return rss
 
-    def process_memory_bytes(self) -> dict[str, tuple[int, int]]:
-        """`process_rss_bytes`'s processes, each with its RSS and the RSS's anonymous part."""
-        memory = {}
-        for name in self.process_rss_bytes():
-            pid = self.pid if name == "server" else int(name.rsplit("-", 1)[1])
-            with contextlib.suppress(OSError, RuntimeError):  # gone meanwhile
-                memory[name] = (status_kb(pid, "VmRSS:") * 1024, status_kb(pid, "RssAnon:") * 1024)
-        return memory
+    def process_pids(self) -> dict[str, int]:
+        """`process_rss_bytes`'s processes by name, each with its pid."""
+        return {
+            name: self.pid if name == "server" else int(name.rsplit("-", 1)[1])
+            for name in self.process_rss_bytes()
+        }
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))

@@ -9,11 +9,12 @@ stand-in model sleeps instead of computing) on the Redis store with a short meet
 `--minutes` of conversation per room, in back-to-back rounds of at most 10 minutes (new
 meetings each round: meetings come and go as in production). Every 10 s it samples the
 server's RSS, open file descriptors, asyncio tasks (`parley_event_loop_tasks`) and the
-Redis key count; every second, each process's RSS and its anonymous part, kept as each
-minute's lowest (a model worker gives its free heap pages back once a minute and whenever it
-waits a second for work, and takes them again within seconds of load: a floor from six
-samples a minute mostly missed that moment and swung ±35 MiB with it). At the end it waits
-for every meeting to expire and counts the keys left.
+Redis key count; every `FLOOR_SAMPLE_S`, each process's RSS and its anonymous part, kept
+as each minute's lowest. A model worker gives its free heap pages back once a minute (and
+after 5 s idle) and takes ~100 MiB of them again within its next batch or two: a floor from
+a sample every 10 s mostly missed that moment and swung ±35 MiB, and one every 2 s still
+±50 MiB (tiny.en, 8 rooms). At the end it waits for every meeting to expire and counts the
+keys left.
 
 Printed (and written to `REPORT_DIR/soak.json`): the RSS slope after the warm-up (the
 first `--warmup-minutes`), as % of the mean RSS per hour, from a least-squares line, and
@@ -29,7 +30,6 @@ growth in tasks, descriptors or keys (docs/performance.md#long-runs-memory).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -44,9 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from bench.processes import RedisProcess, ServerProcess
+from bench.processes import RedisProcess, ServerProcess, status_kb
 
 ROUND_MINUTES = 10.0
+FLOOR_SAMPLE_S = 0.1  # each process's RSS for its minute floors (two /proc reads each)
+FLOOR_LIST_S = 10.0  # the server's child processes, listed again
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +99,26 @@ def slope_percent_per_hour(samples: list[Sample], warmup_s: float, field: str = 
 
 class MinuteFloors:
     """Each process's lowest RSS (and lowest anonymous RSS) in each minute of the load,
-    in MiB, from a sample a second: `rss[name][minute]`, `anon[name][minute]`."""
+    in MiB, from a sample every `FLOOR_SAMPLE_S`: `rss[name][minute]`, `anon[name][minute]`.
+    The processes are listed again every `FLOOR_LIST_S` (a restarted worker is a new one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, server: ServerProcess) -> None:
         self.rss: dict[str, dict[int, float]] = {}
         self.anon: dict[str, dict[int, float]] = {}
+        self._server = server
+        self._pids: dict[str, int] = {}
+        self._listed = -FLOOR_LIST_S
 
-    def add(self, server: ServerProcess, started: float) -> None:
-        minute = int((time.monotonic() - started) // 60)
-        for name, (rss, anon) in server.process_memory_bytes().items():
+    def add(self, started: float) -> None:
+        now = time.monotonic()
+        if now - self._listed >= FLOOR_LIST_S:
+            self._pids, self._listed = self._server.process_pids(), now
+        minute = int((now - started) // 60)
+        for name, pid in self._pids.items():
+            try:
+                rss, anon = status_kb(pid, "VmRSS:") * 1024, status_kb(pid, "RssAnon:") * 1024
+            except (OSError, RuntimeError):
+                continue  # gone meanwhile
             for floors, value in ((self.rss, rss), (self.anon, anon)):
                 kept = floors.setdefault(name, {})
                 mib = round(value / 2**20, 2)
@@ -229,12 +242,11 @@ def main(argv: list[str] | None = None) -> int:
                     os.kill(server.pid, signal.SIGUSR1)
                     next_heap_report = samples[-1].at + 60 * args.heap_every_minutes
 
-        floors = MinuteFloors()
+        floors = MinuteFloors(server)
 
         def floor_sampler() -> None:
-            while not done.wait(1.0):
-                with contextlib.suppress(OSError, RuntimeError):  # a process gone meanwhile
-                    floors.add(server, started)
+            while not done.wait(FLOOR_SAMPLE_S):
+                floors.add(started)
 
         thread = threading.Thread(target=sampler, daemon=True)
         thread.start()
