@@ -42,7 +42,7 @@ class ServerSettings:
         60.0,
         "Seconds between giving the allocator's free memory back to the OS (glibc "
         "`malloc_trim`: keeps the RSS at what is in use, not the busiest moment's peak); "
-        "0 = never.",
+        "a model worker process also after 5 s without a batch; 0 = never.",
     )
     log_level: str = setting("info", "`debug`, `info`, `warning` or `error`.")
     log_format: str = setting("json", "`json` (one object per line) or `text`.")
