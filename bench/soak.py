@@ -61,6 +61,11 @@ class Sample:
     tasks: int
     keys: int
     processes: dict[str, float]  # RSS in MiB by process: `server`, `worker-PID`, `other-PID`
+    # The server process's heaps (`engine.memory.heap_usage`, from /metrics): a leak grows
+    # what is in use, fragmentation what malloc keeps free.
+    python_blocks: int
+    malloc_in_use_mb: float
+    malloc_free_mb: float
 
 
 def redis_keys(redis: RedisProcess) -> int:
@@ -83,6 +88,9 @@ def sample(server: ServerProcess, redis: RedisProcess, started: float) -> Sample
         tasks=int(metrics.get("parley_event_loop_tasks", -1)),
         keys=redis_keys(redis),
         processes={k: round(v / 2**20, 2) for k, v in server.process_rss_bytes().items()},
+        python_blocks=int(metrics.get("parley_python_allocated_blocks", -1)),
+        malloc_in_use_mb=round(metrics.get('parley_malloc_bytes{kind="in_use"}', -1) / 2**20, 2),
+        malloc_free_mb=round(metrics.get('parley_malloc_bytes{kind="free"}', -1) / 2**20, 2),
     )
 
 
@@ -287,6 +295,19 @@ def main(argv: list[str] | None = None) -> int:
             "idle_before": idle_before.anon_mb,
             "end_of_load": at_end.anon_mb,
             "idle_after": expired.anon_mb,
+        },
+        # Where the server's anonymous memory went: Python's objects, what malloc has handed
+        # out, what it keeps free. Idle before and after: what the run left behind.
+        "server_heap": {
+            field: {
+                "idle_before": getattr(idle_before, field),
+                "end_of_load": getattr(at_end, field),
+                "idle_after": getattr(expired, field),
+                "slope_percent_per_hour": round(
+                    slope_percent_per_hour(samples, args.warmup_minutes * 60, field), 3
+                ),
+            }
+            for field in ("python_blocks", "malloc_in_use_mb", "malloc_free_mb")
         },
         "rss_mb": {
             "idle_before": idle_before.rss_mb,

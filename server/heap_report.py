@@ -3,16 +3,18 @@
 Off unless Python's own tracemalloc is on (`PYTHONTRACEMALLOC=1`, which `bench.soak`
 sets): then each SIGUSR1 logs one `heap report` line with the largest allocation sites
 (`top`) and the sites that grew most since the previous report (`grew`), by file and
-line. Taking the snapshot stops the event loop for as long as it takes, which grows with
-the traced heap: seconds on a busy server's heap, long enough for every stream to hit its
-idle limit and its client's pings to time out (docs/operations.md#heap-reports). A
-diagnostic for an incident or a run of its own, never the run whose latency or losses
-you report.
+line, then what a full garbage collection frees (`garbage_mib`: cycles the collector had not
+reached yet; `gc`: its runs and finds per generation since the start). Taking the snapshot
+stops the event loop for as long as it takes, which grows with the traced heap: seconds on a
+busy server's heap, long enough for every stream to hit its idle limit and its client's
+pings to time out (docs/operations.md#heap-reports). A diagnostic for an incident or a
+run of its own, never the run whose latency or losses you report.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import tracemalloc
@@ -49,11 +51,15 @@ class HeapReporter:
         grew.sort(key=lambda s: s.size_diff, reverse=True)
         self._last = snapshot
         traced, peak = tracemalloc.get_traced_memory()
+        gc.collect()
+        collected, _ = tracemalloc.get_traced_memory()
         logger.info(
             "heap report",
             extra={
                 "traced_mib": round(traced / 2**20, 2),
                 "peak_mib": round(peak / 2**20, 2),
+                "garbage_mib": round((traced - collected) / 2**20, 2),
+                "gc": gc.get_stats(),
                 "top": _sites(top),
                 "grew": _sites(grew),
             },

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from engine.api import Priority, RecognitionRequest, RecognitionResult
+from engine.memory import heap_usage
 from engine.scheduling.scheduler import BatchScheduler
 from engine.workers.processes import RESTART_REASONS, WorkerHealth
 from session.vad import VadScorer
@@ -48,6 +49,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
+        r.register(_LiveCollector(_heap_families))
         self.vad_seconds = Histogram(
             "parley_vad_seconds",
             "VAD and segmenter time per audio frame",
@@ -226,6 +228,25 @@ class Metrics:
 
     def session_closed(self, reason: str, close_code: int) -> None:
         self.sessions.labels(reason, str(close_code)).inc()
+
+
+def _heap_families() -> list[Metric]:
+    """What this process's heaps hold: a leak grows what is in use, fragmentation what
+    malloc keeps free (docs/performance.md#long-runs-memory)."""
+    usage = heap_usage()
+    blocks = GaugeMetricFamily(
+        "parley_python_allocated_blocks", "Blocks held by Python's allocator (objects, buffers)"
+    )
+    blocks.add_metric([], usage.python_blocks)
+    heap = GaugeMetricFamily(
+        "parley_malloc_bytes",
+        "This process's malloc heap (glibc): in_use (allocated), free (freed but kept)",
+        labels=["kind"],
+    )
+    if usage.malloc_in_use is not None and usage.malloc_free is not None:
+        heap.add_metric(["in_use"], usage.malloc_in_use)
+        heap.add_metric(["free"], usage.malloc_free)
+    return [blocks, heap]
 
 
 def _worker_families(health: WorkerHealth | None, scheduler: BatchScheduler | None) -> list[Metric]:

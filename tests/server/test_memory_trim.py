@@ -1,4 +1,5 @@
-"""`server.memory_trim`: freed heap pages the allocator kept go back to the OS."""
+"""`server.memory_trim`: freed heap pages the allocator kept go back to the OS; and
+`engine.memory.heap_usage`, which tells what the heap holds from what it keeps."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from engine.memory import malloc_trim
+from engine.memory import heap_usage, malloc_trim
 from server.memory_trim import trim_memory_forever
+from server.metrics import Metrics
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 
@@ -47,3 +49,28 @@ async def test_the_trimmer_runs_until_cancelled() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def test_heap_usage_tells_in_use_from_kept_free() -> None:
+    """The soak's attribution (`bench.soak`'s `server_heap`): buffers held count as in use;
+    freed, no longer; Python objects as allocated blocks."""
+    before = heap_usage()
+    assert before.malloc_in_use is not None and before.malloc_free is not None
+    buffers = [np.ones(1 << 20, np.uint8) for _ in range(64)]  # 64 MiB from the heap
+    objects = [object() for _ in range(10_000)]
+    held = heap_usage()
+    assert held.malloc_in_use is not None
+    assert held.malloc_in_use - before.malloc_in_use >= 60 << 20
+    assert held.python_blocks - before.python_blocks >= 10_000
+    buffers.clear()
+    freed = heap_usage()
+    assert freed.malloc_in_use is not None
+    assert held.malloc_in_use - freed.malloc_in_use >= 60 << 20
+    assert len(objects) == 10_000
+
+
+def test_metrics_show_the_heaps() -> None:
+    body = Metrics().render().decode()
+    assert "parley_python_allocated_blocks " in body
+    assert 'parley_malloc_bytes{kind="in_use"} ' in body
+    assert 'parley_malloc_bytes{kind="free"} ' in body
