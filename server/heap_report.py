@@ -4,14 +4,14 @@ Off unless Python's own tracemalloc is on (`PYTHONTRACEMALLOC=1`, which `bench.s
 sets): then each SIGUSR1 logs one `heap report` line with the largest allocation sites
 (`top`) and the sites that grew most since the previous report (`grew`), by file and
 line, then what a full garbage collection frees (`garbage_mib`: cycles the collector had not
-reached yet; `gc`: its runs and finds per generation since the start). Taking the snapshot
-stops the event loop while tracemalloc copies its traces (longer the more is traced); the
-sorting into sites (~95 % of the time: 4 s of 70 s for 834k traces) runs in a thread,
-where the loop gets its turns. A
-soak's server with 245 MiB traced stopped for 31 s when the sorting ran on the loop: every
-stream hit its idle limit (docs/operations.md#heap-reports). Tracing slows every
-allocation: a diagnostic for an incident or a run of its own, never the run whose latency
-or losses you report.
+reached yet; `gc`: its runs and finds per generation since the start) and the types with
+the most objects the collector tracks (`types`) and that gained most (`types_grew`).
+Taking the snapshot stops the event loop while tracemalloc copies its traces (longer the
+more is traced); the sorting into sites (~95 % of the time: 4 s of 70 s for 834k traces)
+runs in a thread, where the loop gets its turns. A soak's server with 245 MiB traced
+stopped for 31 s when the sorting ran on the loop: every stream hit its idle limit
+(docs/operations.md#heap-reports). Tracing slows every allocation: a diagnostic for an
+incident or a run of its own, never the run whose latency or losses you report.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import gc
 import logging
 import signal
 import tracemalloc
+from collections import Counter
 from typing import Any
 
 logger = logging.getLogger("parley.heap")
@@ -44,6 +45,7 @@ class HeapReporter:
 
     def __init__(self) -> None:
         self._last: tracemalloc.Snapshot | None = None
+        self._last_types: Counter[str] = Counter()
         self._running: asyncio.Task[None] | None = None
 
     def request(self) -> None:
@@ -74,6 +76,10 @@ class HeapReporter:
         traced, peak = tracemalloc.get_traced_memory()
         gc.collect()
         collected, _ = tracemalloc.get_traced_memory()
+        types = Counter(type(o).__qualname__ for o in gc.get_objects())
+        more = types.copy()
+        more.subtract(self._last_types)
+        self._last_types = types
         logger.info(
             "heap report",
             extra={
@@ -83,6 +89,8 @@ class HeapReporter:
                 "gc": gc.get_stats(),
                 "top": _sites(top),
                 "grew": _sites(grew),
+                "types": types.most_common(TOP_SITES),
+                "types_grew": [t for t in more.most_common(TOP_SITES) if t[1] > 0],
             },
         )
 

@@ -12,13 +12,20 @@ import pytest
 from server.heap_report import HeapReporter
 
 
-def test_a_heap_report_names_the_sites_that_grew(caplog: pytest.LogCaptureFixture) -> None:
+class Grown:
+    pass
+
+
+def test_a_heap_report_names_the_sites_and_types_that_grew(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     tracemalloc.start()
     try:
         reporter = HeapReporter()
         with caplog.at_level(logging.INFO, logger="parley.heap"):
             reporter.report()
             kept, line = [bytearray(4096) for _ in range(256)], sys._getframe().f_lineno
+            grown = [Grown() for _ in range(300)]
             reporter.report()
     finally:
         tracemalloc.stop()
@@ -28,7 +35,8 @@ def test_a_heap_report_names_the_sites_that_grew(caplog: pytest.LogCaptureFixtur
     assert grew[0]["site"].endswith(f"test_heap_report.py:{line}")  # 1 MiB from one line
     assert grew[0]["grew_kib"] >= 1024
     assert second.top and second.traced_mib >= 1  # type: ignore[attr-defined]
-    assert len(kept) == 256
+    assert ["Grown", 300] in ([n, c] for n, c in second.types_grew)  # type: ignore[attr-defined]
+    assert len(kept) == 256 and len(grown) == 300
 
 
 async def test_the_event_loop_runs_while_a_report_is_sorted(
