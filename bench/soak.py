@@ -2,6 +2,7 @@
 
     python -m bench.soak                                   # 8 rooms, 30 min, real model
     python -m bench.soak --rooms 8 --minutes 30 --engine fake   # everything but the model
+    python -m bench.soak --minutes 60 --heap-between-rounds     # what each round left behind
 
 Starts a redis-server of its own and `python -m server` (or `bench.fake_server`, whose
 stand-in model sleeps instead of computing) on the Redis store with a short meeting TTL
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -175,14 +177,31 @@ def heap_reports(log: Path) -> list[dict[str, Any]]:
             entry = json.loads(line)
         except ValueError:
             continue
-        reports.append({k: entry.get(k) for k in ("ts", "traced_mib", "peak_mib", "top", "grew")})
+        reports.append({k: v for k, v in entry.items() if k not in ("level", "logger", "msg")})
     return reports
 
 
+def heap_report_now(server: ServerProcess, log: Path, timeout_s: float = 600.0) -> bool:
+    """Ask the server for a heap report (SIGUSR1) and wait until its log has it; whether
+    it came in time."""
+    before = len(heap_reports(log))
+    os.kill(server.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(2.0)
+        if len(heap_reports(log)) > before:
+            return True
+    return False
+
+
 def load_rounds(
-    args: argparse.Namespace, server: ServerProcess, report_dir: Path
+    args: argparse.Namespace,
+    server: ServerProcess,
+    report_dir: Path,
+    after_round: Callable[[], None],
 ) -> list[dict[str, Any]]:
-    """Run the load generator in rounds; the totals of each round's report."""
+    """Run the load generator in rounds, calling `after_round` after each (its streams all
+    closed); the totals of each round's report."""
     totals: list[dict[str, Any]] = []
     left = args.minutes
     index = 0
@@ -199,6 +218,7 @@ def load_rounds(
         report = json.loads((out / "report.json").read_text())
         totals.append(report["totals"] | {"errors": report.get("errors", {})})
         print(f"round {index}: {minutes:.1f} min, totals {totals[-1]}", flush=True)
+        after_round()
         left -= minutes
         index += 1
     return totals
@@ -220,6 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         "default: off); each report stalls the server's event loop (server/heap_report.py), "
         "so use them to find what grows, in a run whose losses and latency you do not report",
     )
+    parser.add_argument(
+        "--heap-between-rounds",
+        action="store_true",
+        help="run the server with tracemalloc and take a heap report after each round, "
+        "when no stream is open (the next round waits for it): what one report gained over "
+        "the previous is what a round left behind",
+    )
     args = parser.parse_args(argv)
     args.report_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="parley-soak-") as tmp:
@@ -228,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         server = ServerProcess(
             "server" if args.engine == "model" else "bench.fake_server",
             {"PARLEY_REDIS_URL": redis.url, "PARLEY_MEETING_TTL_S": str(args.ttl_s)}
-            | ({"PYTHONTRACEMALLOC": "1"} if args.heap_every_minutes > 0 else {}),
+            | (
+                {"PYTHONTRACEMALLOC": "1"}
+                if args.heap_every_minutes > 0 or args.heap_between_rounds
+                else {}
+            ),
             args.report_dir / "server.log",
         )
         server.start()
@@ -256,12 +287,18 @@ def main(argv: list[str] | None = None) -> int:
             while not done.wait(FLOOR_SAMPLE_S):
                 floors.add(started)
 
+        def after_round() -> None:  # every stream of the round closed
+            if args.heap_between_rounds and not heap_report_now(
+                server, args.report_dir / "server.log"
+            ):
+                print("no heap report came within 10 minutes", flush=True)
+
         thread = threading.Thread(target=sampler, daemon=True)
         thread.start()
         floor_thread = threading.Thread(target=floor_sampler, daemon=True)
         floor_thread.start()
         try:
-            totals = load_rounds(args, server, args.report_dir)
+            totals = load_rounds(args, server, args.report_dir, after_round)
             at_end = sample(server, redis, started)
             done.set()
             thread.join()

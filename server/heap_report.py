@@ -66,20 +66,20 @@ class HeapReporter:
 
     def report(self, snapshot: tracemalloc.Snapshot | None = None) -> None:
         """Log the report of `snapshot` (None: one taken now) against the last one."""
-        snapshot = (snapshot or tracemalloc.take_snapshot()).filter_traces(
-            (tracemalloc.Filter(False, tracemalloc.__file__),)
-        )
-        top = snapshot.statistics("lineno")
-        grew = snapshot.compare_to(self._last, "lineno") if self._last is not None else []
-        grew.sort(key=lambda s: s.size_diff, reverse=True)
-        self._last = snapshot
+        snapshot = snapshot or tracemalloc.take_snapshot()
         traced, peak = tracemalloc.get_traced_memory()
         gc.collect()
         collected, _ = tracemalloc.get_traced_memory()
+        # Counted before the sorting below makes its own objects.
         types = Counter(type(o).__qualname__ for o in gc.get_objects())
         more = types.copy()
         more.subtract(self._last_types)
         self._last_types = types
+        snapshot = snapshot.filter_traces((tracemalloc.Filter(False, tracemalloc.__file__),))
+        top = snapshot.statistics("lineno")
+        grew = snapshot.compare_to(self._last, "lineno") if self._last is not None else []
+        grew.sort(key=lambda s: s.size_diff, reverse=True)
+        self._last = snapshot
         logger.info(
             "heap report",
             extra={
