@@ -177,7 +177,7 @@ def heap_reports(log: Path) -> list[dict[str, Any]]:
             entry = json.loads(line)
         except ValueError:
             continue
-        reports.append({k: v for k, v in entry.items() if k not in ("level", "logger", "msg")})
+        reports.append({k: v for k, v in entry.items() if k not in ("level", "logger", "message")})
     return reports
 
 

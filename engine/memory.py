@@ -67,13 +67,22 @@ class HeapUsage:
     malloc_free: int | None  # bytes freed but kept in malloc's arenas (not given back)
 
 
+@cache
+def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
+    """glibc's `mallinfo2`, typed once; None where there is none (not glibc, or < 2.33)."""
+    function = getattr(_libc(), "mallinfo2", None)
+    if function is None:
+        return None
+    function.argtypes = []
+    function.restype = _Mallinfo2
+    return function  # type: ignore[no-any-return]
+
+
 def heap_usage() -> HeapUsage:
     """This process's `HeapUsage` (glibc's `mallinfo2`: walks each arena's free lists,
     well under a millisecond on the server's heap)."""
-    function = getattr(_libc(), "mallinfo2", None)
-    if function is None:  # not glibc, or glibc before 2.33
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
         return HeapUsage(sys.getallocatedblocks(), None, None)
-    function.argtypes = []
-    function.restype = _Mallinfo2
-    info = function()
+    info = mallinfo2()
     return HeapUsage(sys.getallocatedblocks(), info.uordblks + info.hblkhd, info.fordblks)

@@ -66,7 +66,7 @@ class HeapReporter:
 
     def report(self, snapshot: tracemalloc.Snapshot | None = None) -> None:
         """Log the report of `snapshot` (None: one taken now) against the last one."""
-        snapshot = snapshot or tracemalloc.take_snapshot()
+        snapshot = tracemalloc.take_snapshot() if snapshot is None else snapshot
         traced, peak = tracemalloc.get_traced_memory()
         gc.collect()
         collected, _ = tracemalloc.get_traced_memory()
