@@ -15,7 +15,8 @@ as each minute's lowest. A model worker gives its free heap pages back once a mi
 after 5 s idle) and takes ~100 MiB of them again within its next batch or two: a floor from
 a sample every 10 s mostly missed that moment and swung ±35 MiB, and one every 2 s still
 ±50 MiB (tiny.en, 8 rooms). At the end it waits for every meeting to expire and counts the
-keys left.
+keys left. After each round (no stream open) it samples the server's heaps once more
+(`server_heap_between_rounds`): what a round left behind, without tracing's own cost.
 
 Printed (and written to `REPORT_DIR/soak.json`): the RSS slope after the warm-up (the
 first `--warmup-minutes`), as % of the mean RSS per hour, from a least-squares line, and
@@ -287,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
             while not done.wait(FLOOR_SAMPLE_S):
                 floors.add(started)
 
+        between_rounds: list[Sample] = []  # the server's heaps with no stream open
+
         def after_round() -> None:  # every stream of the round closed
+            between_rounds.append(sample(server, redis, started))
             if args.heap_between_rounds and not heap_report_now(
                 server, args.report_dir / "server.log"
             ):
@@ -346,6 +350,17 @@ def main(argv: list[str] | None = None) -> int:
             }
             for field in ("python_blocks", "malloc_in_use_mb", "malloc_free_mb")
         },
+        # The same after each round, no stream open, without tracing: what a round left.
+        "server_heap_between_rounds": [
+            {
+                "at": s.at,
+                "anon_mb": s.anon_mb,
+                "python_blocks": s.python_blocks,
+                "malloc_in_use_mb": s.malloc_in_use_mb,
+                "malloc_free_mb": s.malloc_free_mb,
+            }
+            for s in between_rounds
+        ],
         "rss_mb": {
             "idle_before": idle_before.rss_mb,
             "end_of_load": at_end.rss_mb,
