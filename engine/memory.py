@@ -1,5 +1,6 @@
-"""glibc's `malloc_trim(0)`: give the heap's free pages back to the OS; and what the heap
-holds (`heap_usage`), for telling a leak from memory the allocator keeps.
+"""glibc's `malloc_trim(0)`: give the heap's free pages back to the OS; a fixed threshold
+above which blocks are mapped apart from the heap (`fix_mmap_threshold`); and what the
+heap holds (`heap_usage`), for telling a leak from memory the allocator keeps.
 
 The model's activations are large, short-lived buffers that glibc keeps once freed, so a
 process that runs the model holds the high-water mark of its busiest moment unless it
@@ -37,6 +38,29 @@ def malloc_trim() -> Callable[[], int] | None:
     function.argtypes = [ctypes.c_size_t]
     function.restype = ctypes.c_int
     return lambda: int(function(0))
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def fix_mmap_threshold(size: int) -> bool:
+    """Serve every block of `size` bytes or more with its own mapping, given back to the OS
+    when freed (glibc `mallopt(M_MMAP_THRESHOLD)`); False where the C library has none.
+
+    glibc's own threshold starts at 128 KiB and rises to the largest mapped block freed
+    (up to 32 MiB), after which large blocks come from the heap. In the server that lets
+    asyncio's 256 KiB reads (shrunk to the bytes received) and the utterances' audio
+    arrays churn through the main heap between small long-lived objects: its RSS rose
+    ~26 MiB/h over a soak with no more in use (docs/performance.md#long-runs-memory). A
+    fixed threshold keeps those blocks out of the heap (and stops the rise). The heap's
+    free top is given back past twice `size` (glibc's own ratio, fixed too): a top kept
+    large by an earlier, higher threshold would serve large blocks from the heap again."""
+    function = getattr(_libc(), "mallopt", None)
+    if function is None:
+        return False
+    function.argtypes = [ctypes.c_int, ctypes.c_int]
+    function.restype = ctypes.c_int
+    return bool(function(M_MMAP_THRESHOLD, size)) and bool(function(M_TRIM_THRESHOLD, 2 * size))
 
 
 class _Mallinfo2(ctypes.Structure):

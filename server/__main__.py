@@ -21,6 +21,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from engine.memory import fix_mmap_threshold
 from server.app import RecognizerFactory, create_app, drain, whisper_recognizer
 from server.logs import configure
 from server.settings import Settings
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None, recognizer: RecognizerFactory = whisper_
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
     configure(settings.server.log_level, settings.server.log_format)
+    if settings.server.malloc_mmap_threshold_kb > 0:  # before the app makes its buffers
+        fix_mmap_threshold(settings.server.malloc_mmap_threshold_kb * 1024)
     try:
         app = create_app(settings, recognizer)
     except (ValueError, OSError, SandboxUnavailable) as exc:  # keys, keys file, sandbox

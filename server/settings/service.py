@@ -44,6 +44,12 @@ class ServerSettings:
         "`malloc_trim`: keeps the RSS at what is in use, not the busiest moment's peak); "
         "a model worker process also after 5 s without a batch; 0 = never.",
     )
+    malloc_mmap_threshold_kb: int = setting(
+        128,
+        "Blocks of this many KiB or more get a mapping of their own, returned to the OS when "
+        "freed (glibc `mallopt(M_MMAP_THRESHOLD)`, server process): keeps large short-lived "
+        "buffers from fragmenting the heap; 0 = glibc's threshold, which rises with use.",
+    )
     log_level: str = setting("info", "`debug`, `info`, `warning` or `error`.")
     log_format: str = setting("json", "`json` (one object per line) or `text`.")
 
@@ -54,6 +60,7 @@ class ServerSettings:
         at_least(self, "drain_timeout_s", 0)
         at_least(self, "drain_grace_s", 0)
         at_least(self, "malloc_trim_interval_s", 0, " (0: never)")
+        within(self, "malloc_mmap_threshold_kb", 0, 32 * 1024)
         if self.log_level.lower() not in LOG_LEVELS:
             raise SettingError(
                 "log_level", self.log_level, "must be one of " + ", ".join(LOG_LEVELS)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 
 import numpy as np
@@ -74,3 +75,43 @@ def test_metrics_show_the_heaps() -> None:
     assert "parley_python_allocated_blocks " in body
     assert 'parley_malloc_bytes{kind="in_use"} ' in body
     assert 'parley_malloc_bytes{kind="free"} ' in body
+
+
+# A child's heap under the server's pattern: a large block freed (glibc's threshold rises
+# to it), then 100 MiB of 256 KiB buffers (asyncio's reads, audio arrays), each followed
+# by a small block that lives on (a frame, a dict), then the buffers freed: what went back
+# to the OS without a trim.
+CHURN = """
+import sys
+from engine.memory import fix_mmap_threshold
+def anon_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+if sys.argv[1] == "fixed":
+    assert fix_mmap_threshold(128 << 10)
+big = bytearray(8 << 20)
+del big
+buffers, small = [], []
+for _ in range(400):
+    buffers.append(bytearray(256 << 10))
+    small.append(bytearray(600))
+held = anon_mib()
+buffers.clear()
+print(held - anon_mib())
+"""
+
+
+@pytest.mark.parametrize("threshold", ["dynamic", "fixed"])
+def test_a_fixed_mmap_threshold_gives_large_blocks_back_when_freed(threshold: str) -> None:
+    """glibc's own threshold serves the buffers from the heap, where the small blocks
+    between them keep their pages; a fixed one maps each apart and unmaps it when freed
+    (`PARLEY_MALLOC_MMAP_THRESHOLD_KB`, the server's default 128)."""
+    run = subprocess.run(
+        [sys.executable, "-c", CHURN, threshold], capture_output=True, text=True, check=True
+    )
+    released = float(run.stdout)
+    if threshold == "fixed":
+        assert released > 90, f"a fixed threshold gave back only {released:.1f} MiB"
+    else:  # the case the setting exists for: the freed buffers stay in the RSS
+        assert released < 20, f"glibc's own threshold gave back {released:.1f} MiB"
