@@ -112,13 +112,14 @@ def voices(which: str, count: int, rng: np.random.Generator) -> list[Voice]:
 
 
 def speak(voice: Voice, ssml: str, workdir: Path) -> FloatArray:
-    """espeak-ng (SSML) → 16 kHz mono float32 (through sox), without its leading and
-    trailing silence."""
+    """espeak-ng (SSML) → 16 kHz mono float32 (through sox, without its random dither:
+    the same text and voice give the same samples), without its leading and trailing
+    silence."""
     raw, out = workdir / "say.wav", workdir / "say16.wav"
     command = ["espeak-ng", "-m", "-v", voice.name, "-s", str(voice.rate), "-p", str(voice.pitch)]
     subprocess.run([*command, "-w", str(raw), f"<speak>{ssml}</speak>"], check=True)
     subprocess.run(
-        ["sox", "-V1", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(out)], check=True
+        ["sox", "-V1", "-D", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(out)], check=True
     )
     audio = read_wav(out)
     loud = np.flatnonzero(np.abs(audio) > 0.01)

