@@ -50,11 +50,12 @@ def fix_mmap_threshold(size: int) -> bool:
     glibc's own threshold starts at 128 KiB and rises to the largest mapped block freed
     (up to 32 MiB), after which large blocks come from the heap. In the server that lets
     asyncio's 256 KiB reads (shrunk to the bytes received) and the utterances' audio
-    arrays churn through the main heap between small long-lived objects: its RSS rose
-    ~26 MiB/h over a soak with no more in use (docs/performance.md#long-runs-memory). A
-    fixed threshold keeps those blocks out of the heap (and stops the rise). The heap's
-    free top is given back past twice `size` (glibc's own ratio, fixed too): a top kept
-    large by an earlier, higher threshold would serve large blocks from the heap again."""
+    arrays churn through the main heap between small long-lived objects, and malloc kept
+    65-124 MiB free. A fixed threshold keeps those blocks out of the heap: a soak's server
+    held ~35 MiB less with it and malloc kept 2-15 MiB free; its slow rise under load was
+    not that (docs/performance.md#long-runs-memory). The heap's free top is given back
+    past twice `size` (glibc's own ratio, fixed too): a top kept large by an earlier,
+    higher threshold would serve large blocks from the heap again."""
     function = getattr(_libc(), "mallopt", None)
     if function is None:
         return False
