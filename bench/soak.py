@@ -52,6 +52,7 @@ from bench.processes import RedisProcess, ServerProcess, status_kb
 ROUND_MINUTES = 10.0
 FLOOR_SAMPLE_S = 0.1  # each process's RSS for its minute floors (two /proc reads each)
 FLOOR_LIST_S = 10.0  # the server's child processes, listed again
+HEAP_FIELDS = ("python_blocks", "malloc_in_use_mb", "malloc_free_mb")  # `Sample`'s heaps
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,17 +349,11 @@ def main(argv: list[str] | None = None) -> int:
                     slope_percent_per_hour(samples, args.warmup_minutes * 60, field), 3
                 ),
             }
-            for field in ("python_blocks", "malloc_in_use_mb", "malloc_free_mb")
+            for field in HEAP_FIELDS
         },
         # The same after each round, no stream open, without tracing: what a round left.
         "server_heap_between_rounds": [
-            {
-                "at": s.at,
-                "anon_mb": s.anon_mb,
-                "python_blocks": s.python_blocks,
-                "malloc_in_use_mb": s.malloc_in_use_mb,
-                "malloc_free_mb": s.malloc_free_mb,
-            }
+            {"at": s.at, "anon_mb": s.anon_mb} | {field: getattr(s, field) for field in HEAP_FIELDS}
             for s in between_rounds
         ],
         "rss_mb": {

@@ -82,12 +82,11 @@ def test_metrics_show_the_heaps() -> None:
 # by a small block that lives on (a frame, a dict), then the buffers freed: what went back
 # to the OS without a trim.
 CHURN = """
-import sys
+import os, sys
+from bench.processes import status_kb
 from engine.memory import fix_mmap_threshold
 def anon_mib():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) / 1024
+    return status_kb(os.getpid(), "RssAnon:") / 1024
 if sys.argv[1] == "fixed":
     assert fix_mmap_threshold(128 << 10)
 big = bytearray(8 << 20)
