@@ -21,10 +21,12 @@ frames. Rates:
 - late close: a complete turn that did not end within TURN_SILENCE_MS plus one window
   (it waited for the hold or the silence rule).
 
-    python -m bench.turns [--set tune|heldout|both] [--threshold 0.5] [--off]
+    python -m bench.turns [--set tune|heldout|both] [--threshold 0.5] [--off] [--words]
     python -m bench.turns --cost          # ms per decision, features and model, batches 1/4/8
 
-(`--off`: the fixed silence rule alone, for comparison.)
+(`--off`: the fixed silence rule alone, for comparison; `--words`: the turn model and
+the words so far, as a live stream has them with TURN_WORDS (session/turn_words.py), decoded
+here by the default model.)
 """
 
 from __future__ import annotations
@@ -44,11 +46,16 @@ import numpy.typing as npt
 from bench.corpus import read_wav
 from bench.meetings import HELDOUT_VOICES, Voice
 from bench.mixes import VOICES
-from engine.api import SAMPLE_RATE
+from engine.api import SAMPLE_RATE, Utterance
+from engine.loading import load_whisper
+from engine.recognizer import Recognizer
+from server.engine_plan import model_config
+from server.settings import Settings
 from session.audio import FrameDecoder
-from session.pipeline import AudioPipeline
-from session.segmenter import SegmenterConfig, UtteranceEnded
+from session.pipeline import AudioPipeline, TurnWords
+from session.segmenter import SegmenterConfig, TurnCheck, UtteranceEnded
 from session.turn import SmartTurn, TurnBatcher
+from session.turn_words import ends_unfinished
 from session.vad import WINDOW, DirectScorer, SileroVad
 from wire.codes import Encoding
 
@@ -176,11 +183,33 @@ class Outcome:
         return (self.first_end - self.clip.speech_end) / SAMPLE_RATE
 
 
+def words_of(recognizer: Recognizer, segmenter: SegmenterConfig) -> TurnWords:
+    """The turn's words so far, as the live actor has them: the speculative final, decoded
+    from the utterance's audio up to the first silent window (the check's audio less the
+    windows of silence heard since)."""
+    silent = round(segmenter.turn_silence * SAMPLE_RATE / WINDOW) - 1
+
+    async def words(check: TurnCheck) -> bool:
+        audio = check.audio[: len(check.audio) - silent * WINDOW]
+        (heard,) = recognizer.transcribe([Utterance(audio)])
+        return ends_unfinished(heard.text, "en")
+
+    return words
+
+
 async def run_clip(
-    clip: TurnClip, segmenter: SegmenterConfig, vad: SileroVad, turns: TurnBatcher | None
+    clip: TurnClip,
+    segmenter: SegmenterConfig,
+    vad: SileroVad,
+    turns: TurnBatcher | None,
+    words: TurnWords | None = None,
 ) -> Outcome:
     pipeline = AudioPipeline(
-        FrameDecoder(Encoding.PCM_F32LE, SAMPLE_RATE), DirectScorer(vad), segmenter, turns=turns
+        FrameDecoder(Encoding.PCM_F32LE, SAMPLE_RATE),
+        DirectScorer(vad),
+        segmenter,
+        turns=turns,
+        turn_words=words,
     )
     first_end: int | None = None
     for offset in range(0, len(clip.audio), FRAME):
@@ -240,10 +269,15 @@ async def main(args: argparse.Namespace) -> None:
         turn_silence=0.0 if args.off else args.silence / 1000,
         turn_threshold=args.threshold,
     )
+    words = None
+    if args.words and turns is not None:
+        recognizer = load_whisper(model_config(Settings()))
+        recognizer.warmup()
+        words = words_of(recognizer, segmenter)
     for which in ("tune", "heldout") if args.set == "both" else (args.set,):
         clips = build(which)
         started = time.perf_counter()
-        outcomes = [await run_clip(clip, segmenter, vad, turns) for clip in clips]
+        outcomes = [await run_clip(clip, segmenter, vad, turns, words) for clip in clips]
         for o in outcomes:
             flags = "EARLY" if o.early else "LATE" if o.late else "ok"
             delay = o.close_delay
@@ -261,5 +295,10 @@ if __name__ == "__main__":
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--silence", type=float, default=192.0, help="TURN_SILENCE_MS")
     parser.add_argument("--off", action="store_true", help="the fixed silence rule alone")
+    parser.add_argument(
+        "--words",
+        action="store_true",
+        help="also hold turns whose words stop unfinished (TURN_WORDS; the default model)",
+    )
     parser.add_argument("--cost", action="store_true", help="time a decision, then stop")
     asyncio.run(main(parser.parse_args()))

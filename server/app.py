@@ -176,6 +176,7 @@ async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
         diarizer=DiarizerConfig(max_speakers=settings.speakers.diarization_max_speakers),
         speaker_match=settings.speakers.speaker_match_similarity,
         turns=await _load_turns(settings),
+        turn_words=settings.turns.turn_words,
     )
     scheduler.add_observer(state.metrics.observe_batch)
     scheduler.add_observer(state.capacity.observe_batch)

@@ -115,6 +115,7 @@ class SessionActor:
             start_sample=self.start_sample,
             first_index=self.source.next_utterance,
             vad_start=stored_vad_state(self.source) if self.resumed else None,
+            speculated_text=self._speculated_text,
         )
         self._lead = ResendLead(self.context, self.on_resend)
         self._outbox = Outbox(
@@ -377,6 +378,10 @@ class SessionActor:
                 last = f"{self.session_id}-{ended[-1]}" if ended else None
                 await self._finals.put(FinalizeAck(last))
         return None  # keepalive: receiving it was the point
+
+    async def _speculated_text(self, timeout: float) -> str | None:
+        """The speculative final's text, for the turn model's question (session/turns.py)."""
+        return await self._speculator.text(timeout)
 
     async def _handle(self, events: list[SegmentEvent], flushed_at: float | None = None) -> None:
         for event in events:

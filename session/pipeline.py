@@ -17,13 +17,16 @@ With a turn model (`turns`), each `TurnCheck` the segmenter makes is answered in
 pipeline awaits the model (on its own thread, batched across streams: session/turn.py) and
 gives the answer to the segmenter before the next window; what that decides (an
 utterance's end) follows in the events. Without one, a check is answered None (the
-segmenter's silence rule).
+segmenter's silence rule). With `turn_words` (the live actor's: its speculative final's
+text), the words so far are asked at the same time: a turn that stops on "the" or "we
+should" waits, whatever the model says (session/turn_words.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +39,9 @@ from session.turn import TurnScorer
 from session.vad import WINDOW, VadScorer, VadState, VadStream
 
 FloatArray = npt.NDArray[np.float32]
+# Whether a turn's words so far stop where a sentence cannot end (session/turn_words.py);
+# False when they are not known in time.
+TurnWords = Callable[[TurnCheck], Awaitable[bool]]
 
 ENDED_KEPT = 16  # utterances whose end's VAD state waits to be taken
 SLICE_SAMPLES = 16 * WINDOW  # VAD windows scored between two yields (a few ms)
@@ -59,6 +65,7 @@ class AudioPipeline:
         vad_start: VadState | None = None,
         turns: TurnScorer | None = None,
         turn_events: bool = False,
+        turn_words: TurnWords | None = None,
     ) -> None:
         self._decoder = decoder
         self._vad = VadStream(vad, vad_start)
@@ -67,6 +74,7 @@ class AudioPipeline:
         )
         self._telemetry = telemetry or NullTelemetry()
         self._turns = turns
+        self._turn_words = turn_words
         self._start_sample = start_sample
         self._ended_states: dict[int, str | None] = {}  # utterance index → VAD state at its end
         self._lead: list[FloatArray] = []
@@ -136,9 +144,17 @@ class AudioPipeline:
         return events
 
     async def _decide(self, check: TurnCheck) -> list[SegmentEvent]:
-        """The turn model's answer to `check`, given to the segmenter: what it decides."""
-        probability = None if self._turns is None else await self._turns.probability(check.audio)
-        return self._segmenter.decide(check.index, probability)
+        """The turn model's answer to `check` and, with `turn_words`, whether the words so
+        far are unfinished (asked together), given to the segmenter: what it decides."""
+        if self._turns is None:
+            return self._segmenter.decide(check.index, None)
+        if self._turn_words is None:
+            probability = await self._turns.probability(check.audio)
+            return self._segmenter.decide(check.index, probability)
+        probability, unfinished = await asyncio.gather(
+            self._turns.probability(check.audio), self._turn_words(check)
+        )
+        return self._segmenter.decide(check.index, probability, unfinished=unfinished)
 
     def cut(self) -> list[SegmentEvent]:
         """End the utterance in progress now (`finalize`: in mid-speech, the speech goes on

@@ -1,4 +1,4 @@
-# One concept, 482 lines: one state machine over VAD windows; speech, pauses, dips, cuts,
+# One concept, 492 lines: one state machine over VAD windows; speech, pauses, dips, cuts,
 # speculation and turns all read and move the same counters at each window.
 """Sans-I/O utterance segmenter: VAD windows in, typed events out.
 
@@ -57,15 +57,16 @@ speech, and 36 of 37 speech ends crossed the band in one window (no dip speculat
 
 End of turn by a model (`turn_silence` > 0): once an utterance has been silent that long
 (shorter than `min_silence`), `TurnCheck` asks whether the speaker has finished, with the
-utterance's audio so far; the caller answers with `decide(index, probability)`
-(session/turn.py). A complete turn (probability >= `turn_threshold`) ends the utterance at
-once; an incomplete one waits for speech up to `turn_hold` of silence (then it ends all
-the same); no answer (None: the model failed or was too busy) leaves the `min_silence`
-rule. Until the answer comes, `turn_hold` bounds the wait. With `turn_events`, every
-utterance that ends at a pause (by either rule, or when the audio is over) is preceded by
-`TurnEnded`; a probability between `turn_eager` and `turn_threshold` says `TurnEnded`
-with `eager` at once (the utterance stays open), and `TurnResumed` if speech comes back.
-Cuts of long speech and a client's cuts end no turn.
+utterance's audio so far; the caller answers with `decide(index, probability,
+unfinished=...)` (session/turn.py; `unfinished`: its words so far stop where a sentence
+cannot end, session/turn_words.py). A complete turn (probability >= `turn_threshold`, its
+words not unfinished) ends the utterance at once; an incomplete one waits for speech up
+to `turn_hold` of silence (then it ends all the same); no answer (None: the model failed
+or was too busy) leaves the `min_silence` rule. Until the answer comes, `turn_hold` bounds
+the wait. With `turn_events`, every utterance that ends at a pause (by either rule, or when
+the audio is over) is preceded by `TurnEnded`; a probability between `turn_eager` and
+`turn_threshold` says `TurnEnded` with `eager` at once (the utterance stays open), and
+`TurnResumed` if speech comes back. Cuts of long speech and a client's cuts end no turn.
 
 Times are samples on the stream's own timeline (16 kHz), starting at `start_sample`
 (non-zero for a resumed stream).
@@ -342,15 +343,22 @@ class Segmenter:
             return []
         return self._end(self._last_speech_end, turn=True)
 
-    def decide(self, index: int, probability: float | None) -> list[SegmentEvent]:
+    def decide(
+        self, index: int, probability: float | None, *, unfinished: bool = False
+    ) -> list[SegmentEvent]:
         """The turn model's answer to the `TurnCheck` of utterance `index`: the probability
-        that the turn is complete, or None (not scored: the `min_silence` rule applies).
-        An answer that comes after speech resumed (or the utterance ended) changes nothing."""
+        that the turn is complete, or None (not scored: the `min_silence` rule applies);
+        `unfinished`: its words so far stop where a sentence cannot end
+        (session/turn_words.py), so it waits as an incomplete turn does, whatever the
+        probability. An answer that comes after speech resumed (or the utterance ended)
+        changes nothing."""
         if not self._asked or index != self.next_index or self.state is SegmenterState.SILENCE:
             return []
         self._asked = False
         self._probability = probability
-        if probability is None:
+        if unfinished:
+            self._endpoint = self._hold_windows
+        elif probability is None:
             self._endpoint = self._silence_windows
         elif probability >= self.config.turn_threshold:
             self._endpoint = self._silence
@@ -359,7 +367,9 @@ class Segmenter:
         if self._silence >= self._endpoint:
             return self._end(self._last_speech_end, turn=True)
         eager = self.config.turn_eager
-        if probability is not None and eager and probability >= eager and self.turn_events:
+        if unfinished or not self.turn_events:
+            return []
+        if probability is not None and eager and probability >= eager:
             self._eager = True
             return [TurnEnded(index, self._last_speech_end, probability, eager=True)]
         return []

@@ -52,6 +52,9 @@ class SessionServices:
     # The turn model that ends live utterances at a short silence (session/turn.py);
     # None: the fixed silence rule alone.
     turns: TurnScorer | None = None
+    # With the turn model, a live turn whose speculative final stops where a sentence
+    # cannot end waits, whatever the model says (session/turn_words.py).
+    turn_words: bool = True
 
 
 def offline_services(

@@ -125,6 +125,19 @@ class Speculator:
             self._wanted = None
             await self.speculate(key, utterance)
 
+    async def text(self, timeout: float) -> str | None:
+        """The held speculation's text once decoded, waiting at most `timeout` seconds;
+        None: none is held, or it was not decoded in time, or failed (the turn model's
+        question about the words so far, session/turn_words.py)."""
+        held = self._held
+        if held is None:
+            return None
+        await asyncio.wait({held.future}, timeout=timeout)
+        future = held.future
+        if not future.done() or future.cancelled() or future.exception() is not None:
+            return None
+        return future.result().transcription.text
+
     def withdraw(self) -> None:
         """The speculation will not be a final: drop it (counted as discarded or cancelled)."""
         self._wanted = None

@@ -9,17 +9,24 @@ gets turn events (`AudioPipeline(turn_events=...)`) only when it asks for them.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
 
 from session.audio import FrameDecoder
-from session.pipeline import AudioPipeline, seconds
-from session.segmenter import SegmenterConfig, TurnEnded, TurnResumed
+from session.pipeline import AudioPipeline, TurnWords, seconds
+from session.segmenter import SegmenterConfig, TurnCheck, TurnEnded, TurnResumed
 from session.services import SessionServices
+from session.turn_words import ends_unfinished
 from session.vad import VadState
 from wire import build
 from wire.messages import ServerMessage
 from wire.query import StreamConfig
 
 TurnEvent = TurnEnded | TurnResumed  # what becomes a turn message
+logger = logging.getLogger(__name__)
+
+SpeculatedText = Callable[[float], Awaitable[str | None]]  # `Speculator.text`
 
 
 def stream_segmenter(services: SessionServices, config: StreamConfig) -> SegmenterConfig:
@@ -46,19 +53,39 @@ def live_pipeline(
     start_sample: int,
     first_index: int,
     vad_start: VadState | None,
+    speculated_text: SpeculatedText,
 ) -> AudioPipeline:
     """A live stream's pipeline: its decoder, the shared VAD, its segmenter, the turn model
-    (when the server runs one) and its turn events (when it asks)."""
+    (when the server runs one), its turn events (when it asks) and, with TURN_WORDS, the
+    words so far: `speculated_text(timeout)`, the utterance's speculative final's text."""
+    segmenter = stream_segmenter(services, config)
+    words: TurnWords | None = None
+    if segmenter.turn_silence and services.turn_words:
+        # Waited for no longer than the silence rule would take to end the utterance.
+        wait = segmenter.min_silence - segmenter.turn_silence
+        language = None if config.language == "auto" else config.language
+
+        async def words(check: TurnCheck) -> bool:
+            asked = time.perf_counter()
+            text = await speculated_text(wait)
+            unfinished = text is not None and ends_unfinished(text, language)
+            logger.debug(
+                "turn %d: words %r, unfinished %s (waited %.0f ms)",
+                check.index, text, unfinished, (time.perf_counter() - asked) * 1000,
+            )  # fmt: skip
+            return unfinished
+
     return AudioPipeline(
         FrameDecoder(config.encoding, config.sample_rate),
         services.vad,
-        stream_segmenter(services, config),
+        segmenter,
         start_sample=start_sample,
         first_index=first_index,
         telemetry=services.telemetry,
         vad_start=vad_start,
         turns=services.turns,
         turn_events=config.turn_events,
+        turn_words=words,
     )
 
 

@@ -33,6 +33,14 @@ class TurnSettings:
     turn_threshold: float = setting(
         0.5, "The turn model's probability of a complete turn from which the utterance ends."
     )
+    turn_words: bool = setting(
+        True,
+        "With the turn model, also ask the words so far (the utterance's speculative final, "
+        "when decoded by the time the silence rule would end it): an English turn that "
+        "stops on an article, a conjunction, 'of', 'to', 'than' or a modal verb ('we "
+        "should') waits as an incomplete one does, whatever the model says. "
+        "docs/performance.md: end of turn.",
+    )
 
     def __post_init__(self) -> None:
         within(self, "turn_silence_ms", 32.0, 1000.0, " ms")

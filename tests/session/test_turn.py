@@ -22,6 +22,7 @@ from session.segmenter import (
 )
 from session.turn import SmartTurn, TurnBatcher, smart_turn_path
 from session.turn_features import SAMPLES, last_seconds, log_mel
+from session.turn_words import ends_unfinished
 from session.vad import WINDOW
 from tests.support.corpus import clip
 
@@ -71,6 +72,51 @@ def test_an_incomplete_turn_waits_past_the_silence_rule() -> None:
     events = run(SPEECH + pause + [0.9] * 10 + [0.0] * 40, lambda check: 0.1)
     assert ended_at(events) == [len(SPEECH) + len(pause) + 10 - 1 + HOLD]
     assert len(ended_at(events)) == 1
+
+
+def test_unfinished_words_hold_a_turn_the_model_calls_complete() -> None:
+    """Words that stop on "should" (session/turn_words.py): the model's 0.9 does not end
+    the utterance at TURN_SILENCE; it waits as an incomplete turn does (to the hold), and
+    says no eager end."""
+    segmenter = Segmenter(CONFIG, turn_events=True)
+    ended: list[int] = []
+    eager: list[TurnEnded] = []
+    for i, p in enumerate(SPEECH + [0.0] * 40):
+        for event in segmenter.push(np.zeros(WINDOW, np.float32), p):
+            decided = (
+                segmenter.decide(event.index, 0.9, unfinished=True)
+                if isinstance(event, TurnCheck)
+                else [event]
+            )
+            ended += [i for e in decided if isinstance(e, UtteranceEnded)]
+            eager += [e for e in decided if isinstance(e, TurnEnded) and e.eager]
+    assert ended == [len(SPEECH) - 1 + HOLD]
+    assert eager == []
+
+
+@pytest.mark.parametrize(
+    ("text", "unfinished"),
+    [
+        ("I was thinking that we should", True),
+        ("I was thinking that we should.", True),  # Whisper's period proves nothing
+        ("The customer asked for an export to", True),
+        ("We moved the database to the", True),
+        ("Let us start with the numbers from last week,", True),
+        ("So the plan is...", True),
+        ("Who is taking the notes today?", False),
+        ("What is it for?", False),  # a question may end on a preposition
+        ("Yes, I do.", False),
+        ("", False),
+    ],
+)
+def test_words_that_leave_a_sentence_unfinished(text: str, unfinished: bool) -> None:
+    assert ends_unfinished(text, "en") is unfinished
+
+
+def test_words_of_another_language_hold_nothing() -> None:
+    assert ends_unfinished("We moved the database to the", None)  # the default model's
+    assert not ends_unfinished("Je pense que nous devrions à la", "fr")
+    assert not ends_unfinished("and", "de")
 
 
 def test_no_answer_leaves_the_silence_rule() -> None:
