@@ -15,8 +15,9 @@ as each minute's lowest. A model worker gives its free heap pages back once a mi
 after 5 s idle) and takes ~100 MiB of them again within its next batch or two: a floor from
 a sample every 10 s mostly missed that moment and swung ±35 MiB, and one every 2 s still
 ±50 MiB (tiny.en, 8 rooms). At the end it waits for every meeting to expire and counts the
-keys left. After each round (no stream open) it samples the server's heaps once more
-(`server_heap_between_rounds`): what a round left behind, without tracing's own cost.
+keys left. After each round, once no stream is open (`parley_active_sessions` 0), it
+samples the server's heaps once more (`server_heap_between_rounds`): what a round left
+behind, without tracing's own cost.
 
 Printed (and written to `REPORT_DIR/soak.json`): the RSS slope after the warm-up (the
 first `--warmup-minutes`), as % of the mean RSS per hour, from a least-squares line, and
@@ -52,6 +53,7 @@ from bench.processes import RedisProcess, ServerProcess, status_kb
 ROUND_MINUTES = 10.0
 FLOOR_SAMPLE_S = 0.1  # each process's RSS for its minute floors (two /proc reads each)
 FLOOR_LIST_S = 10.0  # the server's child processes, listed again
+CLOSE_WAIT_S = 30.0  # after a round, for the server's sessions to end
 HEAP_FIELDS = ("python_blocks", "malloc_in_use_mb", "malloc_free_mb")  # `Sample`'s heaps
 
 
@@ -167,6 +169,18 @@ def floor_slope(by_minute: dict[int, float]) -> float:
     floor = np.array([by_minute[m] for m in minutes])
     slope = float(np.polyfit(np.array(minutes) / 60.0, floor, 1)[0])
     return 100.0 * slope / float(floor.mean())
+
+
+def streams_closed(server: ServerProcess, timeout_s: float = CLOSE_WAIT_S) -> bool:
+    """Wait until the server has no stream open (`parley_active_sessions` 0: a stream's
+    session ends a moment after its client's `stop`, once its last final is sent); whether
+    that came within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.active_sessions() == 0:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def heap_reports(log: Path) -> list[dict[str, Any]]:
@@ -291,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
 
         between_rounds: list[Sample] = []  # the server's heaps with no stream open
 
-        def after_round() -> None:  # every stream of the round closed
+        def after_round() -> None:  # the load generator is done: its streams close
+            streams_closed(server)
             between_rounds.append(sample(server, redis, started))
             if args.heap_between_rounds and not heap_report_now(
                 server, args.report_dir / "server.log"
