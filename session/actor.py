@@ -1,3 +1,5 @@
+# One concept, 456 lines: one source's stream, its three tasks and what passes between
+# them; its parts (pipeline, committer, speculator, partials, outbox) are modules of their own.
 """The session actor: one per live audio source, owning its socket for the stream's life.
 
 Three tasks run under the actor:
@@ -109,21 +111,21 @@ class SessionActor:
         # second connection of the source, and neither may cancel the other's requests.
         self.request_key = f"{self.session_id}/{self.source.generation}"
         self.start_sample = round(self.source.acked_until * SAMPLE_RATE)
+        # The committer submits through it: a final that was speculated takes its result.
+        self._speculator = Speculator(services.scheduler, services.telemetry, services.clock)
         self._pipeline = live_pipeline(  # its segmenter: partials, turn model and events
             services,
             config,
             start_sample=self.start_sample,
             first_index=self.source.next_utterance,
             vad_start=stored_vad_state(self.source) if self.resumed else None,
-            speculated_text=self._speculated_text,
+            speculated_text=self._speculator.text,
         )
         self._lead = ResendLead(self.context, self.on_resend)
         self._outbox = Outbox(
             services.outbox_limit,
             on_partial_dropped=lambda: services.telemetry.partial_dropped("merged"),
         )
-        # The committer submits through it: a final that was speculated takes its result.
-        self._speculator = Speculator(services.scheduler, services.telemetry, services.clock)
         labeller = None
         if config.diarize and services.speakers is not None:
             labeller = SpeakerLabeller(services.speakers, services.diarizer, self.enrolled)
@@ -145,8 +147,7 @@ class SessionActor:
             labeller,
         )
         if self.acknowledge_finalize:  # compat clients flush: they wait on each final
-            self._speculator.awaited = True  # its finals go first (policy rules 1 and 3)
-            self._committer.flushed()  # and without left context
+            self._flushes()
         self._partials = PartialSender(
             self._committer,
             self.meeting_id,
@@ -371,17 +372,17 @@ class SessionActor:
         elif control is ControlType.FINALIZE:
             received, cut = self.services.clock(), self._pipeline.cut()
             await self._handle(cut, flushed_at=received)
-            self._speculator.awaited = True  # it waits on each final: they go first
-            self._committer.flushed()  # after its cut: that final's speculation had context
+            self._flushes()  # after its cut: that final's speculation had context
             if self.acknowledge_finalize:
                 ended = [e.index for e in cut if isinstance(e, UtteranceEnded)]
                 last = f"{self.session_id}-{ended[-1]}" if ended else None
                 await self._finals.put(FinalizeAck(last))
         return None  # keepalive: receiving it was the point
 
-    async def _speculated_text(self, timeout: float) -> str | None:
-        """The speculative final's text, for the turn model's question (session/turns.py)."""
-        return await self._speculator.text(timeout)
+    def _flushes(self) -> None:
+        """The client flushes: its finals go first (policy rules 1 and 3), no left context."""
+        self._speculator.awaited = True
+        self._committer.flushed()
 
     async def _handle(self, events: list[SegmentEvent], flushed_at: float | None = None) -> None:
         for event in events:
