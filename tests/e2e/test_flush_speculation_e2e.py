@@ -29,7 +29,11 @@ SERVED = ("speculation", "speculation_unfinished", "decoded")
 
 @pytest.fixture(scope="module")
 def speculating() -> Iterator[ServerProcess]:
-    server = start_server(ENV)  # speculation is on by default
+    """Speculating at the full post-roll (100 ms), so its finals carry the audio the other
+    server's do: the default (32 ms) decodes 64 ms less trailing silence, which can change
+    the text (on an AVX-512 Xeon, "Go forward ten meters." came twice), and that is the
+    WER benchmarks' to judge (docs/performance.md), not this test's."""
+    server = start_server({**ENV, "PARLEY_SPECULATE_AFTER_MS": "100"})
     yield server
     server.stop()
 
@@ -81,16 +85,9 @@ def silence(seconds: float) -> bytes:
     return bytes(int(seconds * BYTES_PER_SECOND) // 2 * 2)
 
 
-# The speculation (SPECULATE_AFTER_MS, 32 by default) keeps the post-roll heard by then,
-# one 32 ms window: its final ends this much before one decoded at the flush, which keeps
-# the full 100 ms post-roll (three windows).
-SHORTER_POST_ROLL = 0.064
-
-
-def essentials(finals: list[dict[str, Any]], shorter: float = 0.0) -> list[tuple[Any, ...]]:
-    """Each final's text, start and end (`shorter`: the end as if its post-roll were that
-    much longer)."""
-    return [(f["text"], f["start"], round(f["end"] + shorter, 3)) for f in finals]
+def essentials(finals: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Each final's text, start and end."""
+    return [(f["text"], f["start"], f["end"]) for f in finals]
 
 
 async def test_a_flush_after_trailing_silence_is_answered_from_the_speculation(
@@ -109,7 +106,7 @@ async def test_a_flush_after_trailing_silence_is_answered_from_the_speculation(
     assert served.get("used") == 1 and "decoded" not in served, served
     assert grew(before_off, counts(not_speculating)).get("decoded") == 1
     assert len(on) == 1 and on[0]["text"].strip()
-    assert essentials(on, SHORTER_POST_ROLL) == essentials(off)
+    assert essentials(on) == essentials(off)
 
 
 async def test_speech_resuming_withdraws_the_speculation(
@@ -132,4 +129,4 @@ async def test_speech_resuming_withdraws_the_speculation(
     assert after.get("used") == 1, after  # the one made in the silence after the second part
     assert grew(before_off, counts(not_speculating)).get("decoded") == 1
     assert len(on) == 1 and "forward" in on[0]["text"].lower()
-    assert essentials(on, SHORTER_POST_ROLL) == essentials(off)
+    assert essentials(on) == essentials(off)
