@@ -94,10 +94,21 @@ def _children(pid: int) -> list[int]:
 
 def status_kb(pid: int, field: str) -> int:
     """A kB field of /proc/PID/status (`VmRSS:`, `RssAnon:`)."""
+    (kb,) = status_kbs(pid, field)
+    return kb
+
+
+def status_kbs(pid: int, *fields: str) -> tuple[int, ...]:
+    """kB fields of /proc/PID/status, from one read (one moment)."""
+    found: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field}")
+        name = line.split(maxsplit=1)[0] if line else ""
+        if name in fields:
+            found[name] = int(line.split()[1])
+    missing = [field for field in fields if field not in found]
+    if missing:
+        raise RuntimeError(f"no {', '.join(missing)}")
+    return tuple(found[field] for field in fields)
 
 
 def _tcp_sockets(pid: int) -> dict[str, tuple[int, int, str]]:

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.processes import RedisProcess, ServerProcess, status_kb
+from bench.processes import RedisProcess, ServerProcess, status_kbs
 
 ROUND_MINUTES = 10.0
 FLOOR_SAMPLE_S = 0.1  # each process's RSS for its minute floors (two /proc reads each)
@@ -130,7 +130,7 @@ class MinuteFloors:
         minute = int((now - started) // 60)
         for name, pid in self._pids.items():
             try:
-                rss, anon = status_kb(pid, "VmRSS:") * 1024, status_kb(pid, "RssAnon:") * 1024
+                rss, anon = (kb * 1024 for kb in status_kbs(pid, "VmRSS:", "RssAnon:"))
             except (OSError, RuntimeError):
                 continue  # gone meanwhile
             for floors, value in ((self.rss, rss), (self.anon, anon)):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import cast
 
 import pytest
 
-from bench.processes import ServerProcess
+from bench.processes import ServerProcess, status_kbs
 from bench.soak import floor_slope, streams_closed
 
 
@@ -43,3 +44,10 @@ def test_floor_slope_is_percent_of_the_mean_per_hour() -> None:
     floors = {m: 100.0 + m / 60 for m in range(15, 75)}
     assert floor_slope(floors) == pytest.approx(100 / (100 + 44.5 / 60), rel=1e-6)
     assert floor_slope({1: 5.0, 2: 6.0}) != floor_slope({1: 5.0, 2: 6.0})  # NaN: too few
+
+
+def test_rss_and_its_anonymous_part_come_from_one_read() -> None:
+    rss, anon = status_kbs(os.getpid(), "VmRSS:", "RssAnon:")
+    assert rss >= anon > 0
+    with pytest.raises(RuntimeError, match="no Nope:"):
+        status_kbs(os.getpid(), "VmRSS:", "Nope:")
