@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from engine.loading import load_whisper, set_torch_threads
+from engine.memory import freeze_startup_objects
 from engine.recognizer import Recognizer
 from engine.scheduling.scheduler import BatchScheduler
 from engine.speakers import SpeakerEmbedder, SpeakerEncoder
@@ -186,10 +187,11 @@ async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
     state.services = services
     state.model_state = ModelState.READY
     logger.info(
-        "model %s ready in %s; %s",
+        "model %s ready in %s; %s; %d startup objects frozen",
         recognizer.name,
         "processes" if isinstance(recognizer, ProcessRecognizer) else "threads",
         describe_plan(plan),
+        freeze_startup_objects(),  # engine/memory.py: the sessions' cycles are collected soon
     )
 
 

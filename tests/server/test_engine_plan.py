@@ -79,6 +79,7 @@ def test_the_server_logs_the_plan_a_bench_computes() -> None:
                 break
         logged = next((line for line in seen if "engine:" in line), "")
         assert expected in logged, "".join(seen)
+        assert "startup objects frozen" in logged  # engine.memory.freeze_startup_objects
         assert "max_batch_size=8" in expected and "partial_share=0.5" in expected
     finally:
         end_process(process)

@@ -114,3 +114,33 @@ def test_a_fixed_mmap_threshold_gives_large_blocks_back_when_freed(threshold: st
         assert released > 90, f"a fixed threshold gave back only {released:.1f} MiB"
     else:  # the case the setting exists for: the freed buffers stay in the RSS
         assert released < 20, f"glibc's own threshold gave back {released:.1f} MiB"
+
+
+# A child with 1,000,000 objects from its start (the server's libraries and models: ~0.5 M),
+# then 200,000 more that come and stay (sessions' state): how many full collections ran.
+FULL_COLLECTIONS = """
+import gc, sys
+from engine.memory import freeze_startup_objects
+startup = [[i] for i in range(1_000_000)]
+gc.collect()
+if sys.argv[1] == "frozen":
+    assert freeze_startup_objects() >= 1_000_000
+full = []
+def note(phase, info):
+    if phase == "start" and info["generation"] == 2:
+        full.append(info)
+gc.callbacks.append(note)
+sessions = [[i] for i in range(200_000)]
+print(len(full))
+"""
+
+
+@pytest.mark.parametrize("startup", ["counted", "frozen"])
+def test_full_collections_come_with_the_startup_objects_frozen(startup: str) -> None:
+    """Counted, 1,000,000 startup objects put the next full collection 250,000 promotions
+    away: 200,000 new objects see none (a session's reference cycles wait for it); frozen
+    (`freeze_startup_objects`, as the server does when its model is ready), they see
+    some."""
+    command = [sys.executable, "-c", FULL_COLLECTIONS, startup]
+    full = int(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    assert (full > 0) if startup == "frozen" else (full == 0), f"{full} full collections"
