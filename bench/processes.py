@@ -102,9 +102,9 @@ def status_kbs(pid: int, *fields: str) -> tuple[int, ...]:
     """kB fields of /proc/PID/status, from one read (one moment)."""
     found: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name = line.split(maxsplit=1)[0] if line else ""
-        if name in fields:
-            found[name] = int(line.split()[1])
+        parts = line.split()
+        if parts and parts[0] in fields:
+            found[parts[0]] = int(parts[1])
     missing = [field for field in fields if field not in found]
     if missing:
         raise RuntimeError(f"no {', '.join(missing)}")

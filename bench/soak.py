@@ -51,7 +51,7 @@ import numpy as np
 from bench.processes import RedisProcess, ServerProcess, status_kbs
 
 ROUND_MINUTES = 10.0
-FLOOR_SAMPLE_S = 0.1  # each process's RSS for its minute floors (two /proc reads each)
+FLOOR_SAMPLE_S = 0.1  # each process's RSS for its minute floors (one /proc read each)
 FLOOR_LIST_S = 10.0  # the server's child processes, listed again
 CLOSE_WAIT_S = 30.0  # after a round, for the server's sessions to end
 HEAP_FIELDS = ("python_blocks", "malloc_in_use_mb", "malloc_free_mb")  # `Sample`'s heaps

@@ -366,9 +366,9 @@ class Segmenter:
             self._endpoint = self._hold_windows
         if self._silence >= self._endpoint:
             return self._end(self._last_speech_end, turn=True)
-        eager = self.config.turn_eager
         if unfinished or not self.turn_events:
             return []
+        eager = self.config.turn_eager
         if probability is not None and eager and probability >= eager:
             self._eager = True
             return [TurnEnded(index, self._last_speech_end, probability, eager=True)]
