@@ -119,7 +119,7 @@ class SessionActor:
             start_sample=self.start_sample,
             first_index=self.source.next_utterance,
             vad_start=stored_vad_state(self.source) if self.resumed else None,
-            speculated_text=self._speculator.text,
+            speculated=self._speculator.transcription,
         )
         self._lead = ResendLead(self.context, self.on_resend)
         self._outbox = Outbox(

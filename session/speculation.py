@@ -48,6 +48,7 @@ from engine.api import (
     Recognition,
     RecognitionRequest,
     RecognitionResult,
+    Transcription,
     Utterance,
 )
 from session.telemetry import Telemetry
@@ -125,10 +126,11 @@ class Speculator:
             self._wanted = None
             await self.speculate(key, utterance)
 
-    async def text(self, timeout: float) -> str | None:
-        """The held speculation's text once decoded, waiting at most `timeout` seconds;
-        None: none is held, or it was not decoded in time, or failed (the turn model's
-        question about the words so far, session/turn_words.py)."""
+    async def transcription(self, timeout: float) -> Transcription | None:
+        """The held speculation's transcription once decoded (its text and the language it
+        was decoded in), waiting at most `timeout` seconds; None: none is held, or it was
+        not decoded in time, or failed (the turn model's question about the words so far,
+        session/turn_words.py)."""
         held = self._held
         if held is None:
             return None
@@ -136,7 +138,7 @@ class Speculator:
         future = held.future
         if not future.done() or future.cancelled() or future.exception() is not None:
             return None
-        return future.result().transcription.text
+        return future.result().transcription
 
     def withdraw(self) -> None:
         """The speculation will not be a final: drop it (counted as discarded or cancelled)."""

@@ -10,7 +10,8 @@ TURN_HOLD_MS) whatever the model says (session/segmenter.py `decide`).
 
 The words are the utterance's speculative final, decoded from the first silent window
 (SPECULATE_AFTER_MS), when it is decoded by the time the model answers; otherwise the
-model decides alone. English only: for another language, nothing is held.
+model decides alone. English only: a speculation decoded in another language (a
+multilingual model on `language=auto` says which it heard) holds nothing.
 
 The list is closed-class words that need a word after them: articles and possessive
 determiners, conjunctions, the prepositions "of", "into", "onto", "than" and the
@@ -41,11 +42,10 @@ UNFINISHED = frozenset(
 _WORD = re.compile(r"[a-z']+")
 
 
-def ends_unfinished(text: str, language: str | None) -> bool:
-    """Whether `text` (a transcript so far, in `language`; None: English, the only one
-    the default model knows) stops on a word a sentence needs more after, or on a comma,
-    dash or ellipsis."""
-    if language is not None and not language.startswith("en"):
+def ends_unfinished(text: str, language: str) -> bool:
+    """Whether `text` (a transcript so far, decoded in `language`) stops on a word a
+    sentence needs more after, or on a comma, dash or ellipsis; never outside English."""
+    if language != "en":
         return False
     stripped = text.strip()
     if stripped.endswith((",", "-", "...", "…")):

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from engine.api import Transcription
 from session.audio import FrameDecoder
 from session.pipeline import AudioPipeline, TurnWords, seconds
 from session.segmenter import SegmenterConfig, TurnCheck, TurnEnded, TurnResumed
@@ -26,7 +27,7 @@ from wire.query import StreamConfig
 TurnEvent = TurnEnded | TurnResumed  # what becomes a turn message
 logger = logging.getLogger(__name__)
 
-SpeculatedText = Callable[[float], Awaitable[str | None]]  # `Speculator.text`
+Speculated = Callable[[float], Awaitable[Transcription | None]]  # `Speculator.transcription`
 
 
 def stream_segmenter(services: SessionServices, config: StreamConfig) -> SegmenterConfig:
@@ -53,22 +54,22 @@ def live_pipeline(
     start_sample: int,
     first_index: int,
     vad_start: VadState | None,
-    speculated_text: SpeculatedText,
+    speculated: Speculated,
 ) -> AudioPipeline:
     """A live stream's pipeline: its decoder, the shared VAD, its segmenter, the turn model
     (when the server runs one), its turn events (when it asks) and, with TURN_WORDS, the
-    words so far: `speculated_text(timeout)`, the utterance's speculative final's text."""
+    words so far: `speculated(timeout)`, the utterance's speculative final."""
     segmenter = stream_segmenter(services, config)
     words: TurnWords | None = None
     if segmenter.turn_silence and services.turn_words:
         # Waited for no longer than the silence rule would take to end the utterance.
         wait = segmenter.min_silence - segmenter.turn_silence
-        language = None if config.language == "auto" else config.language
 
         async def words(check: TurnCheck) -> bool:
             asked = time.perf_counter()
-            text = await speculated_text(wait)
-            unfinished = text is not None and ends_unfinished(text, language)
+            heard = await speculated(wait)
+            text = None if heard is None else heard.text
+            unfinished = heard is not None and ends_unfinished(heard.text, heard.language)
             logger.debug(
                 "turn %d: words %r, unfinished %s (waited %.0f ms)",
                 check.index, text, unfinished, (time.perf_counter() - asked) * 1000,

@@ -124,6 +124,22 @@ async def test_a_speculation_withdrawn_while_queued_costs_no_model_time() -> Non
     assert speculator.outcomes == {"used": 0, "discarded": 0, "cancelled": 1}
 
 
+async def test_a_speculation_tells_the_language_it_was_heard_in() -> None:
+    """The turn model's words check reads the speculation's text and language: on
+    `language=auto` that is the language detected, not English (session/turn_words.py)."""
+    fake = FakeRecognizer(languages=frozenset({"en", "fr"}), detects=("fr", 0.9))
+    scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.0))
+    scheduler.start()
+    speculator = Speculator(scheduler, NullTelemetry())
+    assert await speculator.transcription(0.0) is None  # nothing held
+    auto = Utterance(np.full(1000, 0.1, np.float32), None, "", "", word_timings=True)
+    await speculator.speculate("s", auto)
+    heard = await speculator.transcription(TIMEOUT)
+    speculator.withdraw()
+    await scheduler.stop()
+    assert heard is not None and (heard.text, heard.language) == ("n=1000", "fr")
+
+
 class Flushes(NullTelemetry):
     def __init__(self) -> None:
         self.served: list[str] = []
