@@ -221,6 +221,13 @@ class Recognition(Protocol):
         neither queued nor running (it finished, failed or was dropped)."""
         ...
 
+    def expedite(self, request: RecognitionRequest) -> bool:
+        """The SPECULATIVE `request` (as submitted) is waited on from now (a turn decision
+        reads its words): it is served as an awaited one (`RecognitionRequest.awaited`),
+        before partials, and finals no longer stop it. False if it is neither queued nor
+        running."""
+        ...
+
 
 # ---------------------------------------------------------------- speakers
 

@@ -29,6 +29,10 @@ usually been decoded, and the flush is answered from it (`answered` counts each 
 time from its receipt to its final, telemetry `flush_answered`, by what served it:
 `speculation` (ready at the flush), `speculation_unfinished` (taken while decoding or
 queued) or `decoded` (no speculation matched: decoded at the flush).
+
+The turn model's words check (session/turn_words.py) reads the held speculation
+(`transcription`) and waits on it for a moment: from then on the scheduler serves it as a
+flushing client's (`Recognition.expedite`: before partials), since its text is wanted now.
 """
 
 from __future__ import annotations
@@ -134,6 +138,8 @@ class Speculator:
         held = self._held
         if held is None:
             return None
+        if not held.future.done():  # waited on now: before partials (a flushing client's)
+            self._recognition.expedite(held.request)
         await asyncio.wait({held.future}, timeout=timeout)
         future = held.future
         if not future.done() or future.cancelled() or future.exception() is not None:
@@ -198,6 +204,9 @@ class Speculator:
 
     def promote(self, request: RecognitionRequest) -> bool:
         return self._recognition.promote(request)
+
+    def expedite(self, request: RecognitionRequest) -> bool:
+        return self._recognition.expedite(request)
 
     def _used(
         self, future: asyncio.Future[RecognitionResult], served: str, submitted: float

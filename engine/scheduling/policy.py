@@ -38,8 +38,9 @@ when to look again. The rules:
    it does not thin the partials, whose text is the finals' decoding draft. Under
    overload it does not run, and its final is decoded as a final.
    An *awaited* speculation (`Queued.awaited`: its client flushes, so it will ask for
-   this final within ~0.2 s, when its own VAD has heard the silence) is a final that
-   is about to be asked for: it starts before partials (after finals and file
+   this final within ~0.2 s, when its own VAD has heard the silence; or the turn model's
+   decision reads its words, `BatchScheduler.expedite`) is a final that is about to be
+   asked for: it starts before partials (after finals and file
    requests) and, when no worker is free, stops a partial batch (the newest), not on
    flat batches (rule 5: there a partial batch is short and many rows' work); finals
    do not stop it (they wait for it as for a final: one row, ~0.1-0.3 s on the CPU).

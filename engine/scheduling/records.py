@@ -32,6 +32,12 @@ class Entry:
     # A partial of its session came back with text while this one was queued: its
     # utterance has shown a partial, though this request's draft predates it.
     drafted: bool = False
+    # Waited on since it was submitted (`BatchScheduler.expedite`), as an awaited one is.
+    expedited: bool = False
+
+    @property
+    def awaited(self) -> bool:
+        return self.request.awaited or self.expedited
 
     def view(self) -> Queued:
         request = self.request
@@ -40,7 +46,7 @@ class Entry:
             and not request.utterance.draft
             and not self.drafted
         )
-        return Queued(self.key, request.priority, self.since, first, request.awaited)
+        return Queued(self.key, request.priority, self.since, first, self.awaited)
 
     def fail(self, error: Exception) -> None:
         if not self.future.done():
@@ -65,7 +71,7 @@ class Worker:
 
     def view(self) -> Running:
         speculative = all(e.request.priority is Priority.SPECULATIVE for e in self.batch)
-        awaited = speculative and any(e.request.awaited for e in self.batch)
+        awaited = speculative and any(e.awaited for e in self.batch)
         return Running(
             self.index, self.partial, self.stop.is_set(), speculative, self.expected_end, awaited
         )

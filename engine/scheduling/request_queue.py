@@ -118,6 +118,15 @@ class RequestQueue:
         queued.since = queued.submitted_at = now
         return True
 
+    def expedite(self, request: RecognitionRequest) -> bool:
+        """Serve the queued SPECULATIVE `request` (the object submitted) as an awaited
+        one; False if it is not queued."""
+        queued = self._latest[Priority.SPECULATIVE].get(request.session_id)
+        if queued is None or queued.request is not request:
+            return False
+        queued.expedited = True
+        return True
+
     def partial_of(self, session_id: str) -> Entry | None:
         """The session's queued partial, if any."""
         return self._latest[Priority.PARTIAL].get(session_id)

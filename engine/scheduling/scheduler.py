@@ -1,3 +1,5 @@
+# One concept, 460 lines: the loop that runs what the policy plans (policy, queue and records
+# are modules of their own already); what is left is the futures, the workers and the wakes.
 """BatchScheduler: one queue for every session, a few model workers, one policy.
 
 Sessions `submit()` recognition requests and await the result. The scheduler keeps the
@@ -13,7 +15,8 @@ Rules:
   fails with RequestSuperseded). A partial batch that is stopped puts its partials back
   in the queue, still the stalest, unless a newer one of the session came meanwhile.
   The same holds for a session's speculative final; `promote` turns it into a final
-  (queued: as if submitted now; running: no longer stopped for finals). The queue and
+  (queued: as if submitted now; running: no longer stopped for finals), `expedite` into
+  an awaited one (a turn decision waits on it). The queue and
   these per-session records are engine/scheduling/request_queue.py's.
 - The queue is bounded. A partial or speculative request that finds it full fails with
   SchedulerFull at once (they thin out first); a final or file request waits for room
@@ -253,11 +256,24 @@ class BatchScheduler:
         if self._queue.promote(request, self._clock()):  # its wait as a final starts now
             self._wake()
             return True
-        for entry in (e for w in self._workers for e in w.batch):
-            if entry.request is request:
-                entry.request = replace(request, priority=Priority.FINAL)
-                return True
-        return False
+        if (running := self._running(request)) is None:
+            return False
+        running.request = replace(request, priority=Priority.FINAL)
+        return True
+
+    def expedite(self, request: RecognitionRequest) -> bool:
+        """The SPECULATIVE `request` (the object submitted) is waited on from now."""
+        if self._queue.expedite(request):
+            self._wake()
+            return True
+        if (running := self._running(request)) is None:
+            return False
+        running.expedited = True
+        return True
+
+    def _running(self, request: RecognitionRequest) -> Entry | None:
+        """The entry of `request` (the object submitted) in a running batch, if any."""
+        return next((e for w in self._workers for e in w.batch if e.request is request), None)
 
     async def planned(self) -> None:
         """Wait until the loop has planned with every change so far (requests submitted

@@ -572,6 +572,32 @@ async def test_a_final_waits_for_a_running_awaited_speculation(
     assert fake.stopped == [] and fake.batches == [[10], [20]]
 
 
+async def test_an_expedited_speculation_runs_before_partials_and_is_not_stopped(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
+    """A plain speculation that a turn decision comes to wait on (`expedite`) is served
+    as an awaited one: queued, it runs before a partial queued ahead of it; running, a
+    final does not stop it. Expediting it changes nothing for `promote` (the same
+    request object)."""
+    scheduler, fake = gated
+    busy = await scheduler.submit(request("busy", 1))
+    await wait_entered(fake)
+    partial = await scheduler.submit(request("p", 30, Priority.PARTIAL))
+    speculated = request("s", 11, SPECULATIVE)
+    early = await scheduler.submit(speculated)
+    assert scheduler.expedite(speculated)
+    fake.release()
+    await wait_entered(fake)  # the speculation runs: a final must wait for it
+    final = await scheduler.submit(request("f", 20))
+    await checked_after_plan(scheduler, fake)
+    assert fake.stopped == []
+    assert scheduler.promote(speculated)
+    fake.release(3)
+    await asyncio.wait_for(asyncio.gather(busy, partial, early, final), TIMEOUT)
+    assert fake.batches == [[1], [11], [20], [30]]
+    assert not scheduler.expedite(speculated)  # done: nothing to expedite
+
+
 async def test_promoted_speculation_is_served_as_a_final(
     gated: tuple[BatchScheduler, FakeRecognizer],
 ) -> None:

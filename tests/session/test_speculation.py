@@ -140,6 +140,29 @@ async def test_a_speculation_tells_the_language_it_was_heard_in() -> None:
     assert heard is not None and (heard.text, heard.language) == ("n=1000", "fr")
 
 
+async def test_a_speculation_whose_words_are_asked_for_goes_before_partials() -> None:
+    """The turn model's words check waits on the speculation: from then on it is served
+    as a flushing client's (before partials), not on the time partials leave."""
+    fake = FakeRecognizer(gated=True)
+    scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.0))
+    scheduler.start()
+    speculator = Speculator(scheduler, NullTelemetry())
+    busy = await scheduler.submit(final(1))
+    await asyncio.wait_for(asyncio.to_thread(fake.entered.wait, TIMEOUT), TIMEOUT)
+    partial = await scheduler.submit(
+        RecognitionRequest("p", Priority.PARTIAL, utterance(30, draft="n=20"))
+    )
+    await speculator.speculate("s", utterance(1000))
+    assert await speculator.transcription(0.0) is None  # not decoded yet
+    fake.release(3)
+    heard = await speculator.transcription(TIMEOUT)
+    await asyncio.wait_for(asyncio.gather(busy, partial), TIMEOUT)
+    speculator.withdraw()
+    await scheduler.stop()
+    assert heard is not None and heard.text == "n=1000"
+    assert fake.batches == [[1], [1000], [30]]
+
+
 class Flushes(NullTelemetry):
     def __init__(self) -> None:
         self.served: list[str] = []
