@@ -282,8 +282,8 @@ def plan(
         result.preempt.extend(candidates[: max(0, needed - stopping)])
         if left and len(result.preempt) < needed - stopping:
             wake.append(deadline)  # stop what is still running then
-    while awaited and workers and not urgent:  # one row a batch: see rule 3
-        result.starts.append(Start(workers.pop(0), (awaited.pop(0).key,), partial=False))
+    if not urgent:
+        _start_one_row_each(awaited, workers, result.starts)
     if awaited and not workers and not urgent and not config.flat_batches:
         # An awaited speculation stops a partial batch, the newest first (rule 3).
         stopping = sum(1 for r in running if r.partial and r.stopping)
@@ -299,9 +299,16 @@ def plan(
                 slots -= 1
         else:
             wake.append(budget.available_at(now))
-    while early and workers and not urgent:  # one row a batch: see rule 3
-        result.starts.append(Start(workers.pop(0), (early.pop(0).key,), partial=False))
+    if not urgent:
+        _start_one_row_each(early, workers, result.starts)
     return Plan(result.starts, result.preempt, min(wake) if wake else None)
+
+
+def _start_one_row_each(queued: list[Queued], workers: list[int], starts: list[Start]) -> None:
+    """Start the `queued` speculations in order, one row a batch (rule 3), while
+    `workers` last; both lists lose what is started."""
+    while queued and workers:
+        starts.append(Start(workers.pop(0), (queued.pop(0).key,), partial=False))
 
 
 def _staleness(queued: Queued) -> tuple[float, int]:
