@@ -33,27 +33,31 @@ class ServerProcess(processes.ServerProcess):
         lazily as code paths first run): it rises in steps, bounded by the files' size."""
         return status_kb(self.pid, "RssAnon:") * 1024
 
-    def process_rss_bytes(self) -> dict[str, int]:
-        """The RSS of the server and of each process it started, by name: `server`, and
+    def process_pids(self) -> dict[str, int]:
+        """The server and each process it started, by name, with its pid: `server`, and
         `worker-PID` for a model or speaker worker (multiprocessing's spawned children),
         `other-PID` for anything else (multiprocessing's resource tracker, a decoder)."""
-        rss = {"server": self.rss_bytes()}
+        pids = {"server": self.pid}
         for child in _children(self.pid):
             try:
                 cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-                kb = status_kb(child, "VmRSS:")
-            except (OSError, RuntimeError):
+            except OSError:
                 continue  # gone meanwhile
             kind = "worker" if b"spawn_main" in cmdline else "other"
-            rss[f"{kind}-{child}"] = kb * 1024
-        return rss
+            pids[f"{kind}-{child}"] = child
+        return pids
 
-    def process_pids(self) -> dict[str, int]:
-        """`process_rss_bytes`'s processes by name, each with its pid."""
-        return {
-            name: self.pid if name == "server" else int(name.rsplit("-", 1)[1])
-            for name in self.process_rss_bytes()
-        }
+    def process_rss_bytes(self) -> dict[str, int]:
+        """The RSS of each of `process_pids`' processes, by name."""
+        rss = {"server": self.rss_bytes()}
+        for name, pid in self.process_pids().items():
+            if name == "server":
+                continue
+            try:
+                rss[name] = status_kb(pid, "VmRSS:") * 1024
+            except (OSError, RuntimeError):
+                continue  # gone meanwhile
+        return rss
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
