@@ -183,10 +183,14 @@ def streams_closed(server: ServerProcess, timeout_s: float = CLOSE_WAIT_S) -> bo
     return False
 
 
-def heap_reports(log: Path) -> list[dict[str, Any]]:
-    """The server's `heap report` lines (server/heap_report.py), oldest first."""
+def heap_reports(log: Path, start: int = 0) -> list[dict[str, Any]]:
+    """The server's `heap report` lines (server/heap_report.py) from byte `start` of its
+    log on, oldest first."""
+    with log.open("rb") as file:
+        file.seek(start)
+        text = file.read().decode(errors="replace")
     reports = []
-    for line in log.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         if '"heap report"' not in line:
             continue
         try:
@@ -198,14 +202,14 @@ def heap_reports(log: Path) -> list[dict[str, Any]]:
 
 
 def heap_report_now(server: ServerProcess, log: Path, timeout_s: float = 600.0) -> bool:
-    """Ask the server for a heap report (SIGUSR1) and wait until its log has it; whether
-    it came in time."""
-    before = len(heap_reports(log))
+    """Ask the server for a heap report (SIGUSR1) and wait until its log has it (read from
+    where the log ended when asked); whether it came in time."""
+    start = log.stat().st_size
     os.kill(server.pid, signal.SIGUSR1)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(2.0)
-        if len(heap_reports(log)) > before:
+        if heap_reports(log, start):
             return True
     return False
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import cast
 
 import pytest
 
 from bench.processes import ServerProcess, status_kbs
-from bench.soak import floor_slope, streams_closed
+from bench.soak import floor_slope, heap_reports, streams_closed
 
 
 class Draining:
@@ -51,3 +55,49 @@ def test_rss_and_its_anonymous_part_come_from_one_read() -> None:
     assert rss >= anon > 0
     with pytest.raises(RuntimeError, match="no Nope:"):
         status_kbs(os.getpid(), "VmRSS:", "Nope:")
+
+
+SPAWNS_A_WORKER = """
+import multiprocessing, time
+if __name__ == "__main__":
+    worker = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+    worker.start()
+    print(worker.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_the_servers_processes_are_named_by_kind_with_their_rss(tmp_path: Path) -> None:
+    """A process that spawned a multiprocessing worker (as the server's model workers are
+    started): `server` is it, `worker-PID` its child, each with an RSS."""
+    started = subprocess.Popen([sys.executable, "-c", SPAWNS_A_WORKER], stdout=subprocess.PIPE)
+    worker = 0
+    try:
+        assert started.stdout is not None
+        with started.stdout:
+            worker = int(started.stdout.readline())
+        server = ServerProcess("server", {}, tmp_path / "server.log", started=started)
+        pids = server.process_pids()
+        assert pids["server"] == started.pid and pids[f"worker-{worker}"] == worker
+        rss = server.process_rss_bytes()
+        assert set(rss) <= set(pids) and {"server", f"worker-{worker}"} <= set(rss)
+        assert all(v > 0 for v in rss.values())
+    finally:
+        if worker:
+            os.kill(worker, signal.SIGKILL)
+        started.kill()
+        started.wait()
+
+
+def test_heap_reports_are_read_from_where_the_log_was(tmp_path: Path) -> None:
+    """`heap_report_now` reads the log from where it ended when it asked: an older report
+    does not count."""
+    log = tmp_path / "server.log"
+    old = '{"level": "info", "message": "heap report", "python_blocks": 1}\n'
+    log.write_text('{"message": "ready"}\n' + old)
+    start = log.stat().st_size
+    assert [r["python_blocks"] for r in heap_reports(log)] == [1]
+    assert heap_reports(log, start) == []
+    with log.open("a") as file:
+        file.write(old.replace("1}", "2}") + 'not json "heap report"\n')
+    assert [r["python_blocks"] for r in heap_reports(log, start)] == [2]
