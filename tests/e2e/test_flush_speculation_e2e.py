@@ -18,11 +18,13 @@ from tests.support.wsclient import BYTES_PER_SECOND, StreamResult, receive_all, 
 pytestmark = pytest.mark.slow
 
 # Only a flush ends an utterance here (no endpoint within the test's silences), and every
-# final is decoded the same way on both servers (the left context's load gates aside).
+# final is decoded the same way on both servers (the left context's load gates aside; no
+# drafts, whose timing can tip a near tie: tests/e2e/test_speculation_e2e.py).
 ENV = {
     "PARLEY_MIN_SILENCE_MS": "2000",
     "PARLEY_CONTEXT_BELOW_UTILIZATION": "0",
     "PARLEY_CONTEXT_BUDGET_MS": "0",
+    "PARLEY_DRAFTS": "false",
 }
 SERVED = ("speculation", "speculation_unfinished", "decoded")
 
