@@ -115,6 +115,7 @@ class RequestQueue:
             return False
         del speculative[request.session_id]
         queued.request = replace(request, priority=Priority.FINAL)
+        queued.expedited = False  # a final now, awaited only if its client flushes
         queued.since = queued.submitted_at = now
         return True
 

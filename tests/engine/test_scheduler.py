@@ -602,13 +602,15 @@ async def test_promoted_speculation_is_served_as_a_final(
     gated: tuple[BatchScheduler, FakeRecognizer],
 ) -> None:
     """Promoted while queued, a speculation runs with the finals, in one batch (as a final
-    submitted at its promotion); cancelling speculations leaves it alone."""
+    submitted at its promotion, not an awaited one though a turn decision expedited it);
+    cancelling speculations leaves it alone."""
     scheduler, fake = gated
     busy = await scheduler.submit(request("busy", 1))
     await wait_entered(fake)
     final = await scheduler.submit(request("f", 20))
     speculated = request("s", 10, SPECULATIVE)
     early = await scheduler.submit(speculated)
+    assert scheduler.expedite(speculated)
     assert scheduler.promote(speculated)
     assert scheduler.depth_by_priority()[Priority.FINAL] == 2
     assert scheduler.cancel("s", only=SPECULATIVE) == 0
