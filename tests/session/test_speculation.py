@@ -42,6 +42,25 @@ async def engine() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
     await scheduler.stop()
 
 
+@pytest.fixture
+async def gated() -> AsyncIterator[tuple[BatchScheduler, FakeRecognizer]]:
+    fake = FakeRecognizer(gated=True)
+    scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.0))
+    scheduler.start()
+    yield scheduler, fake
+    fake.release(64)
+    await scheduler.stop()
+
+
+async def occupy(
+    scheduler: BatchScheduler, fake: FakeRecognizer
+) -> asyncio.Future[RecognitionResult]:
+    """Submit a final of one sample and wait until its (gated) batch runs."""
+    busy = await scheduler.submit(final(1))
+    await asyncio.wait_for(asyncio.to_thread(fake.entered.wait, TIMEOUT), TIMEOUT)
+    return busy
+
+
 async def ran(fake: FakeRecognizer, batches: int) -> None:
     async with asyncio.timeout(TIMEOUT):
         while len(fake.batches) < batches:  # noqa: ASYNC110
@@ -106,20 +125,18 @@ async def test_a_final_with_left_context_does_not_take_a_speculation_without(
     assert speculator.outcomes == {"used": 0, "discarded": 1, "cancelled": 0}
 
 
-async def test_a_speculation_withdrawn_while_queued_costs_no_model_time() -> None:
+async def test_a_speculation_withdrawn_while_queued_costs_no_model_time(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
     """Withdrawn before a worker took it, a speculation is cancelled, never run."""
-    fake = FakeRecognizer(gated=True)
-    scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.0))
-    scheduler.start()
+    scheduler, fake = gated
     speculator = Speculator(scheduler, NullTelemetry())
-    busy = await scheduler.submit(final(1))
-    await asyncio.wait_for(asyncio.to_thread(fake.entered.wait, TIMEOUT), TIMEOUT)
+    busy = await occupy(scheduler, fake)
     await speculator.speculate("s", utterance(1000))
     speculator.withdraw()
     assert scheduler.queue_depth == 0
     fake.release()
     await asyncio.wait_for(busy, TIMEOUT)
-    await scheduler.stop()
     assert fake.batches == [[1]]
     assert speculator.outcomes == {"used": 0, "discarded": 0, "cancelled": 1}
 
@@ -140,15 +157,14 @@ async def test_a_speculation_tells_the_language_it_was_heard_in() -> None:
     assert heard is not None and (heard.text, heard.language) == ("n=1000", "fr")
 
 
-async def test_a_speculation_whose_words_are_asked_for_goes_before_partials() -> None:
+async def test_a_speculation_whose_words_are_asked_for_goes_before_partials(
+    gated: tuple[BatchScheduler, FakeRecognizer],
+) -> None:
     """The turn model's words check waits on the speculation: from then on it is served
     as a flushing client's (before partials), not on the time partials leave."""
-    fake = FakeRecognizer(gated=True)
-    scheduler = BatchScheduler(fake, scheduler_config(max_batch_size=4, max_wait=0.0))
-    scheduler.start()
+    scheduler, fake = gated
     speculator = Speculator(scheduler, NullTelemetry())
-    busy = await scheduler.submit(final(1))
-    await asyncio.wait_for(asyncio.to_thread(fake.entered.wait, TIMEOUT), TIMEOUT)
+    busy = await occupy(scheduler, fake)
     partial = await scheduler.submit(
         RecognitionRequest("p", Priority.PARTIAL, utterance(30, draft="n=20"))
     )
@@ -158,7 +174,6 @@ async def test_a_speculation_whose_words_are_asked_for_goes_before_partials() ->
     heard = await speculator.transcription(TIMEOUT)
     await asyncio.wait_for(asyncio.gather(busy, partial), TIMEOUT)
     speculator.withdraw()
-    await scheduler.stop()
     assert heard is not None and heard.text == "n=1000"
     assert fake.batches == [[1], [1000], [30]]
 
