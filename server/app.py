@@ -191,7 +191,7 @@ async def _start_model(state: AppState, factory: RecognizerFactory) -> None:
         recognizer.name,
         "processes" if isinstance(recognizer, ProcessRecognizer) else "threads",
         describe_plan(plan),
-        freeze_startup_objects(),  # engine/memory.py: the sessions' cycles are collected soon
+        freeze_startup_objects(),  # engine/memory.py: full collections skip them
     )
 
 
